@@ -1,0 +1,151 @@
+"""Messages between the main process (HTTP + AsyncLLM) and the scheduler processes.
+
+Every message is a dataclass of plain values, encoded with msgpack as `[kind, fields]` by `encode` and
+decoded by `decode`; nothing is ever unpickled from a socket. The offline Engine uses the same objects
+in process, without encoding them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+
+@dataclass
+class GenerateRequest:
+    """A tokenized request. One per sequence: `n > 1` is fanned out by the front end."""
+
+    rid: str
+    input_ids: list[int]
+    sampling: dict[str, Any]  # SamplingParams.to_dict()
+    stream: bool = False
+    arrival_time: float = 0.0
+
+
+@dataclass
+class AbortRequest:
+    rid: str
+
+
+@dataclass
+class FlushCacheRequest:
+    pass
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: the new token ids since the last output.
+
+    finish_reason is None while running, else "stop" (EOS, stop token), "length" or "abort".
+    """
+
+    rid: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    matched_stop: int | None = None  # the stop token id that ended the request, if any
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    new_logprobs: list[float] | None = None
+    error: str | None = None
+
+
+@dataclass
+class BatchOutput:
+    outputs: list[RequestOutput]
+
+
+@dataclass
+class StatsSnapshot:
+    """A scheduler's live state, sent to the front end for /metrics and /get_server_info."""
+
+    dp_rank: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_pages_used: int = 0
+    kv_pages_total: int = 0
+    block_size: int = 1
+    prefix_cache_hits: int = 0  # tokens, cumulative
+    prefix_cache_queries: int = 0  # tokens, cumulative
+    num_preemptions: int = 0  # cumulative
+    gen_throughput: float = 0.0  # generated tokens/s over the last logging window
+    iteration_tokens: list[int] = field(default_factory=list)  # tokens per step since the last snapshot
+    num_nan_aborted: int = 0
+    timestamp: float = 0.0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_pages_used / self.kv_pages_total if self.kv_pages_total else 0.0
+
+
+@dataclass
+class ReadyMessage:
+    """Sent once by each scheduler rank when its model is loaded and its KV pool is sized."""
+
+    dp_rank: int
+    tp_rank: int
+    max_total_tokens: int
+    max_req_input_len: int
+    max_model_len: int
+
+
+@dataclass
+class RpcRequest:
+    """Control calls from the HTTP layer (expert recording, flush, ...)."""
+
+    method: str
+    args: dict[str, Any] = field(default_factory=dict)
+    call_id: str = ""
+
+
+@dataclass
+class RpcResponse:
+    call_id: str
+    ok: bool
+    result: Any = None
+    error: str | None = None
+
+
+_MESSAGE_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        GenerateRequest,
+        AbortRequest,
+        FlushCacheRequest,
+        RequestOutput,
+        BatchOutput,
+        StatsSnapshot,
+        ReadyMessage,
+        RpcRequest,
+        RpcResponse,
+    )
+}
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(x) for x in obj]
+    return obj
+
+
+def encode(msg: Any) -> bytes:
+    kind = type(msg).__name__
+    if kind not in _MESSAGE_TYPES:
+        raise TypeError(f"not a TokenSpeed message: {kind}")
+    return msgpack.packb([kind, _to_plain(msg)], use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    kind, fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    cls = _MESSAGE_TYPES.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown message kind {kind!r}")
+    if cls is BatchOutput:
+        return BatchOutput(outputs=[RequestOutput(**o) for o in fields["outputs"]])
+    return cls(**fields)

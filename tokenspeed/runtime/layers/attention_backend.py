@@ -1,0 +1,67 @@
+"""The attention backend interface and its registry.
+
+A backend is chosen once, at model-runner construction, by `--attention-backend`. Each step the runner
+calls `init_forward_metadata(fb)` once; every attention layer then calls `forward`, which stores the new
+tokens' K/V into the pool at `fb.out_cache_loc` and attends over the request's cached and new tokens.
+CUDA-graph capable backends also implement the capture/replay hooks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    @abstractmethod
+    def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        layer_id: int,
+        fb: ForwardBatch,
+        scaling: float,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        ...
+
+    # CUDA-graph hooks; backends that cannot be captured keep the defaults.
+    supports_cuda_graph: bool = False
+
+    def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be captured in a CUDA graph")
+
+    def init_forward_metadata_capture(self, fb: ForwardBatch) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be captured in a CUDA graph")
+
+    def init_forward_metadata_replay(self, fb: ForwardBatch) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot be captured in a CUDA graph")
+
+
+class AttentionBackendRegistry:
+    """Name -> lazy factory, so importing the registry never imports Triton or FlashInfer."""
+
+    def __init__(self) -> None:
+        self._factories: dict[str, Callable[..., AttentionBackend]] = {}
+
+    def register(self, name: str, factory: Callable[..., AttentionBackend]) -> None:
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def create(self, name: str, **kwargs) -> AttentionBackend:
+        if name not in self._factories:
+            raise ValueError(
+                f"--attention-backend {name!r} is not available in this build; choose one of {self.names()}"
+            )
+        return self._factories[name](**kwargs)
