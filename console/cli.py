@@ -1,0 +1,234 @@
+"""The `tokenspeed` command: one Click group for the server, the fleet and the console.
+
+Every subcommand imports its implementation lazily, so `tokenspeed status` never pays for torch
+and `tokenspeed serve` never pays for Textual.
+
+Exit codes a script can rely on (fleet commands):
+  0  done (for `up`: every server READY)
+  1  the fleet failed (a server FATAL or not READY before the timeout, `down` left processes)
+  2  bad usage or a bad profile (nothing was started)
+  3  no running fleet found (no supervisor answers)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NO_FLEET = 3
+
+_PASSTHROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tokenspeed", prog_name="tokenspeed")
+def main() -> None:
+    """TokenSpeed: an LLM inference server and the console that runs fleets of it."""
+
+
+# ---------------------------------------------------------------- server
+
+
+def _serve_main():
+    """The serving entry point, or None while this build has none (only the flag parser)."""
+    try:
+        from tokenspeed.runtime.entrypoints.serve import main as serve_main
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("tokenspeed.runtime.entrypoints.serve",):
+            raise
+        return None
+    return serve_main
+
+
+def _parse_only(args: list[str]) -> int:
+    """Without a serving entry point, `serve` still parses (and explains) every ServerArgs flag."""
+    import argparse
+
+    from tokenspeed.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="tokenspeed serve", allow_abbrev=False)
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(args)
+    click.echo("tokenspeed serve: this build has no serving entry point", err=True)
+    return EXIT_FAILED
+
+
+@main.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def serve(args: tuple[str, ...]) -> None:
+    """Run one server: `tokenspeed serve MODEL [flags]` (`tokenspeed serve --help` lists every flag)."""
+    serve_main = _serve_main()
+    argv = list(args)
+    code = serve_main(argv) if serve_main is not None else _parse_only(argv)
+    sys.exit(code or 0)
+
+
+@main.command(context_settings=_PASSTHROUGH, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Benchmarks (decode roofline, offline throughput, serving load); `bench --help` for options."""
+    from tokenspeed.bench import main as bench_main
+
+    sys.exit(bench_main(list(args)) or 0)
+
+
+# ---------------------------------------------------------------- console
+
+
+@main.command()
+@click.argument("target", required=False)
+@click.option("--state-dir", type=click.Path(file_okay=False), help="Supervisor state directory.")
+@click.option("--readonly", is_flag=True, help="Watch only: no restart, stop or flush.")
+@click.option("--refresh", type=float, default=1.0, show_default=True, help="Seconds between polls.")
+def console(target: str | None, state_dir: str | None, readonly: bool, refresh: float) -> None:
+    """Open the operator console on a running fleet (TARGET: a fleet name or a profile)."""
+    from console.tui.app import run
+
+    sys.exit(run(target=target, state_dir=state_dir, readonly=readonly, refresh=refresh) or 0)
+
+
+# ---------------------------------------------------------------- fleet
+
+
+def _fleet_options(fn):
+    fn = click.option(
+        "--state-dir", type=click.Path(file_okay=False), help="Supervisor state directory of the fleet."
+    )(fn)
+    fn = click.option("--fleet", "fleet", help="Fleet name (default: the only running fleet).")(fn)
+    return fn
+
+
+@main.command()
+@click.argument("profile", type=click.Path(exists=True, dir_okay=False))
+@click.option("-d", "--detach", is_flag=True, help="Return once the fleet is READY; leave it running.")
+@click.option("--state-dir", type=click.Path(file_okay=False), help="Where the supervisor keeps its state.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for READY.")
+def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> None:
+    """Start the fleet a PROFILE describes, under a supervisor daemon."""
+    from console.supervisor.ctl import up as do_up
+
+    sys.exit(do_up(profile, detach=detach, state_dir=state_dir, timeout=timeout))
+
+
+@main.command()
+@_fleet_options
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait for exit.")
+def down(fleet: str | None, state_dir: str | None, timeout: float) -> None:
+    """Stop every server of the fleet and the supervisor; no process is left behind."""
+    from console.supervisor.ctl import down as do_down
+
+    sys.exit(do_down(fleet, state_dir, timeout=timeout))
+
+
+@main.command()
+@_fleet_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(fleet: str | None, state_dir: str | None, as_json: bool) -> None:
+    """Show each server's state, pid, port, restarts and last exit."""
+    from console.supervisor.ctl import status as do_status
+
+    sys.exit(do_status(fleet, state_dir, as_json=as_json))
+
+
+@main.command()
+@_fleet_options
+def ps(fleet: str | None, state_dir: str | None) -> None:
+    """List the operating-system processes of the fleet (supervisor and servers)."""
+    from console.supervisor.ctl import ps as do_ps
+
+    sys.exit(do_ps(fleet, state_dir))
+
+
+@main.command()
+@click.argument("server")
+@_fleet_options
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
+@click.option("-n", "--lines", type=int, default=100, show_default=True, help="Lines to show first.")
+def logs(server: str, fleet: str | None, state_dir: str | None, follow: bool, lines: int) -> None:
+    """Print the log of SERVER."""
+    from console.supervisor.ctl import logs as do_logs
+
+    sys.exit(do_logs(fleet, state_dir, server, follow=follow, lines=lines))
+
+
+@main.command()
+@click.argument("server", required=False)
+@_fleet_options
+@click.option("--all", "all_servers", is_flag=True, help="Restart every server.")
+@click.option("--rolling", is_flag=True, help="With --all: one server at a time, each back READY first.")
+def restart(server: str | None, fleet: str | None, state_dir: str | None, all_servers: bool, rolling: bool):
+    """Restart SERVER, or every server with --all."""
+    from console.supervisor.ctl import restart as do_restart
+
+    if (server is None) == (not all_servers):
+        raise click.UsageError("give either a SERVER name or --all")
+    if rolling and not all_servers:
+        raise click.UsageError("--rolling goes with --all")
+    sys.exit(do_restart(fleet, state_dir, server, rolling=rolling))
+
+
+# ---------------------------------------------------------------- profiles
+
+
+@main.group()
+def profile() -> None:
+    """Validate, show, plan and create fleet profiles."""
+
+
+@profile.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def profile_validate(paths: tuple[str, ...]) -> None:
+    """Check PROFILE files: every key, every server's resolved arguments."""
+    from console.profile_cli import validate
+
+    sys.exit(validate(list(paths)))
+
+
+@profile.command("show")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def profile_show(path: str, as_json: bool) -> None:
+    """Show the servers a profile resolves to and the command line of each."""
+    from console.profile_cli import show
+
+    sys.exit(show(path, as_json=as_json))
+
+
+@profile.command("plan")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--gpus-from",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Plan against recorded GPU readings (JSON) instead of this machine's GPUs.",
+)
+def profile_plan(path: str, as_json: bool, gpus_from: str | None) -> None:
+    """Size each server against the GPUs: memory, KV tokens, capture sizes; refuse what cannot fit."""
+    from console.profile_cli import plan
+
+    sys.exit(plan(path, as_json=as_json, gpus_from=gpus_from))
+
+
+@profile.command("new")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--model", required=True, help="Model path or name for [server].model.")
+@click.option("--name", help="Fleet name (default: the file name).")
+@click.option("--replicas", type=int, default=1, show_default=True)
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor parallel size per replica.")
+@click.option(
+    "--device", type=click.Choice(["cuda", "cpu"]), default=None, help="Default: what the probe finds."
+)
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def profile_new(path, model, name, replicas, tp, device, force) -> None:
+    """Write a new profile for MODEL to PATH (sized for this machine)."""
+    from console.profile_cli import new
+
+    sys.exit(new(path, model=model, name=name, replicas=replicas, tp=tp, device=device, force=force))
+
+
+if __name__ == "__main__":
+    main()
