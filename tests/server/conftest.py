@@ -1,0 +1,10 @@
+"""Shared set-up for the serving tests: the repository root on sys.path (for tests.tiny_models)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
