@@ -1,0 +1,322 @@
+"""The configuration contract of ``tokenspeed serve``: ``ServerArgs``, ``PortArgs`` and the CLI entry.
+
+Field names, defaults, flags and resolution rules follow the upstream engine's server arguments, so a
+command line written for it works here. The parser lives in ``server_args_cli``, the resolution rules in
+``server_args_resolve`` and the port layout in ``server_args_ports``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+from collections.abc import MutableMapping
+from typing import Any, Literal
+
+from tokenspeed.runtime.distributed.mapping import Mapping
+from tokenspeed.server_args_flags import str_to_bool
+from tokenspeed.server_args_ports import PortArgs, is_port_available
+
+__all__ = ["ServerArgs", "PortArgs", "prepare_server_args", "str_to_bool", "is_port_available"]
+
+# Chunk length of the linear-attention (FLA) kernels; the Mamba cache must align to it.
+FLA_CHUNK_SIZE = 64
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    """Every setting of one server. Constructing it resolves defaults and validates (see ``resolve``)."""
+
+    # Model and tokenizer
+    model: str
+    tokenizer: str | None = None
+    tokenizer_mode: str = "auto"
+    skip_tokenizer_init: bool = False
+    load_format: str = "auto"
+    # Off unless asked for: running a checkpoint's own Python code is a decision for the operator.
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    kv_cache_quant_method: str = "none"
+    quantization: str | None = None
+    quantization_param_path: str | None = None
+    max_model_len: int | None = None
+    device: str = "cuda"
+    served_model_name: str | None = None
+    revision: str | None = None
+    language_model_only: bool = False
+
+    # HTTP server
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    # Memory and scheduling
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int = 8192
+    enable_mixed_batch: bool = False
+    block_size: int = 64
+    # Size of the KV pool when the device is the CPU and --max-total-tokens is unset.
+    cpu_kv_cache_memory_gb: float = 1.0
+
+    # State caches of linear-attention (Mamba) layers
+    mamba_ssm_dtype: str = "float32"
+    mamba_track_interval: int = 256
+    max_mamba_cache_size: int | None = None
+    mamba_full_memory_ratio: float = 0.9
+    enable_mamba_l2: bool = False
+    mamba_l2_host_slots: int = 0
+    mamba_l2_ratio: float = 2.0
+    mamba_l2_layout: str = "layer_first"
+    mamba_l2_io_backend: str = "kernel"
+    mamba_l2_host_gb: int = 0
+
+    # Other runtime options
+    stream_interval: int = 1
+    stream_output: bool = False
+    # Detokenization always runs inline in the HTTP process; kept as a field (no flag) for callers that
+    # read it.
+    enable_inline_detokenizer: bool = True
+    seed: int | None = None
+    distributed_timeout_seconds: int | None = None
+    download_dir: str | None = None
+    ext_yaml: str | None = None
+    base_gpu_id: int = 0
+    gpu_id_step: int = 1
+
+    # Logging and metrics
+    log_level: str = "info"
+    log_level_http: str | None = None
+    enable_log_requests: bool = False
+    log_requests_level: int = 0
+    enable_log_request_stats: bool = False
+    enable_metrics: bool = False
+    decode_log_interval: int = 40
+    metrics_reporters: list[str] | None = None
+    app_key: str | None = None
+
+    # API
+    api_key: str | None = None
+    enable_cache_report: bool = False
+    kv_events_config: str | None = None
+
+    # Data parallelism
+    data_parallel_size: int | None = None
+    load_balance_method: str = "shortest_queue"
+    load_watch_interval: float = 0.02
+
+    # Expert parallelism
+    ep_size: int = 1
+    init_expert_location: str = "trivial"
+    ep_num_redundant_experts: int = 0
+    ep_dispatch_algorithm: (
+        Literal["static", "dynamic", "fake", "static_with_zero_expert", "dynamic_with_zero_expert"] | None
+    ) = None
+    eplb_algorithm: str = "auto"
+    expert_distribution_recorder_mode: Literal["stat", "stat_approx", "per_pass", "per_token"] | None = None
+    expert_distribution_recorder_buffer_size: int | None = None
+    enable_expert_distribution_metrics: bool = False
+    enable_eplb: bool = False
+
+    # MoE backend
+    moe_backend: str = "auto"
+    draft_moe_backend: str | None = None
+    all2all_backend: str = "none"
+    deepep_mode: Literal["auto", "normal", "low_latency"] = "auto"
+    disable_flashinfer_cutlass_moe_fp4_allgather: bool = False
+
+    # KVStore (host-memory tier behind the device KV pool)
+    enable_kvstore: bool = False
+    kvstore_ratio: float = 2.0
+    kvstore_size: int = 0
+    kvstore_io_backend: str = "kernel"
+    kvstore_mem_layout: str = "layer_first"
+    kvstore_storage_backend: str | None = None
+    kvstore_storage_backend_extra_config: str | None = None
+    enable_mla_l1_5_cache: bool = False
+
+    # Multi-node serving
+    dist_init_addr: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+
+    # Model config overrides (JSON object)
+    hf_overrides: str = "{}"
+    preferred_sampling_params: str | None = None
+
+    # Kernel backends
+    attention_backend: str | None = None
+    drafter_attention_backend: str | None = None
+    sampling_backend: str | None = None
+    dp_sampling: bool = False
+    dp_sampling_min_bs: int | None = None
+    attention_use_fp4_indexer_cache: bool | None = None
+    use_trtllm_ragged_deepseek_prefill: bool | None = None
+
+    # DeepSeek V4
+    deepseek_v4_mega_moe_max_num_tokens: int = 0
+    deepseek_v4_indexer_prefill_max_logits_mb: int = 512
+    deepseek_v4_prefill_chunk_size: int = 4
+
+    # Structured output
+    grammar_backend: str = "none"
+    # Lets json_schema grammars start after the model's reasoning section.
+    reasoning_parser: str | None = None
+    grammar_compile_timeout_secs: float = 30.0
+    grammar_compile_max_retries: int = 2
+    disable_any_whitespace: bool = False
+    # Slower synchronous grammar path, kept for checking the captured path gives the same output.
+    disable_capturable_grammar: bool = False
+
+    # Speculative decoding
+    draft_model_path_use_base: bool | None = False
+    speculative_config: str | None = None
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_draft_model_quantization: str | None = "unquant"
+    speculative_num_steps: int = 3
+    speculative_eagle_topk: int = 1
+    speculative_num_draft_tokens: int | None = None
+    eagle3_layers_to_capture: str | list[int] | None = None
+
+    # Logprobs cost graph memory, so they are off unless asked for; requests for them on a server
+    # without the flag get empty logprobs.
+    enable_output_logprobs: bool = False
+
+    # Runtime options
+    disable_pdl: bool = False
+    enable_prefix_caching: bool = True
+    disable_kvstore: bool = False
+    enforce_eager: bool = False
+    disable_cuda_graph_padding: bool = False
+    enable_cudagraph_gc: bool = False
+    enable_nccl_nvls: bool = False
+    enable_symm_mem: bool = False
+    disable_custom_all_reduce: bool = False
+    disable_overlap_schedule: bool = False
+    disable_tf32: bool = False
+    force_deterministic_rsag: bool = False
+    disable_sampling_tp_sync: bool = False
+    low_latency_max_num_tokens_per_gpu: int = 256
+    max_cudagraph_capture_size: int | None = None
+    disable_prefill_graph: bool | None = False
+    # Largest prefill-graph token bucket: None means min(2048, chunked_prefill_size), 0 turns it off.
+    prefill_graph_max_tokens: int | None = None
+    # Explicit prefill buckets; unset uses a ladder with a bounded relative stride.
+    prefill_graph_capture_sizes: list[int] | None = None
+    cudagraph_capture_sizes: list[int] | None = None
+    enable_nan_detection: bool = False
+    enable_nvtx: bool = False
+    enable_p2p_check: bool = False
+    triton_attention_reduce_in_fp32: bool = False
+    delete_ckpt_after_loading: bool = False
+    weight_loader_prefetch_checkpoints: bool = False
+    weight_loader_prefetch_num_threads: int = 4
+    enable_memory_saver: bool = False
+    enable_custom_logit_processor: bool = False
+    mla_disable_ragged: bool = False
+    warmups: str | None = None
+
+    # Parallel layout (the resolved form is ``mapping``)
+    nprocs_per_node: int | None = None
+    world_size: int | None = None
+    attn_tp_size: int | None = None
+    dense_tp_size: int | None = None
+    moe_tp_size: int | None = None
+    mapping: Mapping | None = None
+    mla_chunk_multiplier: int = 4
+    mm_attention_backend: str | None = None
+
+    # Disaggregated serving: "null", "prefill", "decode" or "encode" (vision tower only)
+    disaggregation_mode: str = "null"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_ib_device: str | None = None
+    disaggregation_layerwise_interval: int = 1
+    pdlb_url: str | None = None
+    skip_server_warmup: bool = False
+
+    # Fused communication + norm
+    comm_fusion_max_num_tokens: int = 2048
+    enable_allreduce_fusion: bool = False
+    enable_expert_parallel: bool = False
+
+    # Not a field: the platform to resolve against (tests pass one; None probes the real machine).
+    platform: dataclasses.InitVar[Any] = None
+
+    def __post_init__(self, platform: Any = None) -> None:
+        self.resolve(platform)
+
+    def resolve(self, platform: Any = None) -> ServerArgs:
+        """Fill derived defaults and validate; running it again on a resolved instance changes nothing."""
+        from tokenspeed.server_args_resolve import resolve_server_args
+
+        resolve_server_args(self, platform)
+        return self
+
+    @property
+    def mamba_cache_chunk_size(self) -> int:
+        return max(FLA_CHUNK_SIZE, self.block_size)
+
+    @property
+    def gpu_memory_utilization_defaulted(self) -> bool:
+        """True when ``gpu_memory_utilization`` came from the world-size default, not from the user."""
+        return getattr(self, "_gpu_memory_utilization_defaulted", False)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Add every ``tokenspeed serve`` flag to ``parser``."""
+        from tokenspeed.server_args_cli import add_cli_args
+
+        add_cli_args(parser)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace, platform: Any = None) -> ServerArgs:
+        """Build (and resolve) a ``ServerArgs`` from a namespace parsed by a parser given ``add_cli_args``."""
+        from tokenspeed.server_args_cli import namespace_to_fields
+
+        return cls(**namespace_to_fields(args), platform=platform)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON-serialisable values; ``mapping`` includes its groups and rank placement."""
+        out = dataclasses.asdict(self)
+        out["mapping"] = self.mapping.to_dict() if self.mapping is not None else None
+        return out
+
+    def environment(self) -> dict[str, str]:
+        """Environment variables the server processes need (see ``server_environment``)."""
+        from tokenspeed.server_args_validate import server_environment
+
+        return server_environment(self)
+
+    def apply_environment(self, environ: MutableMapping[str, str] | None = None) -> None:
+        """Set ``environment()`` in ``environ`` (default ``os.environ``); an explicit PDL setting wins."""
+        environ = os.environ if environ is None else environ
+        for key, value in self.environment().items():
+            if key == "TOKENSPEED_MAMBA_SSM_DTYPE":
+                environ[key] = value
+            else:
+                environ.setdefault(key, value)
+
+    def url(self) -> str:
+        try:
+            is_v6 = ipaddress.ip_address(self.host).version == 6
+        except ValueError:
+            is_v6 = False
+        host = f"[{self.host}]" if is_v6 else self.host
+        return f"http://{host}:{self.port}"
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """A parser with every ``tokenspeed serve`` flag."""
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def prepare_server_args(argv: list[str], platform: Any = None) -> ServerArgs:
+    """Parse ``argv`` (typically ``sys.argv[2:]`` after ``serve``) into a resolved ``ServerArgs``."""
+    return ServerArgs.from_cli_args(build_parser().parse_args(argv), platform=platform)

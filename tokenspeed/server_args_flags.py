@@ -1,0 +1,141 @@
+"""Allowed values of ``ServerArgs`` fields and the helpers that turn fields into argparse flags.
+
+The choices are shared by the parser (so ``--help`` lists them) and by resolution (so a ``ServerArgs``
+built from a profile, without argparse, is checked the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from typing import Any
+
+ATTENTION_BACKENDS = (
+    "mha",
+    "mla",
+    "fa3",
+    "fa4",
+    "triton",
+    "flashinfer",
+    "trtllm",
+    "trtllm_mla",
+    "flashmla",
+    "tokenspeed_mla",
+    "hybrid_linear_attn",
+    # Pure-PyTorch reference; the only one that runs on the CPU.
+    "torch",
+)
+SAMPLING_BACKENDS = (
+    "greedy",
+    "flashinfer",
+    "flashinfer_full",
+    "triton",
+    "triton_full",
+    # Pure-PyTorch sampler honouring temperature/top-p/top-k; the default on the CPU.
+    "torch",
+)
+CPU_ATTENTION_BACKENDS = ("torch",)
+CPU_SAMPLING_BACKENDS = ("torch", "greedy")
+
+FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
+    "tokenizer_mode": ("auto", "slow", "deepseek_v4"),
+    "load_format": ("auto", "pt", "safetensors", "npcache", "dummy", "extensible"),
+    "dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
+    "kv_cache_dtype": ("auto", "fp8", "fp8_e4m3"),
+    "kv_cache_quant_method": ("none", "per_token_head"),
+    "quantization": ("fp8", "mxfp4", "nvfp4", "w8a8_fp8", "compressed-tensors"),
+    "device": ("cuda", "cpu"),
+    "kvstore_io_backend": ("direct", "kernel"),
+    "kvstore_mem_layout": ("layer_first", "page_first", "page_head"),
+    "kvstore_storage_backend": ("mooncake",),
+    "mamba_ssm_dtype": ("float32", "bfloat16"),
+    "mamba_l2_layout": ("layer_first",),
+    "mamba_l2_io_backend": ("direct", "kernel"),
+    "log_requests_level": (0, 1, 2),
+    "metrics_reporters": ("prometheus",),
+    "load_balance_method": ("round_robin", "shortest_queue", "minimum_cache_usage"),
+    "ep_dispatch_algorithm": (
+        "static",
+        "dynamic",
+        "fake",
+        "static_with_zero_expert",
+        "dynamic_with_zero_expert",
+    ),
+    "expert_distribution_recorder_mode": ("stat", "stat_approx", "per_pass", "per_token"),
+    "deepep_mode": ("normal", "low_latency", "auto"),
+    "attention_backend": ATTENTION_BACKENDS,
+    "drafter_attention_backend": ATTENTION_BACKENDS,
+    "sampling_backend": SAMPLING_BACKENDS,
+    "grammar_backend": ("xgrammar", "none"),
+    "speculative_algorithm": ("EAGLE3", "MTP", "DFLASH"),
+    "speculative_eagle_topk": (1,),
+    "mm_attention_backend": ("fa3", "fa4", "triton_attn", "flashinfer_cudnn"),
+    "disaggregation_mode": ("null", "prefill", "decode", "encode"),
+    "disaggregation_transfer_backend": ("mooncake", "mooncake_async"),
+}
+
+# Checked by a dedicated rule with a more precise message than a choices error.
+CHOICES_CHECKED_ELSEWHERE = frozenset({"speculative_eagle_topk"})
+
+
+def str_to_bool(value: str | bool) -> bool:
+    """Parse the usual spellings of a boolean flag value (``1/0``, ``true/false``, ``yes/no``, ``on/off``)."""
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false, 1/0, yes/no, on/off), got {value!r}")
+
+
+def nullable_str(value: str) -> str | None:
+    """An optional string flag where an empty value or ``None`` means unset."""
+    return None if not value or value == "None" else value
+
+
+@functools.cache
+def field_defaults() -> dict[str, Any]:
+    """Default of every ``ServerArgs`` field that has a plain default."""
+    from tokenspeed.server_args import ServerArgs
+
+    return {f.name: f.default for f in dataclasses.fields(ServerArgs) if f.default is not dataclasses.MISSING}
+
+
+def _dest(flags: tuple[str, ...], kwargs: dict[str, Any]) -> str:
+    if "dest" in kwargs:
+        return kwargs["dest"]
+    long_flags = [f for f in flags if f.startswith("--")]
+    return (long_flags[0] if long_flags else flags[0]).lstrip("-").replace("-", "_")
+
+
+def option(group: Any, *flags: str, **kwargs: Any) -> argparse.Action:
+    """A valued flag whose default and choices come from the ``ServerArgs`` field of the same name."""
+    dest = _dest(flags, kwargs)
+    if "default" not in kwargs:
+        kwargs["default"] = field_defaults().get(dest)
+    if "choices" not in kwargs and dest in FIELD_CHOICES:
+        kwargs["choices"] = list(FIELD_CHOICES[dest])
+    return group.add_argument(*flags, **kwargs)
+
+
+def switch(group: Any, *flags: str, help: str, **kwargs: Any) -> argparse.Action:  # noqa: A002
+    """A presence flag (``store_true``) for a boolean field."""
+    dest = _dest(flags, kwargs)
+    kwargs.setdefault("default", bool(field_defaults().get(dest, False)))
+    return group.add_argument(*flags, action="store_true", help=help, **kwargs)
+
+
+def toggle(group: Any, *flags: str, help: str, **kwargs: Any) -> argparse.Action:  # noqa: A002
+    """A ``--x`` / ``--no-x`` pair for a boolean field."""
+    dest = _dest(flags, kwargs)
+    kwargs.setdefault("default", bool(field_defaults().get(dest, False)))
+    return group.add_argument(*flags, action=argparse.BooleanOptionalAction, help=help, **kwargs)
+
+
+def str_to_bool_flag(group: Any, *flags: str, help: str, **kwargs: Any) -> argparse.Action:  # noqa: A002
+    """An optional boolean: bare ``--x`` means true, ``--x false`` false, absent keeps the default."""
+    kwargs.setdefault("default", field_defaults().get(_dest(flags, kwargs)))
+    return group.add_argument(*flags, type=str_to_bool, nargs="?", const=True, help=help, **kwargs)

@@ -1,0 +1,168 @@
+"""ZMQ addresses and the torch.distributed port of one server, derived from ``ServerArgs``.
+
+Port cluster (TCP transport), counted from the distributed-init port P (``--dist-init-addr`` host:P, or
+``--port`` + 233 on a single node), with the upstream offsets:
+
+- P: torch.distributed init across nodes
+- P+1: tokenizer (outputs back to the HTTP process)
+- P+2: unused; skipped so the other offsets stay where external tooling expects them
+- P+3: rpc (engine <-> scheduler calls)
+- P+4: metrics (scheduler stats)
+- P+5: scheduler input (the DP controller, or the only scheduler)
+- P+6+r: scheduler input of attention-DP rank r (upstream used P+4+r, which collides with the metrics
+  port for r=0 and the controller's input for r=1)
+
+If any port of a cluster is taken (a previous server still in TIME_WAIT, say), the whole cluster moves
+up by 10 until every port is free, so the offsets stay fixed relative to each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+import socket
+import tempfile
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from tokenspeed.server_args import ServerArgs
+
+ZMQ_TCP_PORT_DELTA = 233
+_CLUSTER_STEP = 10
+_MAX_PORT = 65535
+
+
+def is_port_available(port: int, host: str = "") -> bool:
+    """Whether a TCP listener could bind ``port`` now (on every interface when ``host`` is empty)."""
+    if not 0 < port <= _MAX_PORT:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR matches what ZMQ does: a port in TIME_WAIT is usable, one with a listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """Parse ``--dist-init-addr`` (``host:port`` or ``[v6]:port``)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= _MAX_PORT:
+        raise ValueError(
+            f"--dist-init-addr must be host:port of the head node (e.g. 127.0.0.1:4000), got {addr!r}"
+        )
+    return host.strip("[]"), int(port)
+
+
+def _free_nccl_port(http_port: int) -> int:
+    # A random start keeps two servers started at once from racing for the same port.
+    port = http_port + random.randint(100, 1000)
+    while not is_port_available(port):
+        port = port + 42 if port < 60000 else port - 43
+    return port
+
+
+@dataclasses.dataclass
+class PortArgs:
+    """Where each process of one server listens; every address of the server comes from here."""
+
+    # The HTTP process receives finished/streamed tokens from the scheduler here.
+    tokenizer_ipc_name: str
+    # Scheduler rank 0 (or the DP controller) receives requests here.
+    scheduler_input_ipc_name: str
+    # torch.distributed rendezvous port on a single node.
+    nccl_port: int
+    # Engine <-> scheduler control calls.
+    rpc_ipc_name: str
+    # Schedulers publish stats snapshots here.
+    metrics_ipc_name: str
+    tokenizer_worker_ipc_name: str | None = None
+    # Private directory holding the ipc:// sockets (ipc transport only); remove with ``cleanup``.
+    ipc_dir: str | None = None
+
+    @staticmethod
+    def init_new(
+        server_args: ServerArgs, dp_rank: int | None = None, transport: Literal["tcp", "ipc"] = "tcp"
+    ) -> PortArgs:
+        """Pick free addresses for ``server_args``; ``dp_rank`` selects that DP rank's scheduler input.
+
+        ``transport="ipc"`` puts the ZMQ sockets in a fresh 0700 temp directory instead of TCP ports; it
+        only works when every process is on this node.
+        """
+        if transport == "ipc":
+            return PortArgs._init_ipc(server_args, dp_rank)
+        if transport != "tcp":
+            raise ValueError(f"transport must be 'tcp' or 'ipc', got {transport!r}")
+        mapping = server_args.mapping
+        nccl_port = _free_nccl_port(server_args.port)
+        if mapping.nnodes == 1 and server_args.dist_init_addr is None:
+            # DP ranks compute their scheduler ports independently, so they need an agreed base.
+            if mapping.has_attn_dp:
+                raise ValueError(
+                    f"data parallel size {mapping.attn_dp_size} > 1 needs a fixed port base: pass "
+                    "--dist-init-addr, e.g. --dist-init-addr 127.0.0.1:4000"
+                )
+            host, base = "127.0.0.1", server_args.port + ZMQ_TCP_PORT_DELTA
+        elif server_args.dist_init_addr is None:
+            raise ValueError(f"--nnodes {mapping.nnodes} needs --dist-init-addr host:port of the head node")
+        else:
+            host, base = split_host_port(server_args.dist_init_addr)
+        while True:
+            ports = _cluster(base, dp_rank)
+            if all(is_port_available(p) for p in ports.values()):
+                break
+            base += _CLUSTER_STEP
+            if base + 6 + (dp_rank or 0) > _MAX_PORT:
+                raise ValueError(
+                    "no free port cluster above the distributed-init port; choose a lower --dist-init-addr "
+                    "port or --port"
+                )
+        return PortArgs(
+            tokenizer_ipc_name=f"tcp://{_url_host(host)}:{ports['tokenizer']}",
+            scheduler_input_ipc_name=f"tcp://{_url_host(host)}:{ports['scheduler_input']}",
+            nccl_port=nccl_port,
+            rpc_ipc_name=f"tcp://{_url_host(host)}:{ports['rpc']}",
+            metrics_ipc_name=f"tcp://{_url_host(host)}:{ports['metrics']}",
+            tokenizer_worker_ipc_name=None,
+        )
+
+    @staticmethod
+    def _init_ipc(server_args: ServerArgs, dp_rank: int | None) -> PortArgs:
+        if server_args.mapping.nnodes != 1:
+            raise ValueError("ipc transport only works on one node; use transport='tcp' with --nnodes > 1")
+        ipc_dir = tempfile.mkdtemp(prefix="tokenspeed-ipc-")
+        # mkdtemp already creates 0700; set it explicitly so a permissive umask policy cannot widen it.
+        os.chmod(ipc_dir, 0o700)
+        scheduler = "scheduler_input" if dp_rank is None else f"scheduler_input_dp{dp_rank}"
+        return PortArgs(
+            tokenizer_ipc_name=f"ipc://{ipc_dir}/tokenizer",
+            scheduler_input_ipc_name=f"ipc://{ipc_dir}/{scheduler}",
+            nccl_port=_free_nccl_port(server_args.port),
+            rpc_ipc_name=f"ipc://{ipc_dir}/rpc",
+            metrics_ipc_name=f"ipc://{ipc_dir}/metrics",
+            ipc_dir=ipc_dir,
+        )
+
+    def cleanup(self) -> None:
+        """Remove the private ipc directory, if this instance made one."""
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def _cluster(base: int, dp_rank: int | None) -> dict[str, int]:
+    ports = {
+        "dist_init": base,
+        "tokenizer": base + 1,
+        "rpc": base + 3,
+        "metrics": base + 4,
+        "scheduler_input": base + 5 if dp_rank is None else base + 6 + dp_rank,
+    }
+    return ports
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
