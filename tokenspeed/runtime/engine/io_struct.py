@@ -52,6 +52,7 @@ class RequestOutput:
     cached_tokens: int = 0
     new_logprobs: list[float] | None = None
     error: str | None = None
+    dp_rank: int = 0  # the data-parallel group that served the request (set by its scheduler process)
 
 
 @dataclass
