@@ -1,0 +1,356 @@
+"""`tokenspeed console`: the Textual operator console over a fleet's supervisor (or its recorded history).
+
+The app owns the data source, the poll loop, the selection (cursor server and marked servers) and the
+actions; the six screens (one app mode each) only draw what a poll brought back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from console.tui.model import Snapshot
+from console.tui.poller import INTERVALS, Poller
+from console.tui.screens.base import ConsoleScreen
+from console.tui.screens.experts import ExpertsScreen
+from console.tui.screens.fleet import FleetScreen
+from console.tui.screens.gpus import GpusScreen
+from console.tui.screens.logs import LogsScreen
+from console.tui.screens.modals import ConfirmScreen, HelpScreen, LeaveScreen
+from console.tui.screens.profile import ProfileScreen
+from console.tui.screens.server import ServerScreen
+from console.tui.source import DataSource, SourceError
+
+SCREEN_ORDER = ("fleet", "server", "experts", "logs", "profile", "gpus")
+
+# action name -> (verb shown to the operator, needs a confirmation)
+SERVER_ACTIONS = {
+    "restart": ("Restart", True),
+    "stop": ("Stop", True),
+    "start": ("Start", False),
+    "flush_cache": ("Flush the prefix cache of", False),
+    "expert_record_start": ("Start expert recording on", False),
+    "expert_record_stop": ("Stop expert recording on", False),
+}
+ACTION_NAMES = {"server_action", "rolling_restart"}
+
+
+class ConsoleApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "TokenSpeed console"
+    MODES = {
+        "fleet": FleetScreen,
+        "server": ServerScreen,
+        "experts": ExpertsScreen,
+        "logs": LogsScreen,
+        "profile": ProfileScreen,
+        "gpus": GpusScreen,
+    }
+    BINDINGS = [
+        Binding("q", "leave", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        *[
+            Binding(str(i + 1), f"switch_screen_to('{mode}')", mode.capitalize(), show=False)
+            for i, mode in enumerate(SCREEN_ORDER)
+        ],
+        Binding("p", "toggle_pause", "Pause"),
+        Binding("r", "cycle_interval", "Interval"),
+        Binding("R", "server_action('restart')", "Restart"),
+        Binding("S", "server_action('stop')", "Stop"),
+        Binding("s", "server_action('start')", "Start", show=False),
+        Binding("F", "server_action('flush_cache')", "Flush", show=False),
+        Binding("x", "server_action('expert_record_start')", "Rec experts", show=False),
+        Binding("X", "server_action('expert_record_stop')", "Stop rec", show=False),
+        Binding("ctrl+r", "rolling_restart", "Rolling restart", show=False),
+        Binding("left_square_bracket", "seek(-10)", "-10s", show=False),
+        Binding("right_square_bracket", "seek(10)", "+10s", show=False),
+        Binding("left_curly_bracket", "seek(-60)", "-60s", show=False),
+        Binding("right_curly_bracket", "seek(60)", "+60s", show=False),
+    ]
+
+    def __init__(
+        self,
+        source: DataSource,
+        *,
+        readonly: bool = False,
+        interval: float = 1.0,
+        started_fleet: bool = False,
+        profile_path: str | None = None,
+        state_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.state_dir = state_dir
+        self.source = source
+        self.readonly = readonly or source.readonly
+        self.started_fleet = started_fleet
+        self.profile_path = profile_path
+        self.snapshot: Snapshot | None = None
+        self.selected: str | None = None
+        self.marked: set[str] = set()
+        self.stop_fleet_on_exit = False
+        self.poller = Poller(self, source, self._poll_request, self._deliver, interval)
+        self.sub_title = source.label + ("  [read-only]" if self.readonly else "")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_mount(self) -> None:
+        self.switch_mode("fleet")
+        self.poller.start()
+
+    def on_unmount(self) -> None:
+        self.source.close()
+
+    # ------------------------------------------------------------------ polling
+
+    def _console_screen(self) -> ConsoleScreen | None:
+        for screen in reversed(self.screen_stack):
+            if isinstance(screen, ConsoleScreen):
+                return screen
+        return None
+
+    def _poll_request(self):
+        screen = self._console_screen()
+        return screen, (screen.poll_request() if screen is not None else None)
+
+    def _deliver(self, snapshot: Snapshot, owner: object) -> None:
+        previous = self.snapshot
+        if snapshot.fleet is None and previous is not None and previous.fleet is not None:
+            # Keep showing the last fleet we saw, marked stale by the error line.
+            snapshot = Snapshot(
+                fleet=previous.fleet,
+                error=snapshot.error,
+                polled_at=snapshot.polled_at,
+                extra=snapshot.extra,
+                extra_error=snapshot.extra_error,
+            )
+        self.snapshot = snapshot
+        if self.selected is None and snapshot.fleet is not None and snapshot.fleet.servers:
+            self.selected = snapshot.fleet.servers[0].name
+        screen = self._console_screen()
+        if screen is None:
+            return
+        if screen is not owner:
+            # The operator switched screens mid-poll: the extra data belongs to another screen.
+            snapshot = Snapshot(snapshot.fleet, snapshot.error, snapshot.polled_at)
+        screen.show(snapshot)
+        self.refresh_status()
+
+    def poll_now(self) -> None:
+        self.poller.poll_now()
+
+    def status_line(self) -> str:
+        snap = self.snapshot
+        parts: list[str] = []
+        if snap is not None and snap.fleet is not None:
+            fleet = snap.fleet
+            ready = sum(1 for s in fleet.servers if s.state == "READY" and s.health == "ok")
+            bad = sum(1 for s in fleet.servers if s.health == "bad")
+            parts.append(f"[b]{fleet.name}[/b]  {len(fleet.servers)} servers  [green]{ready} ready[/]")
+            if bad:
+                parts.append(f"[red]{bad} failing[/]")
+        if self.source.now is not None:
+            parts.append(
+                f"[magenta]REPLAY at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.source.now))}[/]"
+            )
+        state = self.poller.state
+        parts.append("[yellow]PAUSED[/]" if state.paused else f"every {state.interval:g}s")
+        if snap is not None:
+            parts.append(f"polled {time.strftime('%H:%M:%S', time.localtime(snap.polled_at))}")
+        if self.readonly:
+            parts.append("[cyan]read-only[/]")
+        if self.marked:
+            parts.append(f"{len(self.marked)} marked")
+        if snap is not None and snap.error:
+            parts.append(f"[b red]supervisor unreachable: {snap.error}[/]")
+        return "  ·  ".join(parts)
+
+    def refresh_status(self) -> None:
+        screen = self._console_screen()
+        if screen is not None and screen.is_mounted:
+            screen.show_status(self.status_line())
+
+    # ------------------------------------------------------------------ navigation
+
+    def action_switch_screen_to(self, mode: str) -> None:
+        if mode != self.current_mode:
+            self.switch_mode(mode)
+
+    def action_next_screen(self, step: int) -> None:
+        index = SCREEN_ORDER.index(self.current_mode) if self.current_mode in SCREEN_ORDER else 0
+        self.switch_mode(SCREEN_ORDER[(index + step) % len(SCREEN_ORDER)])
+
+    def open_server(self, name: str, mode: str = "server") -> None:
+        self.selected = name
+        self.switch_mode(mode)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self._help_rows()))
+
+    def _help_rows(self) -> list[tuple[str, str]]:
+        rows = [(b.key_display or b.key, b.description) for b in self.BINDINGS if isinstance(b, Binding)]
+        screen = self._console_screen()
+        if screen is not None:
+            rows += [(b.key, b.description) for b in screen.BINDINGS if isinstance(b, Binding)]
+        rows.append(("1-6 / tab", "fleet, server, experts, logs, profile, GPUs"))
+        rows.append(("ctrl+p", "command palette"))
+        return [(key.replace("question_mark", "?"), text) for key, text in rows if text]
+
+    def action_toggle_pause(self) -> None:
+        self.poller.set_paused(not self.poller.state.paused)
+        self.refresh_status()
+
+    def action_cycle_interval(self) -> None:
+        current = self.poller.state.interval
+        later = [i for i in INTERVALS if i > current + 1e-9]
+        self.poller.set_interval(later[0] if later else INTERVALS[0])
+        self.notify(f"refresh every {self.poller.state.interval:g}s", timeout=2)
+        self.refresh_status()
+
+    def action_seek(self, delta: float) -> None:
+        if self.source.now is None:
+            return
+        self.source.seek(delta)
+        self.poll_now()
+
+    # ------------------------------------------------------------------ actions
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ACTION_NAMES and self.readonly:
+            return False
+        if action == "seek" and self.source.now is None:
+            return False
+        return True
+
+    def targets(self) -> list[str]:
+        """Marked servers, or else the cursor server."""
+        if self.marked:
+            return sorted(self.marked)
+        return [self.selected] if self.selected else []
+
+    def action_server_action(self, name: str) -> None:
+        if self.readonly:
+            return
+        targets = self.targets()
+        if not targets:
+            self.notify("no server selected", severity="warning")
+            return
+        verb, confirm = SERVER_ACTIONS[name]
+        question = f"{verb} {', '.join(targets)}?"
+        if confirm:
+            self.push_screen(
+                ConfirmScreen(question, confirm_label=verb.split()[0]),
+                lambda ok: ok and self._run_actions(name, targets),
+            )
+        else:
+            self._run_actions(name, targets)
+
+    def action_rolling_restart(self) -> None:
+        if self.readonly:
+            return
+        self.push_screen(
+            ConfirmScreen("Restart every server, one at a time, each back READY first?", "Rolling restart"),
+            lambda ok: ok and self._run_actions("rolling_restart", [None]),
+        )
+
+    def _run_actions(self, name: str, targets: list[str | None]) -> None:
+        def work() -> None:
+            failures = []
+            for target in targets:
+                try:
+                    self.source.action(name, target)
+                except SourceError as exc:
+                    failures.append(f"{target or 'fleet'}: {exc}")
+            self.call_from_thread(self._actions_done, name, targets, failures)
+
+        self.notify(f"{name.replace('_', ' ')}: {', '.join(t or 'fleet' for t in targets)}", timeout=3)
+        self.run_worker(work, thread=True, group="action", exit_on_error=False)
+
+    def _actions_done(self, name: str, targets: list[str | None], failures: list[str]) -> None:
+        if failures:
+            self.notify("\n".join(failures), title=f"{name} failed", severity="error", timeout=8)
+        else:
+            self.notify(f"{name.replace('_', ' ')} done", timeout=3)
+            self.marked.clear()
+        self.poll_now()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for i, mode in enumerate(SCREEN_ORDER):
+            yield SystemCommand(f"Screen: {mode}", f"key {i + 1}", lambda m=mode: self.switch_mode(m))
+        yield SystemCommand("Pause / resume polling", "key p", self.action_toggle_pause)
+        yield SystemCommand("Change refresh interval", "key r", self.action_cycle_interval)
+        if not self.readonly:
+            for name, (verb, _) in SERVER_ACTIONS.items():
+                yield SystemCommand(
+                    f"{verb} selected server(s)", name, lambda n=name: self.action_server_action(n)
+                )
+            yield SystemCommand("Rolling restart of the fleet", "ctrl+r", self.action_rolling_restart)
+
+    def launch_profile(self, path: str) -> str:
+        """Start the fleet of a profile unless its supervisor already runs (called from a worker thread)."""
+        from console.client import SupervisorClient
+        from console.tui.launch import fleet_state_dir, start_supervisor
+
+        directory = self.state_dir or str(fleet_state_dir(path))
+        with SupervisorClient(directory, timeout=1.0) as client:
+            if client.alive():
+                return f"the fleet already runs (supervisor in {directory}); restart servers to apply changes"
+        start_supervisor(path, directory)
+        return f"fleet started from {path} (supervisor in {directory})"
+
+    # ------------------------------------------------------------------ leaving
+
+    def action_leave(self) -> None:
+        if self.started_fleet and not self.readonly:
+            self.push_screen(LeaveScreen(), self._leave_answer)
+        else:
+            self.exit(0)
+
+    def _leave_answer(self, answer: str | None) -> None:
+        if answer == "stop":
+            self.stop_fleet_on_exit = True
+            self.exit(0)
+        elif answer == "keep":
+            self.exit(0)
+
+
+def run(
+    profile: str | None = None,
+    fleet: str | None = None,
+    state_dir: str | None = None,
+    readonly: bool = False,
+    replay: str | None = None,
+    at: str | None = None,
+    interval: float = 1.0,
+    **legacy,
+) -> int:
+    """Entry point of `tokenspeed console`; returns the process exit code."""
+    from console.tui.launch import open_source
+
+    interval = float(legacy.pop("refresh", interval))
+    target = legacy.pop("target", None)
+    if legacy:
+        raise TypeError(f"unexpected arguments: {sorted(legacy)}")
+    if target is not None and profile is None and fleet is None:
+        profile, fleet = (target, None) if Path(target).suffix == ".toml" else (None, target)
+    if interval <= 0:
+        raise ValueError("--interval must be > 0 seconds (for example --interval 1)")
+    opened = open_source(profile=profile, fleet=fleet, state_dir=state_dir, replay=replay, at=at)
+    app = ConsoleApp(
+        opened.source,
+        readonly=readonly,
+        interval=interval,
+        started_fleet=opened.started_fleet,
+        profile_path=opened.profile_path,
+        state_dir=str(opened.state_dir) if opened.state_dir else None,
+    )
+    app.run()
+    if app.stop_fleet_on_exit:
+        opened.stop_fleet()
+    return 0 if app.return_code in (None, 0) else int(app.return_code)

@@ -1,0 +1,105 @@
+"""How `tokenspeed console` finds its data: attach to a fleet, start one from a profile, or open a replay."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from console.client import SupervisorClient, SupervisorError, find_state_dir
+from console.supervisor.paths import StatePaths, default_state_dir
+from console.tui.source import DataSource, SourceError
+
+START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class OpenedSource:
+    source: DataSource
+    started_fleet: bool
+    profile_path: str | None
+    state_dir: Path | None = None
+
+    def stop_fleet(self) -> None:
+        try:
+            self.source.shutdown()
+        except SourceError as exc:
+            print(f"tokenspeed console: could not stop the fleet: {exc}", file=sys.stderr)
+
+
+def fleet_state_dir(profile: str) -> Path:
+    from console.profiles import load_profile
+
+    return default_state_dir(load_profile(profile).fleet.name)
+
+
+def start_supervisor(profile: str | Path, state_dir: str | Path, timeout: float = START_TIMEOUT_S) -> None:
+    """Start the fleet's supervisor daemon detached (its own session, so it outlives this console)."""
+    paths = StatePaths(Path(state_dir).resolve())
+    paths.ensure()
+    with open(paths.supervisor_log, "ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "console.supervisor.daemon",
+                "--profile",
+                str(Path(profile).resolve()),
+                "--state-dir",
+                str(paths.root),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=os.environ.copy(),
+        )
+    deadline = time.monotonic() + timeout
+    with SupervisorClient(paths.root, timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            if client.alive():
+                return
+            code = proc.poll()
+            if code is not None and code != 3:  # 3: another supervisor holds the lock; wait for it
+                tail = paths.supervisor_log.read_text(errors="replace").splitlines()[-5:]
+                raise ValueError(f"the supervisor for {profile} exited with {code}: " + " | ".join(tail))
+            time.sleep(0.1)
+    raise ValueError(
+        f"the supervisor for {profile} did not answer within {timeout:.0f}s (see {paths.supervisor_log})"
+    )
+
+
+def open_source(
+    profile: str | None = None,
+    fleet: str | None = None,
+    state_dir: str | None = None,
+    replay: str | None = None,
+    at: str | None = None,
+) -> OpenedSource:
+    if replay is not None:
+        from console.tui.replay_source import ReplaySource
+
+        return OpenedSource(ReplaySource(replay, at), started_fleet=False, profile_path=None)
+    if at is not None:
+        raise ValueError("--at goes with --replay STATE_DIR")
+    from console.tui.live_source import LiveSource
+
+    started = False
+    if profile is not None:
+        directory = Path(state_dir) if state_dir else fleet_state_dir(profile)
+        with SupervisorClient(directory, timeout=1.0) as client:
+            running = client.alive()
+        if not running:
+            start_supervisor(profile, directory)
+            started = True
+    else:
+        try:
+            directory = find_state_dir(fleet, state_dir)
+        except SupervisorError as exc:
+            raise ValueError(str(exc)) from exc
+    return OpenedSource(
+        LiveSource(directory), started_fleet=started, profile_path=profile, state_dir=directory
+    )

@@ -1,0 +1,63 @@
+"""Live data: a running fleet's supervisor, through its control API (`console.client.SupervisorClient`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from console.client import SupervisorClient, SupervisorError
+from console.tui.model import Fleet, History
+from console.tui.source import FLEET_ACTIONS, SERVER_ACTIONS, DataSource, SourceError
+
+
+class LiveSource(DataSource):
+    def __init__(self, state_dir: str | Path, timeout: float = 3.0) -> None:
+        self.state_dir = Path(state_dir)
+        self._client = SupervisorClient(self.state_dir, timeout=timeout)
+
+    @property
+    def label(self) -> str:
+        return f"supervisor at {self.state_dir}"
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except SupervisorError as exc:
+            raise SourceError(f"{what}: {exc}") from exc
+        except (OSError, ValueError) as exc:  # a torn answer or a socket error below httpx
+            raise SourceError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    def fleet(self) -> Fleet:
+        data = self._call("fleet", self._client.fleet)
+        if not isinstance(data, dict):
+            raise SourceError("fleet: the supervisor answered something that is not a fleet")
+        return Fleet.from_json(data)
+
+    def history(self, server: str, seconds: float) -> History:
+        return History.from_json(self._call(f"history of {server}", self._client.history, server, seconds))
+
+    def raw_metrics(self, server: str) -> str:
+        return self._call(f"metrics of {server}", self._client.raw_metrics, server)
+
+    def info(self, server: str) -> dict[str, Any]:
+        return self._call(f"info of {server}", self._client.info, server)
+
+    def logs(self, server: str, lines: int) -> list[str]:
+        data = self._call(f"log of {server}", self._client.logs, server, lines)
+        return [str(line) for line in (data or {}).get("lines") or []]
+
+    def probe(self) -> dict[str, Any]:
+        return self._call("probe", self._client.probe)
+
+    def action(self, name: str, server: str | None = None) -> Any:
+        if name in FLEET_ACTIONS:
+            return self._call(name, getattr(self._client, name))
+        if name not in SERVER_ACTIONS or server is None:
+            raise SourceError(f"{name}: not an action the console knows")
+        return self._call(f"{name} {server}", getattr(self._client, name), server)
+
+    def shutdown(self) -> None:
+        self._call("shutdown", self._client.shutdown)
+
+    def close(self) -> None:
+        self._client.close()

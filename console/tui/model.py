@@ -1,0 +1,203 @@
+"""Typed views of what the supervisor reports, parsed once at the data-source boundary.
+
+Screens only ever see these dataclasses, never raw JSON, so a renamed key breaks one parser
+instead of six screens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
+
+METRIC_KEYS = (
+    "running",
+    "waiting",
+    "kv_usage",
+    "prefix_hit_rate",
+    "gen_throughput",
+    "ttft_p50",
+    "ttft_p99",
+    "itl_p50",
+    "itl_p99",
+    "requests_total",
+    "errors_total",
+)
+
+
+def _num(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The scraped gauges of one server; None where the server did not export the value."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    prefix_hit_rate: float | None = None
+    gen_throughput: float | None = None
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    itl_p50: float | None = None
+    itl_p99: float | None = None
+    requests_total: float | None = None
+    errors_total: float | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Metrics | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(**{key: _num(data.get(key)) for key in METRIC_KEYS})
+
+
+@dataclass(frozen=True)
+class LastExit:
+    code: int | None
+    signal: int | str | None
+    at: float | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> LastExit | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(code=data.get("code"), signal=data.get("signal"), at=_num(data.get("at")))
+
+    def describe(self) -> str:
+        if self.signal not in (None, 0, ""):
+            return f"signal {self.signal}"
+        return f"exit {self.code}" if self.code is not None else "-"
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    replica: int | None
+    node: str
+    gpus: tuple[int, ...]
+    host: str
+    port: int | None
+    url: str
+    state: str
+    pid: int | None
+    started_at: float | None
+    uptime_s: float | None
+    restarts: int
+    last_exit: LastExit | None
+    healthy: bool
+    error: str | None
+    metrics: Metrics | None
+    scraped_at: float | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Server:
+        gpus = data.get("gpus") or []
+        return cls(
+            name=str(data.get("name", "?")),
+            replica=data.get("replica"),
+            node=str(data.get("node") or "local"),
+            gpus=tuple(int(g) for g in gpus if isinstance(g, (int, float, str)) and str(g).isdigit()),
+            host=str(data.get("host") or ""),
+            port=data.get("port"),
+            url=str(data.get("url") or ""),
+            state=str(data.get("state") or "UNKNOWN").upper(),
+            pid=data.get("pid"),
+            started_at=_num(data.get("started_at")),
+            uptime_s=_num(data.get("uptime_s")),
+            restarts=int(data.get("restarts") or 0),
+            last_exit=LastExit.from_json(data.get("last_exit")),
+            healthy=bool(data.get("healthy")),
+            error=data.get("error") or None,
+            metrics=Metrics.from_json(data.get("metrics")),
+            scraped_at=_num(data.get("scraped_at")),
+        )
+
+    @property
+    def health(self) -> str:
+        """One word the fleet table colours by: ok, warn, bad or off."""
+        if self.state in ("FATAL", "UNHEALTHY"):
+            return "bad"
+        if self.state == "READY":
+            return "ok" if self.healthy and not self.error else "bad"
+        if self.state == "STOPPED":
+            return "off"
+        return "warn"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    name: str
+    profile_path: str | None
+    state_dir: str
+    started_at: float | None
+    servers: tuple[Server, ...]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Fleet:
+        return cls(
+            name=str(data.get("name") or "?"),
+            profile_path=data.get("profile_path"),
+            state_dir=str(data.get("state_dir") or ""),
+            started_at=_num(data.get("started_at")),
+            servers=tuple(Server.from_json(s) for s in data.get("servers") or [] if isinstance(s, dict)),
+        )
+
+    def server(self, name: str | None) -> Server | None:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        return None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One point of a server's metrics history."""
+
+    t: float
+    metrics: Metrics
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sample | None:
+        t = _num(data.get("t"))
+        metrics = Metrics.from_json(data)
+        if t is None or metrics is None:
+            return None
+        return cls(t=t, metrics=metrics)
+
+
+@dataclass(frozen=True)
+class History:
+    samples: tuple[Sample, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> History:
+        rows = (data or {}).get("samples") or []
+        parsed = (Sample.from_json(r) for r in rows if isinstance(r, dict))
+        return cls(samples=tuple(s for s in parsed if s is not None))
+
+    def series(self, key: str) -> list[float]:
+        """The values of one metric, oldest first, skipping gaps (a server that did not answer)."""
+        out = []
+        for sample in self.samples:
+            value = getattr(sample.metrics, key)
+            if value is not None:
+                out.append(value)
+        return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one poll brought back: the fleet (or why it is missing) and the active screen's extra data."""
+
+    fleet: Fleet | None
+    error: str | None
+    polled_at: float
+    extra: Any = None
+    extra_error: str | None = None

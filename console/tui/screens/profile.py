@@ -1,0 +1,174 @@
+"""Profile screen: edit the fleet's TOML with validation as you type, see the probe's plan, save, launch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Static, TextArea
+
+from console.tui.model import Snapshot
+from console.tui.profile_check import CheckResult, check_profile_text
+from console.tui.screens.base import ConsoleScreen
+from console.tui.screens.gpus import plan_text
+
+CHECK_DELAY_S = 0.4
+
+
+class ProfileScreen(ConsoleScreen):
+    MODE = "profile"
+    # Nothing focused on arrival, so number keys still switch screens; `e` (or enter) starts editing.
+    AUTO_FOCUS = None
+    BINDINGS = [
+        *ConsoleScreen.BINDINGS,
+        Binding("escape", "leave_editor", "Back"),
+        Binding("e,enter", "edit", "Edit"),
+        Binding("ctrl+s", "save", "Save"),
+        Binding("ctrl+t", "plan", "Plan"),
+        Binding("ctrl+l", "launch", "Launch"),
+        Binding("ctrl+g", "goto_error", "Go to error", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.path: str | None = None
+        self.result: CheckResult | None = None
+        self._check_timer = None
+        self._saved_text: str | None = None
+        self._plan_pending = False
+
+    def compose(self):
+        yield from self.compose_header()
+        yield Static("", id="profile-title", classes="title")
+        with Horizontal(id="profile-body"):
+            with Vertical(id="profile-left"):
+                yield TextArea("", id="profile-editor", show_line_numbers=True, tab_behavior="indent")
+                yield Static("", id="profile-errors")
+            with VerticalScroll(id="profile-right"):
+                yield Static("Plan (ctrl+t)", classes="section")
+                yield Static(Text("press ctrl+t to ask the probe", style="dim"), id="profile-plan")
+        yield from self.compose_footer()
+
+    def on_mount(self) -> None:
+        self.path = self.console.profile_path
+        if self.path:
+            self.load(self.path)
+
+    def load(self, path: str) -> None:
+        self.path = path
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            self.query_one("#profile-errors", Static).update(Text(f"{path}: {exc}", style="bold red"))
+            return
+        self._saved_text = text
+        self.query_one(TextArea).load_text(text)
+        self._draw_title()
+        self._check_now()
+
+    def show(self, snapshot: Snapshot) -> None:
+        # Attached with --fleet: the supervisor knows which profile the fleet came from.
+        if self.path is None and snapshot.fleet is not None and snapshot.fleet.profile_path:
+            self.load(snapshot.fleet.profile_path)
+        if self._plan_pending:
+            self._plan_pending = False
+            if snapshot.extra_error:
+                self.query_one("#profile-plan", Static).update(Text(snapshot.extra_error, style="bold red"))
+            elif isinstance(snapshot.extra, dict):
+                self.query_one("#profile-plan", Static).update(
+                    plan_text(snapshot.extra.get("plan", snapshot.extra))
+                )
+
+    def poll_request(self):
+        if not self._plan_pending:
+            return None
+        return lambda source: source.probe()
+
+    def _draw_title(self) -> None:
+        text = self.query_one(TextArea).text
+        dirty = self._saved_text is not None and text != self._saved_text
+        title = Text(self.path or "no profile (start the console with a PROFILE)", style="bold")
+        if dirty:
+            title.append("  [modified]", style="yellow")
+        if self.console.readonly:
+            title.append("  read-only", style="cyan")
+        self.query_one("#profile-title", Static).update(title)
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        self._draw_title()
+        if self._check_timer is not None:
+            self._check_timer.stop()
+        self._check_timer = self.set_timer(CHECK_DELAY_S, self._check_now)
+
+    def _check_now(self) -> None:
+        if self.path is None:
+            return
+        text, path = self.query_one(TextArea).text, self.path
+
+        def work() -> None:
+            result = check_profile_text(text, path)
+            self.app.call_from_thread(self._show_result, text, result)
+
+        self.run_worker(work, thread=True, group="profile-check", exclusive=True, exit_on_error=False)
+
+    def _show_result(self, text: str, result: CheckResult) -> None:
+        if text != self.query_one(TextArea).text:
+            return  # the operator typed on; a newer check is coming
+        self.result = result
+        style = "green" if result.ok else "bold red"
+        self.query_one("#profile-errors", Static).update(Text(result.describe(self.path or ""), style=style))
+
+    def action_goto_error(self) -> None:
+        if self.result is not None and self.result.line:
+            editor = self.query_one(TextArea)
+            editor.move_cursor((self.result.line - 1, 0))
+            editor.focus()
+
+    def action_edit(self) -> None:
+        self.query_one(TextArea).focus()
+
+    def action_leave_editor(self) -> None:
+        if self.query_one(TextArea).has_focus:
+            self.set_focus(None)
+        else:
+            self.console.action_switch_screen_to("fleet")
+
+    def action_save(self) -> bool:
+        if self.console.readonly or self.path is None:
+            self.notify("read-only: the profile cannot be saved", severity="warning")
+            return False
+        if self.result is not None and not self.result.ok:
+            self.notify(f"not saved: {self.result.describe(self.path)}", severity="error")
+            return False
+        text = self.query_one(TextArea).text
+        Path(self.path).write_text(text)
+        self._saved_text = text
+        self._draw_title()
+        self.notify(f"saved {self.path}")
+        return True
+
+    def action_plan(self) -> None:
+        self._plan_pending = True
+        self.query_one("#profile-plan", Static).update(Text("asking the probe...", style="dim"))
+        self.console.poll_now()
+
+    def action_launch(self) -> None:
+        if self.console.readonly:
+            self.notify("read-only: launching is off", severity="warning")
+            return
+        if not self.action_save():
+            return
+        path = self.path
+
+        def work() -> None:
+            try:
+                message = self.console.launch_profile(path)
+                self.app.call_from_thread(self.notify, message)
+            except Exception as exc:  # the launch failure is the operator's information, not a crash
+                self.app.call_from_thread(self.notify, f"launch failed: {exc}", severity="error", timeout=10)
+            self.app.call_from_thread(self.console.poll_now)
+
+        self.notify(f"launching {path} ...")
+        self.run_worker(work, thread=True, group="launch", exit_on_error=False)

@@ -1,0 +1,156 @@
+"""Server screen: history plots of the cursor server, its resolved ServerArgs and its Mapping."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Static
+
+from console.tui import fmt
+from console.tui.model import History, Snapshot
+from console.tui.screens.base import ConsoleScreen
+from console.tui.source import DataSource, SourceError
+from console.tui.widgets.plot import MetricPlot
+
+HISTORY_SECONDS = 300.0
+
+# (widget id, title, metric key, renderer)
+PLOTS = (
+    ("plot-tps", "tokens/s", "gen_throughput", fmt.rate),
+    ("plot-running", "running", "running", fmt.count),
+    ("plot-waiting", "waiting", "waiting", fmt.count),
+    ("plot-kv", "KV usage", "kv_usage", fmt.percent),
+    ("plot-hit", "prefix hit rate", "prefix_hit_rate", fmt.percent),
+    ("plot-ttft50", "TTFT p50", "ttft_p50", fmt.latency),
+    ("plot-ttft99", "TTFT p99", "ttft_p99", fmt.latency),
+    ("plot-itl50", "ITL p50", "itl_p50", fmt.latency),
+    ("plot-itl99", "ITL p99", "itl_p99", fmt.latency),
+)
+
+# Keys of /get_server_info that are live state, not arguments.
+_LIVE_KEYS = {"mapping", "state", "live", "stats", "version", "internal_states"}
+
+
+@dataclass(frozen=True)
+class ServerData:
+    name: str
+    history: History
+    info: dict[str, Any] | None
+    info_error: str | None
+
+
+def split_info(info: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """(resolved ServerArgs, Mapping) out of a /get_server_info answer, whichever layout it uses."""
+    args = info.get("server_args")
+    if not isinstance(args, dict):
+        args = {k: v for k, v in info.items() if k not in _LIVE_KEYS and not isinstance(v, dict)}
+    mapping = info.get("mapping")
+    if mapping is None and isinstance(info.get("server_args"), dict):
+        mapping = info["server_args"].get("mapping")
+    return args, mapping
+
+
+def mapping_text(mapping: Any) -> str:
+    if mapping is None:
+        return "(the server did not report a mapping)"
+    if isinstance(mapping, dict) and isinstance(mapping.get("table"), str):
+        return mapping["table"]
+    if isinstance(mapping, dict):
+        return "\n".join(f"{key}: {json.dumps(value)}" for key, value in mapping.items())
+    return str(mapping)
+
+
+class ServerScreen(ConsoleScreen):
+    MODE = "server"
+    NEEDS_SERVER = True
+    BINDINGS = [*ConsoleScreen.BINDINGS, Binding("escape", "app.switch_screen_to('fleet')", "Back")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._info_cache: dict[str, dict[str, Any]] = {}
+        self._args_for: str | None = None
+
+    def compose(self):
+        yield from self.compose_header()
+        yield Static("", id="server-title", classes="title")
+        with Horizontal(id="server-body"):
+            with VerticalScroll(id="server-plots"):
+                for plot_id, title, _key, render in PLOTS:
+                    yield MetricPlot(title, render, id=plot_id)
+            with Vertical(id="server-side"):
+                yield Static("Mapping", classes="section")
+                yield Static("", id="server-mapping")
+                yield Static("ServerArgs (resolved)", classes="section")
+                table = DataTable(id="server-args", cursor_type="row", zebra_stripes=True)
+                table.add_columns("argument", "value")
+                yield table
+        yield from self.compose_footer()
+
+    def poll_request(self):
+        name = self.console.selected
+        if name is None:
+            return None
+        cached = self._info_cache.get(name)
+
+        def fetch(source: DataSource) -> ServerData:
+            history = source.history(name, HISTORY_SECONDS)
+            info, info_error = cached, None
+            if info is None:
+                # Arguments never change while a process lives; ask once per server.
+                try:
+                    info = source.info(name)
+                except SourceError as exc:
+                    info_error = str(exc)
+            return ServerData(name, history, info, info_error)
+
+        return fetch
+
+    def show(self, snapshot: Snapshot) -> None:
+        name = self.console.selected
+        fleet = snapshot.fleet
+        server = fleet.server(name) if fleet is not None else None
+        title = Text(f"{name or 'no server selected'}", style="bold")
+        if server is not None:
+            title.append(f"  {server.state}", style="green" if server.health == "ok" else "red")
+            title.append(
+                f"  node {server.node}  GPUs {','.join(map(str, server.gpus)) or 'cpu'}"
+                f"  pid {server.pid or '-'}  up {fmt.duration(server.uptime_s)}  restarts {server.restarts}"
+                f"  {server.url}"
+            )
+            if server.error:
+                title.append(f"\nunreachable: {server.error}", style="bold red")
+        if snapshot.extra_error:
+            title.append(f"\nhistory: {snapshot.extra_error}", style="red")
+        self.query_one("#server-title", Static).update(title)
+        data = snapshot.extra
+        if not isinstance(data, ServerData) or data.name != name:
+            return
+        for plot_id, _title, key, _render in PLOTS:
+            self.query_one(f"#{plot_id}", MetricPlot).update_series(data.history.series(key))
+        if data.info is not None:
+            self._info_cache[data.name] = data.info
+            if self._args_for != data.name:
+                self._draw_info(data.info)
+                self._args_for = data.name
+        elif data.info_error:
+            self.query_one("#server-mapping", Static).update(Text(f"info: {data.info_error}", style="red"))
+
+    def _draw_info(self, info: dict[str, Any]) -> None:
+        args, mapping = split_info(info)
+        self.query_one("#server-mapping", Static).update(mapping_text(mapping))
+        table = self.query_one("#server-args", DataTable)
+        table.clear()
+        for key in sorted(args):
+            value = args[key]
+            table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
+
+    def on_screen_resume(self) -> None:
+        # Restarted processes may have new arguments: forget what we knew when the operator comes back.
+        self._info_cache.clear()
+        self._args_for = None
+        super().on_screen_resume()

@@ -1,0 +1,129 @@
+"""Layer x expert load heatmap, drawn as coloured cells scaled to the hottest expert."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.color import Color
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Static
+
+from console.metrics_math import parse
+
+# Cold to hot; loads are bucketed by their fraction of the maximum.
+_RAMP = ("#1d2b53", "#1f5f8b", "#1a936f", "#88d498", "#f3e37c", "#f7a440", "#e4572e", "#ff1f1f")
+
+
+@dataclass(frozen=True)
+class ExpertLoad:
+    """Expert metrics of one server at one scrape."""
+
+    load: dict[int, dict[int, float]] = field(default_factory=dict)  # layer -> expert -> tokens
+    rank_of: dict[tuple[int, int], int] = field(default_factory=dict)  # (layer, expert) -> EP rank
+    balancedness: dict[int, float] = field(default_factory=dict)  # layer -> mean/max per rank
+    rebalances: float | None = None
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.load)
+
+    @property
+    def experts(self) -> list[int]:
+        return sorted({e for row in self.load.values() for e in row})
+
+    def rank_loads(self, ep_size: int | None) -> dict[int, float]:
+        """Tokens per EP rank over all layers: the label when exported, else contiguous expert blocks."""
+        experts = self.experts
+        totals: dict[int, float] = {}
+        for layer, row in self.load.items():
+            for expert, value in row.items():
+                rank = self.rank_of.get((layer, expert))
+                if rank is None:
+                    if not ep_size or ep_size < 1 or not experts:
+                        return {}
+                    per_rank = max(1, -(-len(experts) // ep_size))
+                    rank = experts.index(expert) // per_rank
+                totals[rank] = totals.get(rank, 0.0) + value
+        return totals
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def parse_expert_metrics(text: str) -> ExpertLoad:
+    scrape = parse(text, 0.0)
+    load: dict[int, dict[int, float]] = {}
+    rank_of: dict[tuple[int, int], int] = {}
+    for labels, value in scrape.labelled.get("expert_load", []):
+        layer, expert = _int(labels.get("layer")), _int(labels.get("expert"))
+        if layer is None or expert is None:
+            continue
+        row = load.setdefault(layer, {})
+        row[expert] = row.get(expert, 0.0) + value
+        rank = _int(labels.get("ep_rank") or labels.get("rank"))
+        if rank is not None:
+            rank_of[(layer, expert)] = rank
+    balancedness: dict[int, float] = {}
+    for labels, value in scrape.labelled.get("eplb_balancedness", []):
+        layer = _int(labels.get("layer"))
+        if layer is not None:
+            balancedness[layer] = min(value, balancedness.get(layer, value))
+    if not balancedness and "eplb_balancedness" in scrape.values and not load:
+        balancedness[0] = scrape.values["eplb_balancedness"]
+    rebalances = scrape.get("eplb_rebalances")
+    if rebalances is None:
+        rebalances = scrape.get("eplb_rebalances_total")
+    return ExpertLoad(load=load, rank_of=rank_of, balancedness=balancedness, rebalances=rebalances)
+
+
+def ramp_colour(fraction: float) -> str:
+    fraction = min(max(fraction, 0.0), 1.0)
+    return _RAMP[min(len(_RAMP) - 1, int(fraction * len(_RAMP)))]
+
+
+class Heatmap(Static):
+    """Renders an ExpertLoad; one row per layer, one cell per expert, balancedness at the end of each row."""
+
+    def show_load(self, data: ExpertLoad) -> None:
+        self.update(render_heatmap(data))
+
+
+def render_heatmap(data: ExpertLoad) -> Text:
+    layers, experts = data.layers, data.experts
+    if not layers:
+        return Text(
+            "no expert load exported (a dense model, or expert recording is off: press x to start it)",
+            style="dim",
+        )
+    cell = 2 if len(experts) <= 64 else 1
+    peak = max((v for row in data.load.values() for v in row.values()), default=0.0) or 1.0
+    text = Text()
+    header = "layer ".ljust(7)
+    if cell == 2:
+        header += "".join(f"{e % 100:<2d}" for e in experts)
+    else:
+        header += "".join(str(e % 10) for e in experts)
+    text.append(header + "  balance\n", style="dim")
+    for layer in layers:
+        row = data.load[layer]
+        text.append(f"{layer:>5}  ")
+        for expert in experts:
+            value = row.get(expert, 0.0)
+            colour = Color.parse(ramp_colour(value / peak))
+            text.append(" " * cell, style=Style(bgcolor=colour))
+        balance = data.balancedness.get(layer)
+        if balance is not None:
+            style = "green" if balance >= 0.8 else ("yellow" if balance >= 0.5 else "red")
+            text.append(f"  {balance:.2f}", style=style)
+        text.append("\n")
+    text.append(f"scale: 0 .. {peak:.0f} tokens  ", style="dim")
+    for i, colour in enumerate(_RAMP):
+        text.append("  ", style=Style(bgcolor=Color.parse(colour)))
+        if i == len(_RAMP) - 1:
+            text.append(" max", style="dim")
+    return text
