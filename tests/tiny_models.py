@@ -155,3 +155,102 @@ def load_hf_model(path: str):
 
 def read_config(path: str) -> dict:
     return json.loads((Path(path) / "config.json").read_text())
+
+
+class PagedHarness:
+    """Runs a TokenSpeed model step by step over a real paged KV pool, without the scheduler.
+
+    Each request gets a row of `req_to_token`; new tokens take the next free slots in arrival order, so
+    requests stepped together interleave in the pool (their slots are not contiguous).
+    `step([(rid, new_token_ids), ...])` returns float32 logits [B, vocab] of each request's last new token.
+    """
+
+    def __init__(
+        self,
+        model,
+        model_config,
+        backend: str = "torch",
+        device: str = "cpu",
+        num_pages: int = 64,
+        block_size: int = 16,
+        max_reqs: int = 16,
+    ):
+        from tokenspeed.runtime.cache.kv_pool import KVPool, KVPoolSpec
+        from tokenspeed.runtime.layers.attention import create_attention_backend
+
+        self.model = model
+        self.device = torch.device(device)
+        spec = KVPoolSpec(
+            model_config.num_layers,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            model_config.dtype,
+            block_size,
+        )
+        self.pool = KVPool(spec, num_pages, self.device)
+        self.req_to_token = torch.zeros(
+            max_reqs, model_config.max_model_len, dtype=torch.int32, device=self.device
+        )
+        self.backend = create_attention_backend(backend, model_config, self.pool, self.device)
+        self.next_slot = block_size  # page 0 is the pool's padding target
+        self.rows: dict[str, int] = {}
+        self.lens: dict[str, int] = {}
+
+    def forward_batch(self, items: list[tuple[str, list[int]]], expert_recorder=None):
+        from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+
+        input_ids, positions, locs, rows, seq_lens, ext_lens, prefix_lens = [], [], [], [], [], [], []
+        for rid, new in items:
+            if rid not in self.rows:
+                self.rows[rid] = len(self.rows)
+                self.lens[rid] = 0
+            row, prefix = self.rows[rid], self.lens[rid]
+            slots = list(range(self.next_slot, self.next_slot + len(new)))
+            if slots[-1] >= self.pool.num_slots:
+                raise RuntimeError("PagedHarness pool is full; raise num_pages")
+            self.next_slot += len(new)
+            self.req_to_token[row, prefix : prefix + len(new)] = torch.tensor(slots, dtype=torch.int32)
+            self.lens[rid] = prefix + len(new)
+            input_ids += new
+            positions += range(prefix, prefix + len(new))
+            locs += slots
+            rows.append(row)
+            seq_lens.append(prefix + len(new))
+            ext_lens.append(len(new))
+            prefix_lens.append(prefix)
+        logits_idx = torch.tensor(ext_lens).cumsum(0) - 1
+
+        def t(x, dtype=torch.int64):
+            return torch.tensor(x, dtype=dtype, device=self.device)
+
+        return ForwardBatch(
+            input_ids=t(input_ids),
+            positions=t(positions),
+            out_cache_loc=t(locs),
+            req_pool_indices=t(rows, torch.int32),
+            seq_lens=t(seq_lens, torch.int32),
+            extend_lens=t(ext_lens, torch.int32),
+            extend_prefix_lens=t(prefix_lens, torch.int32),
+            logits_indices=logits_idx.to(self.device),
+            req_to_token=self.req_to_token,
+            kv_pool=self.pool,
+            attn_backend=self.backend,
+            seq_lens_cpu=seq_lens,
+            extend_lens_cpu=ext_lens,
+            is_decode_only=all(n == 1 for n in ext_lens),
+            expert_recorder=expert_recorder,
+        )
+
+    @torch.no_grad()
+    def step(self, items: list[tuple[str, list[int]]], expert_recorder=None) -> torch.Tensor:
+        fb = self.forward_batch(items, expert_recorder)
+        self.backend.init_forward_metadata(fb)
+        return self.model(fb)
+
+
+@torch.no_grad()
+def hf_last_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
+    """The reference model's float32 logits of the last token of `token_ids` (one sequence, no padding)."""
+    device = next(hf_model.parameters()).device
+    out = hf_model(input_ids=torch.tensor([token_ids], device=device))
+    return out.logits[0, -1].float()

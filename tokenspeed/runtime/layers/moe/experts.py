@@ -1,0 +1,59 @@
+"""Reference experts in plain PyTorch: each expert a gated MLP, tokens gathered per expert.
+
+Weights are stacked per layer: `w13` [E, 2 * I, H] (gate rows then up rows) and `w2` [E, H, I], the layout
+fused MoE kernels and expert-parallel sharding expect. Checkpoints may store experts one by one
+(`experts.{e}.gate_proj.weight`) or already stacked (`experts.gate_up_proj`); both load.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenspeed.runtime.layers.linear import copy_weight
+
+
+class TorchExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.w13 = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False
+        )
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+
+    def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
+        return copy_weight(getattr(self, param_name), tensor, name)
+
+    def load_shard(self, param_name: str, shard_id: tuple[int, str], tensor: torch.Tensor, name: str) -> int:
+        """shard_id = (expert, "gate" | "up" | "down")."""
+        expert, part = shard_id
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(
+                f"checkpoint weight {name!r} names expert {expert} but the config has {self.num_experts}"
+            )
+        inter = self.intermediate_size
+        if part == "gate":
+            dst = self.w13[expert, :inter]
+        elif part == "up":
+            dst = self.w13[expert, inter:]
+        else:
+            dst = self.w2[expert]
+        return copy_weight(dst, tensor, name)
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        inter = self.intermediate_size
+        for expert in torch.unique(topk_ids).tolist():
+            token_idx, slot = torch.where(topk_ids == expert)
+            gate_up = F.linear(x[token_idx], self.w13[expert])
+            h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+            y = F.linear(h, self.w2[expert]) * topk_weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}"

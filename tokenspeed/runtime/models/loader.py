@@ -1,0 +1,135 @@
+"""Build a model on the meta device, materialise it on the target device, and fill its weights.
+
+Formats (`--load-format`): `safetensors` (single file or sharded with an index), `pt` (`*.bin` / `*.pt`,
+sharded with an index), `auto` (safetensors when present, else pt), and `dummy` (random weights,
+deterministic for a seed on a given device type, for benchmarks that need only the shapes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tokenspeed.runtime.models.model_config import ModelConfig
+from tokenspeed.runtime.models.registry import get_model_class
+
+LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
+# More shards than this get a progress bar (when stderr is a terminal).
+_PROGRESS_MIN_SHARDS = 2
+
+
+def _indexed_files(folder: Path, index_name: str) -> list[Path] | None:
+    index = folder / index_name
+    if not index.is_file():
+        return None
+    weight_map = json.loads(index.read_text()).get("weight_map", {})
+    return [folder / f for f in sorted(set(weight_map.values()))]
+
+
+def weight_files(folder: str | Path, load_format: str) -> tuple[str, list[Path]]:
+    """The (format, files) to read for `load_format`; raises ValueError naming what was looked for."""
+    folder = Path(folder)
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"--load-format {load_format!r} is not supported; choose one of {', '.join(LOAD_FORMATS)}"
+        )
+    if load_format in ("auto", "safetensors"):
+        # An index names the shards of this checkpoint; other *.safetensors files (e.g. a consolidated
+        # copy next to the shards) must not be read twice.
+        files = _indexed_files(folder, "model.safetensors.index.json") or sorted(folder.glob("*.safetensors"))
+        if files:
+            return "safetensors", files
+        if load_format == "safetensors":
+            raise ValueError(f"--load-format safetensors: no *.safetensors files in {folder}")
+    files = _indexed_files(folder, "pytorch_model.bin.index.json") or sorted(folder.glob("*.bin"))
+    files = files or sorted(folder.glob("*.pt"))
+    files = [f for f in files if f.name != "training_args.bin"]
+    if not files:
+        raise ValueError(
+            f"no weights in {folder}: looked for *.safetensors, *.bin and *.pt "
+            "(use --load-format dummy for random weights)"
+        )
+    return "pt", files
+
+
+def iterate_weights(
+    files: list[Path], fmt: str, show_progress: bool | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from every file, on the CPU, one shard at a time."""
+    from tqdm.auto import tqdm
+
+    if show_progress is None:
+        show_progress = sys.stderr.isatty() and len(files) >= _PROGRESS_MIN_SHARDS
+    for path in tqdm(files, desc="Loading weights", unit="shard", disable=not show_progress):
+        if not path.is_file():
+            raise ValueError(f"weight file {path} named by the index is missing")
+        if fmt == "safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        else:
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            if not isinstance(state, dict):
+                raise ValueError(f"{path} does not hold a state dict of named tensors")
+            yield from state.items()
+            del state
+
+
+def _init_dummy(model: nn.Module, seed: int, std: float) -> None:
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1 and name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, std, generator=gen)
+
+
+def init_buffers(model: nn.Module) -> None:
+    """Fill non-persistent buffers (rotary tables) after materialising, and re-tie shared weights."""
+    for module in model.modules():
+        if module is not model and hasattr(module, "init_buffers"):
+            module.init_buffers()
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
+def build_model(model_config: ModelConfig, device: torch.device | str) -> nn.Module:
+    """The model with uninitialised parameters on `device`, in `model_config.dtype`."""
+    cls = get_model_class(model_config.architecture)
+    with torch.device("meta"):
+        model = cls(model_config)
+    model = model.to(dtype=model_config.dtype).to_empty(device=device)
+    init_buffers(model)
+    return model.eval()
+
+
+def load_model(
+    model_config: ModelConfig, load_format: str = "auto", device: torch.device | str = "cpu", seed: int = 0
+) -> nn.Module:
+    """Build the model for `model_config` and load its weights; raises ValueError on a mismatch."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"--load-format {load_format!r} is not supported; choose one of {', '.join(LOAD_FORMATS)}"
+        )
+    files: tuple[str, list[Path]] | None = None
+    if load_format != "dummy":
+        files = weight_files(model_config.model_path, load_format)  # fail before allocating memory
+    model = build_model(model_config, device)
+    if files is None:
+        std = float(getattr(model_config.hf_config, "initializer_range", 0.02) or 0.02)
+        _init_dummy(model, seed, std)
+    else:
+        fmt, paths = files
+        with torch.no_grad():
+            model.load_weights(iterate_weights(paths, fmt))
+    return model
