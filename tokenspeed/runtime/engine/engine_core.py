@@ -1,0 +1,188 @@
+"""EngineCore: one rank's scheduler, KV cache and model runner behind a small synchronous API.
+
+The scheduler process of the server and the offline Engine drive it the same way:
+
+    core = EngineCore(server_args)
+    core.add_request(GenerateRequest(rid, input_ids, sampling))   # ValueError for a bad request
+    while core.has_unfinished():
+        for out in core.step(): ...                                # RequestOutput deltas
+    core.abort_request(rid, reason="stop")                         # stop string seen by the front end
+
+A request with `stream=False` reports once, when it finishes; a streaming one every
+`--stream-interval` tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any
+
+import torch
+
+from tokenspeed.runtime.cache.allocator import PageAllocator
+from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
+from tokenspeed.runtime.cache.prefix_cache import create_prefix_cache
+from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput, StatsSnapshot
+from tokenspeed.runtime.execution.model_runner import ModelRunner
+from tokenspeed.runtime.scheduler.request import Request
+from tokenspeed.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from tokenspeed.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_ABORT_REASONS = ("abort", "stop")
+
+
+def resolve_device(server_args: Any, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    name = getattr(server_args, "device", None) or "cpu"
+    if name == "cuda":
+        return torch.device("cuda", getattr(server_args, "base_gpu_id", 0))
+    return torch.device(name)
+
+
+class EngineCore:
+    def __init__(self, server_args: Any, *, dp_rank: int = 0, device: torch.device | str | None = None):
+        from tokenspeed.runtime.models.model_config import ModelConfig
+
+        self.server_args = server_args
+        self.dp_rank = dp_rank
+        self.device = resolve_device(server_args, device)
+        if server_args.seed is not None:
+            torch.manual_seed(server_args.seed)
+        self.model_config = ModelConfig.from_server_args(server_args)
+        max_num_seqs = server_args.max_num_seqs or 160
+        self.runner = ModelRunner(server_args, self.model_config, self.device, max_num_reqs=max_num_seqs)
+        bs = server_args.block_size
+        allocator = PageAllocator(self.runner.kv_pool.num_pages)
+        prefix_cache = create_prefix_cache(bool(server_args.enable_prefix_caching), allocator, bs)
+        self.kv = KVCacheManager(allocator, self.runner.req_to_token, prefix_cache)
+        self.max_model_len = self.model_config.max_model_len
+        self.max_total_tokens = allocator.num_allocatable * bs
+        self.max_req_input_len = min(self.max_model_len - 1, self.max_total_tokens - 1)
+        self.scheduler = Scheduler(SchedulerConfig.from_server_args(server_args, self.max_model_len), self.kv)
+        self.stream_interval = max(1, int(getattr(server_args, "stream_interval", 1) or 1))
+        self._eos = frozenset(self.model_config.eos_token_ids)
+        self._vocab_size = self.model_config.vocab_size
+        # Window of the stats snapshot; reset by each stats() call.
+        self._window_start = time.monotonic()
+        self._window_gen_tokens = 0
+        self._iteration_tokens: collections.deque[int] = collections.deque(maxlen=4096)
+        self._num_nan_aborted = 0
+
+    # ---- requests -----------------------------------------------------------------------------
+    def add_request(self, request: GenerateRequest) -> None:
+        sp = SamplingParams.from_dict(request.sampling)
+        sp.verify()
+        ids = list(request.input_ids)
+        if not ids:
+            raise ValueError(f"request {request.rid}: the prompt is empty; send at least one token")
+        if len(ids) > self.max_req_input_len:
+            raise ValueError(
+                f"request {request.rid}: the prompt has {len(ids)} tokens, but at most "
+                f"{self.max_req_input_len} fit (max_model_len {self.max_model_len}, KV cache "
+                f"{self.max_total_tokens} tokens); shorten the prompt or raise --max-model-len / --max-total-tokens"
+            )
+        bad = next((t for t in ids if not 0 <= t < self._vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"request {request.rid}: token id {bad} is outside the vocabulary [0, {self._vocab_size})"
+            )
+        generator = None
+        if sp.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(sp.seed)
+        req = Request(
+            rid=request.rid,
+            prompt_ids=ids,
+            sampling=sp,
+            eos_token_ids=self._eos,
+            stream=request.stream,
+            arrival_time=request.arrival_time or time.time(),
+            generator=generator,
+        )
+        self.scheduler.add_request(req)
+        if sp.max_new_tokens == 0:
+            self.scheduler.abort_request(req.rid, reason="length")
+
+    def abort_request(self, rid: str, reason: str = "abort") -> bool:
+        """Finish a request now; its final output comes from the next step(). False if unknown."""
+        if reason not in _ABORT_REASONS:
+            raise ValueError(f"abort reason must be one of {_ABORT_REASONS}, got {reason!r}")
+        return self.scheduler.abort_request(rid, reason)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.is_empty:
+            result = self.runner.execute(batch)
+            self.scheduler.update_from_output(batch, result.token_ids, result.logprobs, result.errors)
+            self._iteration_tokens.append(batch.num_tokens)
+            self._window_gen_tokens += sum(1 for it in batch.items if it.sample)
+            if result.errors:
+                self._num_nan_aborted += sum(e is not None for e in result.errors)
+        outputs = [self._output(req) for req in self.scheduler.pop_outbox()]
+        return [o for o in outputs if o is not None]
+
+    def _output(self, req: Request) -> RequestOutput | None:
+        pending = req.num_output_tokens - req.num_emitted_tokens
+        if not req.is_finished and (not req.stream or pending < self.stream_interval):
+            return None
+        start = req.num_emitted_tokens
+        req.num_emitted_tokens = req.num_output_tokens
+        return RequestOutput(
+            rid=req.rid,
+            new_token_ids=req.output_ids[start:],
+            finished=req.is_finished,
+            finish_reason=req.finish_reason,
+            matched_stop=req.matched_stop,
+            prompt_tokens=req.num_prompt_tokens,
+            completion_tokens=req.num_output_tokens,
+            cached_tokens=req.num_cached_tokens,
+            new_logprobs=req.output_logprobs[start:] if req.sampling.logprobs else None,
+            error=req.error,
+            dp_rank=self.dp_rank,
+        )
+
+    # ---- state --------------------------------------------------------------------------------
+    def stats(self) -> StatsSnapshot:
+        now = time.monotonic()
+        elapsed = max(now - self._window_start, 1e-6)
+        kv = self.kv.stats()
+        snap = StatsSnapshot(
+            dp_rank=self.dp_rank,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_pages_used=kv.pages_used,
+            kv_pages_total=kv.pages_total,
+            block_size=self.kv.block_size,
+            prefix_cache_hits=self.kv.hit_tokens,
+            prefix_cache_queries=self.kv.query_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            gen_throughput=self._window_gen_tokens / elapsed,
+            iteration_tokens=list(self._iteration_tokens),
+            num_nan_aborted=self._num_nan_aborted,
+            timestamp=time.time(),
+        )
+        self._window_start, self._window_gen_tokens = now, 0
+        self._iteration_tokens.clear()
+        return snap
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; refused (False) while requests are in flight."""
+        if self.scheduler.has_unfinished():
+            return False
+        self.kv.flush()
+        return True
+
+    def shutdown(self) -> None:
+        for rid in list(self.scheduler.requests):
+            self.scheduler.abort_request(rid)
+        self.scheduler.pop_outbox()
+        self.runner.shutdown()

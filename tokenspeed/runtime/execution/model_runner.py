@@ -1,0 +1,142 @@
+"""ModelRunner: the model, its KV pool, the attention backend and the sampler of one rank.
+
+It turns a `ScheduledBatch` into a `ForwardBatch`, runs the model and samples. `_forward` is the one
+place the model is called, so a CUDA-graph runner can take it over for decode batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenspeed.runtime.cache.kv_pool import KVPool, KVPoolSpec
+from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
+from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
+from tokenspeed.runtime.layers.sampling import create_sampler
+from tokenspeed.runtime.scheduler.batch import ScheduledBatch
+
+logger = logging.getLogger(__name__)
+
+NAN_ERROR = "the model produced NaN logits; the request was aborted (--enable-nan-detection)"
+
+
+@dataclass
+class StepResult:
+    """Per item of the ScheduledBatch: the sampled token (-1 when the item did not sample)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    errors: list[str | None] | None = None
+
+
+class ModelRunner:
+    def __init__(self, server_args: Any, model_config: Any, device: torch.device, max_num_reqs: int):
+        from tokenspeed.runtime.layers.attention import create_attention_backend
+        from tokenspeed.runtime.models.loader import load_model
+
+        self.device = device
+        self.model_config = model_config
+        self.model = load_model(model_config, server_args.load_format, device, server_args.seed)
+        bs = server_args.block_size
+        if bs < 1:
+            raise ValueError(f"--block-size must be >= 1, got {bs}")
+        self.spec = KVPoolSpec(
+            num_layers=model_config.num_layers,
+            num_kv_heads=model_config.num_kv_heads,
+            head_dim=model_config.head_dim,
+            dtype=model_config.dtype,
+            block_size=bs,
+        )
+        num_pages = plan_num_pages(server_args, self.spec, device, model_config.max_model_len)
+        self.kv_pool = KVPool(self.spec, num_pages, device)
+        logger.info(
+            "KV cache: %d pages of %d tokens (%.1f MiB)",
+            num_pages - 1,
+            bs,
+            num_pages * bs * self.spec.bytes_per_token() / (1 << 20),
+        )
+        self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
+        self.attn_backend = create_attention_backend(
+            server_args.attention_backend or "torch", model_config, self.kv_pool, device
+        )
+        self.sampler = create_sampler(
+            server_args.sampling_backend or "torch", device, bool(server_args.enable_nan_detection)
+        )
+
+    def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        rows, seq_lens, ext_lens, prefix_lens = [], [], [], []
+        for it in batch.items:
+            end = it.start + it.num_new_tokens
+            input_ids.extend(it.req.token_ids[it.start : end])
+            positions.extend(range(it.start, end))
+            rows.append(it.req.row)
+            seq_lens.append(end)
+            ext_lens.append(it.num_new_tokens)
+            prefix_lens.append(it.start)
+        dev = self.device
+
+        def tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        pos_t = tensor(positions)
+        ext_t = tensor(ext_lens, torch.int32)
+        rows_t = tensor(rows, torch.int32)
+        token_rows = torch.repeat_interleave(rows_t.long(), ext_t.long(), output_size=len(positions))
+        return ForwardBatch(
+            input_ids=tensor(input_ids),
+            positions=pos_t,
+            out_cache_loc=self.req_to_token.table[token_rows, pos_t].long(),
+            req_pool_indices=rows_t,
+            seq_lens=tensor(seq_lens, torch.int32),
+            extend_lens=ext_t,
+            extend_prefix_lens=tensor(prefix_lens, torch.int32),
+            logits_indices=torch.cumsum(ext_t, 0).long() - 1,
+            req_to_token=self.req_to_token.table,
+            kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend,
+            seq_lens_cpu=seq_lens,
+            extend_lens_cpu=ext_lens,
+            is_decode_only=batch.is_decode_only,
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        fb = self.prepare(batch)
+        self.attn_backend.init_forward_metadata(fb)
+        logits = self._forward(fb)
+        items = batch.items
+        sampled = [i for i, it in enumerate(items) if it.sample]
+        result = StepResult(token_ids=[-1] * len(items))
+        if not sampled:
+            return result
+        rows = logits if len(sampled) == len(items) else logits[torch.tensor(sampled, device=logits.device)]
+        out = self.sampler(rows, [items[i].req for i in sampled])
+        for j, i in enumerate(sampled):
+            result.token_ids[i] = out.token_ids[j]
+        if out.logprobs is not None:
+            result.logprobs = [0.0] * len(items)
+            for j, i in enumerate(sampled):
+                result.logprobs[i] = out.logprobs[j]
+        if out.nan_rows is not None and any(out.nan_rows):
+            result.errors = [None] * len(items)
+            for j, i in enumerate(sampled):
+                if out.nan_rows[j]:
+                    result.errors[i] = NAN_ERROR
+        return result
+
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """[B, vocab] logits of each request's last new token."""
+        return self.model.forward(fb)
+
+    def shutdown(self) -> None:
+        self.model = None
+        self.kv_pool = None
+        self.attn_backend = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,46 @@
+"""ScheduledBatch: the only thing the scheduler hands to the model runner.
+
+Items are in the order the runner lays tokens out in the ForwardBatch. Item i computes tokens
+`req.token_ids[start : start + num_new_tokens]` at positions `start ...` where `start` is the request's
+`num_computed_tokens` at scheduling time; the runner samples a token for the item when `sample` is set
+(the chunk reaches the end of the request's tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenspeed.runtime.scheduler.request import Request
+
+
+@dataclass
+class ScheduledRequest:
+    req: Request
+    start: int
+    num_new_tokens: int
+    sample: bool = field(init=False)  # fixed at scheduling time; the request grows once sampled
+
+    def __post_init__(self) -> None:
+        self.sample = self.start + self.num_new_tokens == self.req.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_new_tokens == 1 and self.sample
+
+
+@dataclass
+class ScheduledBatch:
+    items: list[ScheduledRequest] = field(default_factory=list)
+    num_preempted: int = 0  # requests preempted while building this batch
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(it.num_new_tokens for it in self.items)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.items
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool(self.items) and all(it.is_decode for it in self.items)

@@ -1,0 +1,208 @@
+"""Continuous batching: which requests compute how many tokens in the next step.
+
+Each step has one token budget (`--chunked-prefill-size`; with -1, prefills are whole and bounded by
+`--max-prefill-tokens`). Running requests are served first, in arrival order, then waiting ones
+(FIFO; preempted requests go back to the front). Without `--enable-mixed-batch`, a step is either
+prefill chunks or decodes: prefill work goes first, decodes run in steps with nothing to prefill.
+
+When a running request needs a page and none is left (even after evicting cached pages), the newest
+running request is preempted by recompute: its pages go back (its computed full pages stay in the
+prefix cache, so the recompute may hit them) and it waits at the front of the queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
+from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
+from tokenspeed.runtime.scheduler.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_model_len: int
+    chunked_prefill_size: int | None  # None: chunking disabled
+    max_prefill_tokens: int
+    enable_mixed_batch: bool = False
+
+    @classmethod
+    def from_server_args(cls, args, max_model_len: int) -> SchedulerConfig:
+        chunk = args.chunked_prefill_size
+        max_prefill = args.max_prefill_tokens
+        return cls(
+            max_num_seqs=args.max_num_seqs or 160,
+            max_model_len=max_model_len,
+            chunked_prefill_size=None if chunk is None or chunk <= 0 else min(chunk, max_prefill),
+            max_prefill_tokens=max_prefill,
+            enable_mixed_batch=bool(args.enable_mixed_batch),
+        )
+
+
+@dataclass
+class _StepBudget:
+    tokens: float  # every token of the step (decodes included); inf when chunking is disabled
+    prefill_tokens: float
+    chunking: bool
+    num_prefills: int = 0
+
+    def chunk(self, remaining: int, is_decode: bool) -> int:
+        if is_decode:
+            return 1 if self.tokens >= 1 else 0
+        if self.chunking:
+            return int(min(remaining, self.tokens, self.prefill_tokens))
+        # Whole prompts only; an oversized one may go alone, otherwise it could never run.
+        return remaining if remaining <= self.prefill_tokens or self.num_prefills == 0 else 0
+
+    def consume(self, n: int, is_decode: bool) -> None:
+        self.tokens -= n
+        if not is_decode:
+            self.prefill_tokens -= n
+            self.num_prefills += 1
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.outbox: list[Request] = []  # requests with new tokens or a finish to report
+        self.num_preemptions = 0
+
+    # ---- requests in and out --------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.rid in self.requests:
+            raise ValueError(f"request id {req.rid!r} is already running; request ids must be unique")
+        self.requests[req.rid] = req
+        self.waiting.append(req)
+
+    def abort_request(self, rid: str, reason: str = "abort", error: str | None = None) -> bool:
+        req = self.requests.get(rid)
+        if req is None:
+            return False
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self._finish(req, reason, error=error)
+        return True
+
+    def _finish(self, req: Request, reason: str | None = None, error: str | None = None) -> None:
+        if reason is not None:
+            req.finish(reason, error=error)
+        self.kv.release(req)
+        self.requests.pop(req.rid, None)
+        self.outbox.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or bool(self.outbox)
+
+    def pop_outbox(self) -> list[Request]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    # ---- scheduling -------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        cfg = self.config
+        chunking = cfg.chunked_prefill_size is not None
+        budget = _StepBudget(
+            tokens=cfg.chunked_prefill_size if chunking else float("inf"),
+            prefill_tokens=cfg.chunked_prefill_size if chunking else cfg.max_prefill_tokens,
+            chunking=chunking,
+        )
+        batch = ScheduledBatch()
+        mixed = cfg.enable_mixed_batch
+        self._schedule_running(batch, budget, decodes=mixed, prefills=True)
+        if batch.num_preempted == 0:
+            self._schedule_waiting(batch, budget)
+        if not mixed and batch.is_empty:
+            self._schedule_running(batch, budget, decodes=True, prefills=False)
+        return batch
+
+    def _schedule_running(
+        self, batch: ScheduledBatch, budget: _StepBudget, decodes: bool, prefills: bool
+    ) -> None:
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            remaining = req.num_tokens - req.num_computed_tokens
+            is_decode = remaining == 1
+            n = budget.chunk(remaining, is_decode) if (decodes if is_decode else prefills) else 0
+            if n == 0:
+                i += 1
+                continue
+            while not self.kv.grow(req, n) and self.running[-1] is not req:
+                self._preempt(self.running[-1], batch)
+            if req.row is not None and self.kv.pages_for(req.num_computed_tokens + n) <= len(req.pages):
+                budget.consume(n, is_decode)
+                batch.items.append(ScheduledRequest(req, req.num_computed_tokens, n))
+                i += 1
+            elif self.kv.pages_for(req.num_tokens) > self.kv.allocator.num_allocatable:
+                # Even alone it cannot fit: the KV pool is its context limit.
+                self.running.pop(i)
+                self._finish(req, "length")
+            else:
+                self._preempt(req, batch)  # requests ahead of it hold the pages; it retries later
+
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: _StepBudget) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if not self.kv.admit(req):
+                break
+            remaining = req.num_tokens - req.num_computed_tokens
+            n = budget.chunk(remaining, False)
+            if n == 0 or not self.kv.grow(req, n):
+                self.kv.release(req)
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            self.kv.record_admission(req)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            budget.consume(n, False)
+            batch.items.append(ScheduledRequest(req, req.num_computed_tokens, n))
+
+    def _preempt(self, req: Request, batch: ScheduledBatch) -> None:
+        self.running.remove(req)
+        self.kv.release(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+        batch.num_preempted += 1
+
+    # ---- results ------------------------------------------------------------------------------------
+    def update_from_output(
+        self,
+        batch: ScheduledBatch,
+        token_ids: list[int],
+        logprobs: list[float] | None = None,
+        errors: list[str | None] | None = None,
+    ) -> None:
+        """Apply a step's results: token_ids[i] (and logprobs[i], errors[i]) belong to batch.items[i]."""
+        for i, item in enumerate(batch.items):
+            req = item.req
+            if req.is_finished:
+                continue
+            req.num_computed_tokens += item.num_new_tokens
+            if errors is not None and errors[i] is not None:
+                self.running.remove(req)
+                self._finish(req, "abort", error=errors[i])
+                continue
+            if not item.sample:
+                self.kv.share(req)
+                continue
+            req.append_token(token_ids[i], self.config.max_model_len)
+            if logprobs is not None and req.sampling.logprobs:
+                req.output_logprobs.append(logprobs[i])
+            if req.is_finished:
+                self.running.remove(req)
+                self._finish(req)
+            else:
+                self.kv.share(req)
+                self.outbox.append(req)
