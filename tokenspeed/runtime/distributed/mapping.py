@@ -58,20 +58,20 @@ def complete_sizes(total: int, sizes: list[tuple[str, int | None]]) -> list[int]
     for i in missing[1:]:
         values[i] = 1
     known = math.prod(v for v in values if v is not None)
-    described = " x ".join(
-        f"{name}={value}" for (name, _), value in zip(sizes, values, strict=True) if value is not None
-    )
-    flags = ", ".join(_FLAG_OF.get(name, name) for name, _ in sizes)
+    # Name only the sizes that constrain the product: the ones the caller set above 1.
+    given = [(name, value) for name, value in sizes if value is not None and value > 1]
+    described = " x ".join(f"{name}={value}" for name, value in given) or "1"
+    given_flags = ", ".join(_FLAG_OF.get(name, name) for name, _ in given)
+    flags = f"{given_flags} or --world-size" if given_flags else "--world-size"
     if missing:
         if total % known:
             raise ValueError(
-                f"world_size={total} is not divisible by {described} (product {known}); "
-                f"change {flags} or --world-size so they divide it"
+                f"world_size={total} is not divisible by {described}; change {flags} so they divide it"
             )
         values[missing[0]] = total // known
     elif known != total:
         raise ValueError(
-            f"{described} multiply to {known}, not world_size={total}; change {flags} or --world-size "
+            f"{described} multiply to {known}, not world_size={total}; change {flags} "
             "so the product equals the world size"
         )
     return [int(v) for v in values]
@@ -200,7 +200,7 @@ class Mapping:
             if self.world_size % self.nnodes:
                 raise ValueError(
                     f"world_size={self.world_size} cannot be split evenly over nnodes={self.nnodes}; "
-                    "change --nnodes or the parallel sizes, or set --nprocs-per-node"
+                    "change --nnodes or the parallel sizes"
                 )
             self.nprocs_per_node = self.world_size // self.nnodes
         elif self.nprocs_per_node < 1 or self.nprocs_per_node * self.nnodes != self.world_size:

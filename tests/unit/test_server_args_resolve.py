@@ -1,0 +1,503 @@
+"""Every resolution rule of ``ServerArgs``, table-driven, on the values the specification gives.
+
+The platform is passed in, so GPU-dependent defaults are checked on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tokenspeed.server_args import ServerArgs, prepare_server_args
+from tokenspeed.server_args_resolve import PlatformFacts
+
+HOPPER = PlatformFacts("nvidia", is_hopper_or_newer=True, gpu_memory_gb=80.0)
+AMPERE = PlatformFacts("nvidia", is_hopper_or_newer=False, gpu_memory_gb=80.0)
+SMALL_GPU = PlatformFacts("nvidia", is_hopper_or_newer=False, gpu_memory_gb=16.0)
+AMD = PlatformFacts("amd", is_hopper_or_newer=False, gpu_memory_gb=192.0)
+NO_GPU = PlatformFacts("cpu")
+
+
+def resolve(argv: list[str], platform=AMPERE, model: str = "MODEL") -> ServerArgs:
+    return prepare_server_args([model, *argv], platform=platform)
+
+
+def lookup(args: ServerArgs, path: str):
+    value = args
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+EAGLE_CONFIG = '{"method": "eagle3", "model": "draft", "num_speculative_tokens": 4}'
+
+# (id, argv, platform, {attribute path: expected value})
+RULES = [
+    # Parallel sizes and world size
+    (
+        "single rank",
+        [],
+        AMPERE,
+        {"mapping.world_size": 1, "mapping.attn_tp_size": 1, "mapping.attn_dp_size": 1},
+    ),
+    ("tp sets world", ["--tp", "4"], AMPERE, {"mapping.world_size": 4, "mapping.attn_tp_size": 4}),
+    (
+        "tp x dp",
+        ["--tp", "4", "--data-parallel-size", "2", "--dist-init-addr", "127.0.0.1:4000"],
+        AMPERE,
+        {
+            "mapping.world_size": 8,
+            "mapping.attn_tp_size": 4,
+            "mapping.attn_dp_size": 2,
+            "mapping.dense_tp_size": 8,
+        },
+    ),
+    ("world and tp infer dp", ["--world-size", "8", "--tp", "2"], AMPERE, {"mapping.attn_dp_size": 4}),
+    (
+        "world alone is tp",
+        ["--world-size", "8"],
+        AMPERE,
+        {"mapping.attn_tp_size": 8, "mapping.attn_dp_size": 1},
+    ),
+    (
+        "world and dp infer tp",
+        ["--world-size", "8", "--data-parallel-size", "2"],
+        AMPERE,
+        {"mapping.attn_tp_size": 4},
+    ),
+    ("attn-tp-size alias", ["--attn-tp-size", "2"], AMPERE, {"mapping.world_size": 2, "attn_tp_size": 2}),
+    ("dense tp given", ["--tp", "4", "--dense-tp-size", "2"], AMPERE, {"mapping.dense_dp_size": 2}),
+    ("moe tp follows world", ["--tp", "4"], AMPERE, {"mapping.moe_tp_size": 4, "mapping.moe_ep_size": 1}),
+    (
+        "nodes",
+        ["--tp", "8", "--nnodes", "2", "--dist-init-addr", "10.0.0.1:5000"],
+        AMPERE,
+        {"mapping.nprocs_per_node": 4, "mapping.nnodes": 2},
+    ),
+    # Expert parallelism
+    (
+        "enable-expert-parallel",
+        ["--tp", "8", "--enable-expert-parallel"],
+        AMPERE,
+        {"ep_size": 8, "mapping.moe_ep_size": 8, "mapping.moe_tp_size": 1},
+    ),
+    ("explicit ep wins", ["--tp", "8", "--ep-size", "8", "--enable-expert-parallel"], AMPERE, {"ep_size": 8}),
+    (
+        "ep with moe dp",
+        ["--tp", "8", "--ep-size", "2", "--moe-tp-size", "1"],
+        AMPERE,
+        {"mapping.moe_dp_size": 4},
+    ),
+    # Memory defaults by world size
+    ("mem 1 rank", [], AMPERE, {"gpu_memory_utilization": 0.88, "gpu_memory_utilization_defaulted": True}),
+    ("mem 2 ranks", ["--tp", "2"], AMPERE, {"gpu_memory_utilization": 0.87}),
+    ("mem 4 ranks", ["--tp", "4"], AMPERE, {"gpu_memory_utilization": 0.95}),
+    ("mem 8 ranks", ["--tp", "8"], AMPERE, {"gpu_memory_utilization": 0.81}),
+    ("mem 16 ranks", ["--tp", "16"], AMPERE, {"gpu_memory_utilization": 0.79}),
+    ("mem 32 ranks", ["--world-size", "32"], AMPERE, {"gpu_memory_utilization": 0.79}),
+    (
+        "mem explicit",
+        ["--gpu-memory-utilization", "0.5"],
+        AMPERE,
+        {"gpu_memory_utilization": 0.5, "gpu_memory_utilization_defaulted": False},
+    ),
+    ("chunked prefill default", [], AMPERE, {"chunked_prefill_size": 8192}),
+    # Capture size and max_num_seqs
+    ("capture big gpu", [], AMPERE, {"max_cudagraph_capture_size": 160, "max_num_seqs": 160}),
+    ("capture small gpu tp1", [], SMALL_GPU, {"max_cudagraph_capture_size": 8}),
+    ("capture small gpu tp2", ["--tp", "2"], SMALL_GPU, {"max_cudagraph_capture_size": 8}),
+    ("capture small gpu tp4", ["--tp", "4"], SMALL_GPU, {"max_cudagraph_capture_size": 80}),
+    ("capture unknown memory", [], NO_GPU, {"max_cudagraph_capture_size": 160}),
+    (
+        "capture speculative",
+        ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d"],
+        AMPERE,
+        {"max_cudagraph_capture_size": 80, "max_num_seqs": 80},
+    ),
+    (
+        "capture explicit",
+        ["--max-cudagraph-capture-size", "32", "--max-num-seqs", "7"],
+        SMALL_GPU,
+        {"max_cudagraph_capture_size": 32, "max_num_seqs": 7},
+    ),
+    # Sampling backend by platform
+    ("sampling nvidia", [], AMPERE, {"sampling_backend": "flashinfer"}),
+    ("sampling amd", [], AMD, {"sampling_backend": "greedy"}),
+    ("sampling no gpu", [], NO_GPU, {"sampling_backend": "greedy"}),
+    ("sampling explicit", ["--sampling-backend", "triton"], AMPERE, {"sampling_backend": "triton"}),
+    # CPU device
+    (
+        "cpu defaults",
+        ["--device", "cpu"],
+        HOPPER,
+        {
+            "attention_backend": "torch",
+            "sampling_backend": "torch",
+            "enforce_eager": True,
+            "disable_prefill_graph": True,
+            "enable_kvstore": False,
+            "enable_allreduce_fusion": False,
+        },
+    ),
+    (
+        "cpu greedy allowed",
+        ["--device", "cpu", "--sampling-backend", "greedy"],
+        NO_GPU,
+        {"sampling_backend": "greedy"},
+    ),
+    ("cpu keeps memory default", ["--device", "cpu", "--tp", "2"], NO_GPU, {"gpu_memory_utilization": 0.87}),
+    # Basic defaults and aliases
+    ("tokenizer and name", [], AMPERE, {"tokenizer": "MODEL", "served_model_name": "MODEL"}),
+    ("fp8 alias", ["--kv-cache-dtype", "fp8"], AMPERE, {"kv_cache_dtype": "fp8_e4m3"}),
+    ("seed kept", ["--seed", "5"], AMPERE, {"seed": 5}),
+    (
+        "ragged alias off",
+        ["--attention-config.use-trtllm-ragged-deepseek-prefill", "false"],
+        AMPERE,
+        {"mla_disable_ragged": True},
+    ),
+    (
+        "ragged alias on",
+        ["--attention_config.use_trtllm_ragged_deepseek_prefill", "--mla-disable-ragged"],
+        AMPERE,
+        {"mla_disable_ragged": False},
+    ),
+    # Speculative JSON config
+    (
+        "spec config",
+        ["--speculative-config", EAGLE_CONFIG],
+        AMPERE,
+        {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": "draft",
+            "speculative_num_steps": 4,
+            "speculative_num_draft_tokens": 5,
+            "drafter_attention_backend": None,
+        },
+    ),
+    (
+        "spec config underscore",
+        ["--speculative_config", '{"method": "mtp"}'],
+        AMPERE,
+        {
+            "speculative_algorithm": "MTP",
+            "speculative_draft_model_path": "MODEL",
+            "draft_model_path_use_base": True,
+            "speculative_num_draft_tokens": 4,
+        },
+    ),
+    (
+        "spec explicit algorithm wins",
+        ["--speculative-algorithm", "MTP", "--speculative-config", EAGLE_CONFIG],
+        AMPERE,
+        {"speculative_algorithm": "MTP", "speculative_draft_model_path": "draft"},
+    ),
+    (
+        "dflash from config",
+        ["--speculative-config", '{"method": "dflash", "model": "d", "num_speculative_tokens": 8}'],
+        AMPERE,
+        {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8, "speculative_num_steps": 7},
+    ),
+    (
+        "dflash from draft tokens",
+        [
+            "--speculative-algorithm",
+            "DFLASH",
+            "--speculative-draft-model-path",
+            "d",
+            "--speculative-num-draft-tokens",
+            "6",
+        ],
+        AMPERE,
+        {"speculative_num_steps": 5},
+    ),
+    (
+        "dflash matching steps",
+        [
+            "--speculative-algorithm",
+            "DFLASH",
+            "--speculative-draft-model-path",
+            "d",
+            "--speculative-num-draft-tokens",
+            "6",
+            "--speculative-num-steps",
+            "5",
+        ],
+        AMPERE,
+        {"speculative_num_steps": 5},
+    ),
+    # Draft model rules
+    (
+        "mtp uses base",
+        ["--speculative-algorithm", "MTP"],
+        AMPERE,
+        {"draft_model_path_use_base": True, "speculative_draft_model_path": "MODEL"},
+    ),
+    (
+        "draft path equal to model",
+        ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "MODEL"],
+        AMPERE,
+        {"draft_model_path_use_base": True},
+    ),
+    (
+        "use base flag",
+        ["--draft-model-path-use-base", "--speculative-algorithm", "EAGLE3"],
+        AMPERE,
+        {"speculative_draft_model_path": "MODEL"},
+    ),
+    ("draft unquant", [], AMPERE, {"speculative_draft_model_quantization": None}),
+    (
+        "draft quant kept",
+        ["--speculative-draft-model-quantization", "fp8"],
+        AMPERE,
+        {"speculative_draft_model_quantization": "fp8"},
+    ),
+    (
+        "drafter backend follows",
+        ["--speculative-algorithm", "MTP", "--attention-backend", "fa3"],
+        AMPERE,
+        {"drafter_attention_backend": "fa3"},
+    ),
+    (
+        "drafter backend explicit",
+        [
+            "--speculative-algorithm",
+            "MTP",
+            "--attention-backend",
+            "fa3",
+            "--drafter-attention-backend",
+            "triton",
+        ],
+        AMPERE,
+        {"drafter_attention_backend": "triton"},
+    ),
+    (
+        "eagle3 layers",
+        ["--eagle3-layers-to-capture", "2,16,29"],
+        AMPERE,
+        {"eagle3_layers_to_capture": [2, 16, 29]},
+    ),
+    # KVStore and Mooncake
+    ("kvstore on by default", [], AMPERE, {"enable_kvstore": True}),
+    (
+        "kvstore disabled",
+        ["--disable-kvstore", "--no-enable-prefix-caching"],
+        AMPERE,
+        {"enable_kvstore": False, "enable_prefix_caching": False},
+    ),
+    ("kvstore off on decode", ["--disaggregation-mode", "decode"], AMPERE, {"enable_kvstore": False}),
+    (
+        "mooncake layout",
+        ["--kvstore-storage-backend", "mooncake", "--kvstore-io-backend", "direct"],
+        AMPERE,
+        {"kvstore_mem_layout": "page_first", "kvstore_io_backend": "kernel"},
+    ),
+    (
+        "mooncake page_head kept",
+        ["--kvstore-storage-backend", "mooncake", "--kvstore-mem-layout", "page_head"],
+        AMPERE,
+        {"kvstore_mem_layout": "page_head"},
+    ),
+    (
+        "no mooncake keeps layout",
+        ["--kvstore-io-backend", "direct"],
+        AMPERE,
+        {"kvstore_mem_layout": "layer_first", "kvstore_io_backend": "direct"},
+    ),
+    # Disaggregation
+    ("prefill is eager", ["--disaggregation-mode", "prefill"], AMPERE, {"enforce_eager": True}),
+    (
+        "decode keeps graphs and prefix cache",
+        ["--disaggregation-mode", "decode"],
+        AMPERE,
+        {"enforce_eager": False, "enable_prefix_caching": True},
+    ),
+    (
+        "encode drops prefix cache",
+        ["--disaggregation-mode", "encode"],
+        AMPERE,
+        {"enable_prefix_caching": False, "enable_kvstore": False},
+    ),
+    (
+        "prefill dp round robin",
+        [
+            "--disaggregation-mode",
+            "prefill",
+            "--data-parallel-size",
+            "2",
+            "--load-balance-method",
+            "round_robin",
+        ],
+        AMPERE,
+        {"mapping.attn_dp_size": 2},
+    ),
+    # Allreduce fusion
+    (
+        "fusion hopper tp",
+        ["--tp", "2"],
+        HOPPER,
+        {"enable_allreduce_fusion": True, "comm_fusion_max_num_tokens": 2048},
+    ),
+    ("fusion amd tp", ["--tp", "2"], AMD, {"enable_allreduce_fusion": True}),
+    ("no fusion ampere", ["--tp", "2"], AMPERE, {"enable_allreduce_fusion": False}),
+    ("no fusion tp1", [], HOPPER, {"enable_allreduce_fusion": False}),
+    (
+        "no fusion multinode",
+        ["--tp", "8", "--nnodes", "2", "--dist-init-addr", "10.0.0.1:5000"],
+        HOPPER,
+        {"enable_allreduce_fusion": False},
+    ),
+    (
+        "no fusion with dp",
+        ["--tp", "2", "--data-parallel-size", "2"],
+        HOPPER,
+        {"enable_allreduce_fusion": False, "comm_fusion_max_num_tokens": -1},
+    ),
+    (
+        "fusion off when dense tp differs",
+        ["--tp", "4", "--dense-tp-size", "2", "--enable-allreduce-fusion"],
+        HOPPER,
+        {"enable_allreduce_fusion": False, "comm_fusion_max_num_tokens": -1},
+    ),
+    # Expert placement defaults
+    (
+        "eplb recorder",
+        ["--enable-eplb"],
+        AMPERE,
+        {"expert_distribution_recorder_mode": "stat", "ep_dispatch_algorithm": "static"},
+    ),
+    ("dispatch from init location", [], AMPERE, {"ep_dispatch_algorithm": "static"}),
+    (
+        "dispatch explicit",
+        ["--ep-dispatch-algorithm", "dynamic"],
+        AMPERE,
+        {"ep_dispatch_algorithm": "dynamic"},
+    ),
+    (
+        "recorder explicit",
+        ["--enable-eplb", "--expert-distribution-recorder-mode", "per_token"],
+        AMPERE,
+        {"expert_distribution_recorder_mode": "per_token"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "platform", "expected"), [r[1:] for r in RULES], ids=[r[0] for r in RULES])
+def test_resolution_rule(argv, platform, expected):
+    args = resolve(argv, platform)
+    for path, value in expected.items():
+        assert lookup(args, path) == value, path
+
+
+def test_enable_cp_is_read_at_call_time(monkeypatch):
+    monkeypatch.setenv("ENABLE_CP", "1")
+    args = resolve(["--tp", "4"])
+    assert (args.mapping.attn_cp_size, args.mapping.attn_tp_size, args.mapping.world_size) == (4, 1, 4)
+    # Context parallelism serves one sequence at a time, so that is the default.
+    assert args.max_num_seqs == 1
+    monkeypatch.setenv("ENABLE_CP", "false")
+    assert resolve(["--tp", "4"]).mapping.attn_tp_size == 4
+
+
+def test_random_seed_drawn_when_unset():
+    assert isinstance(resolve([]).seed, int)
+
+
+def test_model_redirect(tmp_path, monkeypatch):
+    table = tmp_path / "redirect.tsv"
+    table.write_text("org/model\t/models/local\n")
+    monkeypatch.setenv("TOKENSPEED_MODEL_REDIRECT_PATH", str(table))
+    args = resolve([], model="org/model")
+    assert (args.model, args.tokenizer) == ("/models/local", "/models/local")
+    assert resolve([], model="other").model == "other"
+
+
+class DuckPlatform:
+    """The interface of ``tokenspeed.platform.current_platform()``."""
+
+    def __init__(self, kind: str, hopper: bool, memory_gb: float | None):
+        self.kind, self.is_hopper_or_newer, self._memory = kind, hopper, memory_gb
+        self.probed = 0
+
+    def gpu_memory_capacity_gb(self) -> float | None:
+        self.probed += 1
+        return self._memory
+
+
+def test_platform_object_interface():
+    platform = DuckPlatform("nvidia", True, 16.0)
+    args = resolve(["--tp", "2"], platform=platform)
+    assert (args.max_cudagraph_capture_size, args.enable_allreduce_fusion) == (8, True)
+    assert platform.probed == 1
+
+
+def test_cpu_device_never_probes_the_gpu():
+    platform = DuckPlatform("nvidia", True, 16.0)
+    resolve(["--device", "cpu"], platform=platform)
+    assert platform.probed == 0
+
+
+def test_real_platform_resolves_print_config_case():
+    """The issue's acceptance case, on whatever machine runs the tests."""
+    args = prepare_server_args(["MODEL", "--tp", "4", "--data-parallel-size", "2"])
+    assert args.mapping.world_size == 8
+    assert args.gpu_memory_utilization == 0.81
+    json.dumps(args.to_dict())
+
+
+def test_serialisable_and_resolution_is_idempotent():
+    args = resolve(
+        ["--tp", "4", "--speculative-config", EAGLE_CONFIG, "--eagle3-layers-to-capture", "1,2"], HOPPER
+    )
+    before = args.to_dict()
+    json.dumps(before)
+    json.dumps(dataclasses.asdict(args))
+    assert args.resolve(HOPPER).to_dict() == before
+    again = dataclasses.replace(args, platform=HOPPER)
+    assert again.to_dict() == before
+    assert before["mapping"]["groups"]["attn_tp"] == [[0, 1, 2, 3]]
+
+
+def test_direct_construction_resolves():
+    args = ServerArgs(model="m", attn_tp_size=2, platform=HOPPER)
+    assert args.mapping.world_size == 2 and args.enable_allreduce_fusion
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            [],
+            {
+                "TOKENSPEED_MAMBA_SSM_DTYPE": "float32",
+                "TORCHINDUCTOR_ENABLE_PDL": "1",
+                "TRTLLM_ENABLE_PDL": "1",
+                "TLLM_LOG_LEVEL": "INFO",
+            },
+        ),
+        (["--disable-pdl", "--mamba-ssm-dtype", "bfloat16"], {"TOKENSPEED_MAMBA_SSM_DTYPE": "bfloat16"}),
+        (["--device", "cpu"], {"TOKENSPEED_MAMBA_SSM_DTYPE": "float32"}),
+    ],
+)
+def test_environment(argv, expected):
+    assert resolve(argv).environment() == expected
+
+
+def test_apply_environment_keeps_explicit_pdl_setting():
+    environ = {"TRTLLM_ENABLE_PDL": "0", "TOKENSPEED_MAMBA_SSM_DTYPE": "x"}
+    resolve([]).apply_environment(environ)
+    assert environ["TRTLLM_ENABLE_PDL"] == "0"
+    assert environ["TOKENSPEED_MAMBA_SSM_DTYPE"] == "float32"
+    assert environ["TORCHINDUCTOR_ENABLE_PDL"] == "1"
+
+
+def test_url_brackets_ipv6():
+    assert resolve(["--host", "::1", "--port", "9000"]).url() == "http://[::1]:9000"
+    assert resolve([]).url() == "http://127.0.0.1:8000"
+
+
+def test_mamba_cache_chunk_size():
+    assert resolve(["--block-size", "16"]).mamba_cache_chunk_size == 64
+    assert resolve(["--block-size", "256"]).mamba_cache_chunk_size == 256
