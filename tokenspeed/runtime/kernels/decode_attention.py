@@ -1,0 +1,241 @@
+"""Paged decode attention in Triton: one new token per request over its whole cached context.
+
+Flash-decoding in two launches. Stage 1 splits each request's context into `num_splits` equal parts and
+runs one program per (request, kv head, split); the program covers every query head of that kv head's
+GQA group at once, so each K/V row is read from memory exactly once per step (decode is memory-bound:
+the bytes read are the cost). Stage 2 merges the splits by their log-sum-exp.
+
+The split count depends on the batch size only, never on the context lengths, so a step replayed from a
+CUDA graph launches the same grid as the captured one while each program derives its token range from
+`seq_lens` on the device.
+
+KV layout: `k_buf`/`v_buf` are `[num_slots, kv_heads, head_dim]`; a request's token `i` lives at slot
+`req_to_token[row, i]`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Below this many tokens per split, a split's fixed cost (loading q, writing a partial row) outweighs
+# the parallelism it adds.
+MAX_SPLITS = 32
+
+
+def decode_num_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
+    """Splits per request so that stage 1 launches about four programs per multiprocessor."""
+    programs = max(1, batch_size * num_kv_heads)
+    want = triton.cdiv(4 * num_sms, programs)
+    return int(max(1, min(MAX_SPLITS, triton.next_power_of_2(want))))
+
+
+@triton.jit
+def _decode_stage1_kernel(
+    Q,
+    K_buf,
+    V_buf,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    Mid_O,
+    Mid_lse,
+    sm_scale,
+    stride_qb,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_r2t,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_lb,
+    stride_lh,
+    KV_GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+    FP32_PV: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    heads = kvh * KV_GROUP + offs_h
+    hmask = offs_h < KV_GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+
+    seq_len = tl.load(seq_lens + b)
+    row = tl.load(req_pool_indices + b).to(tl.int64)
+    split_len = tl.cdiv(seq_len, NUM_SPLITS)
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=hmask[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        loc = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0).to(tl.int64)
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(
+            K_buf + loc[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = qk * sm_scale
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            V_buf + loc[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
+        if FP32_PV:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        elif IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # An empty split (short context) leaves l_i == 0: it writes zeros and lse = -inf, which stage 2
+    # weighs by exp(-inf) = 0.
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    tl.store(
+        Mid_O + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :],
+        out,
+        mask=hmask[:, None] & dmask[None, :],
+    )
+    tl.store(Mid_lse + b * stride_lb + heads * stride_lh + split, lse, mask=hmask)
+
+
+@triton.jit
+def _decode_stage2_kernel(
+    Mid_O,
+    Mid_lse,
+    O,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    smask = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < HEAD_DIM
+    lse = tl.load(Mid_lse + b * stride_lb + h * stride_lh + offs_s, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.exp(lse - m)
+    w = tl.where(smask, w, 0.0)
+    part = tl.load(
+        Mid_O + b * stride_mob + h * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :],
+        mask=smask[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    out = tl.sum(w[:, None] * part, 0) / tl.sum(w, 0)
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=dmask)
+
+
+def decode_attention(
+    q,
+    k_buf,
+    v_buf,
+    out,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    mid_o,
+    mid_lse,
+    sm_scale: float,
+    num_splits: int,
+    reduce_in_fp32: bool = False,
+) -> None:
+    """q/out: [B, H, D]; k_buf/v_buf: [slots, KVH, D]; mid_o: [>=B, H, num_splits, D] fp32; mid_lse:
+    [>=B, H, num_splits] fp32. Writes `out` in place (no allocation, so it can run inside a CUDA graph)."""
+    bs, num_heads, head_dim = q.shape
+    num_kv_heads = k_buf.shape[1]
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_h = max(16, triton.next_power_of_2(group))
+    ieee = q.dtype.itemsize == 4
+    block_n = 32 if ieee or block_d > 128 else 64
+    _decode_stage1_kernel[(bs, num_kv_heads, num_splits)](
+        q,
+        k_buf,
+        v_buf,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        sm_scale,
+        q.stride(0),
+        q.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        v_buf.stride(0),
+        v_buf.stride(1),
+        req_to_token.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        KV_GROUP=group,
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        IEEE=ieee,
+        FP32_PV=reduce_in_fp32,
+        num_warps=4,
+        num_stages=2,
+    )
+    _decode_stage2_kernel[(bs, num_heads)](
+        mid_o,
+        mid_lse,
+        out,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_D=block_d,
+        num_warps=4 if block_d <= 128 else 8,
+    )

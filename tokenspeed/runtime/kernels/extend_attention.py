@@ -1,0 +1,216 @@
+"""Extend (prefill) attention in Triton over the paged KV cache.
+
+Each request brings `extend_len` new tokens on top of `prefix_len` already-cached tokens (a prefill
+chunk, a prefix-cache hit, or a decode with extend_len 1 in a mixed batch). The new tokens' K/V are in
+the pool before this kernel runs, so one pass reads every key through `req_to_token`: new token `i`
+sees keys `[0, prefix_len + i]`.
+
+One program per (request, query head, block of BLOCK_M new tokens). The key loop runs in two parts: the
+keys every row of the block sees (no mask but the bounds), then the diagonal band where the causal mask
+applies, so the common case pays no per-element mask.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend_block(
+    q,
+    acc,
+    m_i,
+    l_i,
+    K_buf,
+    V_buf,
+    req_to_token,
+    row,
+    kvh,
+    offs_m,
+    prefix,
+    lo,
+    hi,
+    sm_scale,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_r2t,
+    offs_d,
+    dmask,
+    CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+    FP32_PV: tl.constexpr,
+):
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < hi
+        loc = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0).to(tl.int64)
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(
+            K_buf + loc[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        qk = qk * sm_scale
+        if CAUSAL:
+            keep = (offs_n[None, :] <= (prefix + offs_m)[:, None]) & nmask[None, :]
+        else:
+            keep = nmask[None, :] & (offs_m[:, None] >= 0)
+        qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            V_buf + loc[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
+        if FP32_PV:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        elif IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _extend_kernel(
+    Q,
+    O,
+    K_buf,
+    V_buf,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_lens,
+    qo_start,
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_r2t,
+    KV_GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+    FP32_PV: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    mblk = tl.program_id(2)
+    ext = tl.load(extend_lens + b)
+    if mblk * BLOCK_M < ext:
+        seq = tl.load(seq_lens + b)
+        prefix = seq - ext
+        row = tl.load(req_pool_indices + b).to(tl.int64)
+        q0 = tl.load(qo_start + b).to(tl.int64)
+        kvh = h // KV_GROUP
+
+        offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+        mmask = offs_m < ext
+        offs_d = tl.arange(0, BLOCK_D)
+        dmask = offs_d < HEAD_DIM
+        q = tl.load(
+            Q + (q0 + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+            mask=mmask[:, None] & dmask[None, :],
+            other=0.0,
+        )
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+        # Keys before the block's first row are visible to every row; the band after needs the mask.
+        full_hi = prefix + mblk * BLOCK_M
+        kv_end = prefix + tl.minimum(ext, (mblk + 1) * BLOCK_M)
+        acc, m_i, l_i = _attend_block(
+            q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, 0, full_hi, sm_scale,
+            stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
+            CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV,
+        )  # fmt: skip
+        acc, m_i, l_i = _attend_block(
+            q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, full_hi, kv_end, sm_scale,
+            stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
+            CAUSAL=True, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV,
+        )  # fmt: skip
+        out = acc / l_i[:, None]
+        tl.store(
+            O + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+            out.to(O.dtype.element_ty),
+            mask=mmask[:, None] & dmask[None, :],
+        )
+
+
+def extend_attention(
+    q,
+    out,
+    k_buf,
+    v_buf,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_lens,
+    qo_start,
+    max_extend_len: int,
+    sm_scale: float,
+    reduce_in_fp32: bool = False,
+) -> None:
+    """q/out: [T, H, D] with each request's new tokens contiguous from `qo_start[b]`; the new tokens'
+    K/V must already be stored in `k_buf`/`v_buf`."""
+    _, num_heads, head_dim = q.shape
+    bs = seq_lens.shape[0]
+    group = num_heads // k_buf.shape[1]
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    ieee = q.dtype.itemsize == 4 or reduce_in_fp32
+    if ieee or block_d > 128:
+        block_m, block_n, warps, stages = 64, 32, 4, 2
+    else:
+        block_m, block_n, warps, stages = 128, 64, 8, 3
+    if max_extend_len <= 16:
+        block_m = 16
+    elif max_extend_len <= 64:
+        block_m = min(block_m, 64)
+    grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
+    _extend_kernel[grid](
+        q,
+        out,
+        k_buf,
+        v_buf,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        extend_lens,
+        qo_start,
+        sm_scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        v_buf.stride(0),
+        v_buf.stride(1),
+        req_to_token.stride(0),
+        KV_GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        IEEE=q.dtype.itemsize == 4,
+        FP32_PV=reduce_in_fp32,
+        num_warps=warps,
+        num_stages=stages,
+    )

@@ -1,0 +1,156 @@
+"""`--attention-backend triton`: our own Triton kernels over the paged KV cache.
+
+Per step, `init_forward_metadata` decides the path once for all layers:
+- decode-only batches run the split-KV decode kernel (`kernels/decode_attention.py`);
+- anything with a prefill chunk runs the extend kernel (`kernels/extend_attention.py`), which also
+  handles the single-token rows of a mixed batch.
+New K/V are stored with one fused launch before attending. Decode is CUDA-graph capturable: its
+metadata is a function of the batch size only, and the split scratch buffers are allocated once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tokenspeed.runtime.kernels.decode_attention import decode_attention, decode_num_splits
+from tokenspeed.runtime.kernels.extend_attention import extend_attention
+from tokenspeed.runtime.kernels.kv_store import store_kv
+from tokenspeed.runtime.layers.attention_backend import AttentionBackend
+
+if TYPE_CHECKING:
+    from tokenspeed.runtime.cache.kv_pool import KVPool
+    from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+
+
+@dataclass
+class _Metadata:
+    decode: bool
+    num_splits: int = 1
+    qo_start: torch.Tensor | None = None  # [B] first new token of each request, extend path
+    max_extend_len: int = 0
+
+
+class TritonAttentionBackend(AttentionBackend):
+    supports_cuda_graph = True
+
+    def __init__(
+        self,
+        model_config: Any = None,
+        kv_pool: KVPool | None = None,
+        device: Any = "cuda",
+        reduce_in_fp32: bool = False,
+        **_: Any,
+    ):
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(
+                "--attention-backend triton needs a CUDA GPU; use --attention-backend torch on CPU"
+            )
+        self.kv_pool = kv_pool
+        self.reduce_in_fp32 = reduce_in_fp32
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.metadata = _Metadata(decode=True)
+        # Split scratch (fp32 partial outputs and their lse), grown on demand in eager mode and sized for
+        # the largest captured batch by the warm-up run before any graph is captured.
+        self._mid_o: torch.Tensor | None = None
+        self._mid_lse: torch.Tensor | None = None
+        self._graph_max_bs = 0
+
+    # -- per-step metadata -------------------------------------------------------------------------
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        if fb.is_decode_only:
+            kv_heads = fb.kv_pool.spec.num_kv_heads
+            self.metadata = _Metadata(
+                decode=True, num_splits=decode_num_splits(fb.batch_size, kv_heads, self.num_sms)
+            )
+            return
+        ext = fb.extend_lens
+        qo_start = torch.cumsum(ext, 0, dtype=torch.int32) - ext.to(torch.int32)
+        max_ext = max(fb.extend_lens_cpu) if fb.extend_lens_cpu else int(ext.max().item())
+        self.metadata = _Metadata(decode=False, qo_start=qo_start, max_extend_len=max_ext)
+
+    def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:
+        self._graph_max_bs = max_bs
+
+    def init_forward_metadata_capture(self, fb: ForwardBatch) -> None:
+        if not fb.is_decode_only:
+            raise ValueError("the triton backend captures decode batches only")
+        self.init_forward_metadata(fb)
+
+    def init_forward_metadata_replay(self, fb: ForwardBatch) -> None:
+        # Everything the captured kernels read (seq_lens, req_pool_indices, req_to_token) lives in the
+        # graph's static buffers, and the split count depends on the batch size alone.
+        self.init_forward_metadata(fb)
+
+    # -- attention ---------------------------------------------------------------------------------
+
+    def _scratch(self, bs: int, num_splits: int, num_heads: int, head_dim: int, kv_heads: int, device):
+        """Flat fp32 scratch viewed as [bs, heads, splits, head_dim]; sized for the worst batch size up to
+        the largest captured one, so every graph's view fits in the same allocation."""
+        n = bs * num_heads * num_splits
+        if self._mid_o is None or self._mid_o.numel() < n * head_dim or self._mid_o.shape[0] == 0:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("attention scratch must be allocated by a warm-up run before capture")
+            rows = max(bs, self._graph_max_bs)
+            need_rows = max(b * decode_num_splits(b, kv_heads, self.num_sms) for b in range(1, rows + 1))
+            need = max(need_rows * num_heads, n)
+            self._mid_o = torch.empty(need * head_dim, dtype=torch.float32, device=device)
+            self._mid_lse = torch.empty(need, dtype=torch.float32, device=device)
+        mid_o = self._mid_o[: n * head_dim].view(bs, num_heads, num_splits, head_dim)
+        mid_lse = self._mid_lse[:n].view(bs, num_heads, num_splits)
+        return mid_o, mid_lse
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        fb: ForwardBatch,
+        scaling: float,
+    ) -> torch.Tensor:
+        k_buf, v_buf = fb.kv_pool.get_kv(layer_id)
+        store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
+        if q.stride(-1) != 1 or q.stride(1) != q.shape[2]:
+            q = q.contiguous()
+        if q.dtype != k_buf.dtype:
+            q = q.to(k_buf.dtype)
+        out = torch.empty_like(q)
+        md = self.metadata
+        if md.decode:
+            bs, num_heads, head_dim = q.shape
+            mid_o, mid_lse = self._scratch(bs, md.num_splits, num_heads, head_dim, k_buf.shape[1], q.device)
+            decode_attention(
+                q,
+                k_buf,
+                v_buf,
+                out,
+                fb.req_to_token,
+                fb.req_pool_indices,
+                fb.seq_lens,
+                mid_o,
+                mid_lse,
+                scaling,
+                md.num_splits,
+                self.reduce_in_fp32,
+            )
+        else:
+            extend_attention(
+                q,
+                out,
+                k_buf,
+                v_buf,
+                fb.req_to_token,
+                fb.req_pool_indices,
+                fb.seq_lens,
+                fb.extend_lens,
+                md.qo_start,
+                md.max_extend_len,
+                scaling,
+                self.reduce_in_fp32,
+            )
+        return out
