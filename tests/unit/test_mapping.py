@@ -144,3 +144,7 @@ def test_from_server_args_matches_resolved_mapping():
     args = prepare_server_args(["M", "--tp", "4", "--data-parallel-size", "2"], platform=PlatformFacts("cpu"))
     assert Mapping.from_server_args(args) == args.mapping == TP4_DP2
     assert Mapping.from_server_args(args, enable_cp=True).attn_cp_size == 4
+
+
+def test_to_dict_carries_the_table():
+    assert TP4_DP2.to_dict()["table"] == TP4_DP2.table()

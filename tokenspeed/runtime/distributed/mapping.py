@@ -341,11 +341,13 @@ class Mapping:
     # Reporting ----------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Sizes, groups and per-rank placement, all JSON-serialisable."""
+        """Sizes, groups, per-rank placement and the log table, all JSON-serialisable."""
         return {
             **dataclasses.asdict(self),
             "groups": self.all_groups(),
             "ranks": [dataclasses.asdict(self.placement(r)) for r in range(self.world_size)],
+            # Ready to show as is (the console's server view prints it).
+            "table": self.table(),
         }
 
     def table(self) -> str:
