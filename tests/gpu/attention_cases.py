@@ -95,7 +95,7 @@ def reference(case: AttnCase, layer_id: int, scaling: float) -> torch.Tensor:
     group = heads // kv_heads
     out = torch.empty(case.q.shape, dtype=torch.float64, device=case.q.device)
     start = 0
-    for b, (seq, ext) in enumerate(zip(fb.seq_lens_cpu, fb.extend_lens_cpu)):
+    for b, (seq, ext) in enumerate(zip(fb.seq_lens_cpu, fb.extend_lens_cpu, strict=True)):
         row = int(fb.req_pool_indices[b])
         slots = fb.req_to_token[row, :seq].long()
         kk = k_buf[slots].repeat_interleave(group, dim=1)  # [S, H, D]

@@ -136,7 +136,7 @@ def test_decode_graph_replay_equals_eager(name):
         getattr(fb, name_).copy_(getattr(sfb, name_))
     fb.req_to_token.zero_()
     fb.req_to_token[: sfb.req_to_token.shape[0], : sfb.req_to_token.shape[1]] = sfb.req_to_token
-    for dst, src in zip(first.pool.get_kv(0), second.pool.get_kv(0)):
+    for dst, src in zip(first.pool.get_kv(0), second.pool.get_kv(0), strict=True):
         dst.copy_(src)
     fb.seq_lens_cpu = list(sfb.seq_lens_cpu)
     q.copy_(second.q)

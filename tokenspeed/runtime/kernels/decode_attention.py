@@ -134,7 +134,7 @@ def _decode_stage1_kernel(
 def _decode_stage2_kernel(
     Mid_O,
     Mid_lse,
-    O,
+    O,  # noqa: E741 - the attention output, named as in the literature
     stride_mob,
     stride_moh,
     stride_mos,

@@ -83,7 +83,7 @@ def _attend_block(
 @triton.jit
 def _extend_kernel(
     Q,
-    O,
+    O,  # noqa: E741 - the attention output, named as in the literature
     K_buf,
     V_buf,
     req_to_token,

@@ -107,7 +107,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         for n in pages:
             indptr.append(indptr[-1] + n)
         indptr_host = torch.tensor(indptr, dtype=torch.int32)
-        last = torch.tensor([s - (n - 1) * ps for s, n in zip(seq_lens, pages)], dtype=torch.int32)
+        last = torch.tensor(
+            [s - (n - 1) * ps for s, n in zip(seq_lens, pages, strict=True)], dtype=torch.int32
+        )
         total = indptr[-1]
         if out is None:
             if self._indices.numel() < total:
