@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import os
 from collections.abc import MutableMapping
+from difflib import get_close_matches
 from typing import Any, Literal
 
 from tokenspeed.runtime.distributed.mapping import Mapping
@@ -285,6 +286,20 @@ class ServerArgs:
         out = dataclasses.asdict(self)
         out["mapping"] = self.mapping.to_dict() if self.mapping is not None else None
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], platform: Any = None) -> ServerArgs:
+        """Rebuild from ``to_dict()`` output (or any field-name dict); the mapping is re-derived."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            hints = [
+                f"{key} (did you mean {close[0]}?)" if (close := get_close_matches(key, names, 1)) else key
+                for key in unknown
+            ]
+            raise ValueError(f"unknown ServerArgs fields: {', '.join(hints)}")
+        fields = {key: value for key, value in data.items() if key != "mapping"}
+        return cls(**fields, platform=platform)
 
     def environment(self) -> dict[str, str]:
         """Environment variables the server processes need (see ``server_environment``)."""

@@ -129,3 +129,15 @@ def test_url_brackets_ipv6():
 def test_mamba_cache_chunk_size():
     assert resolve(["--block-size", "16"]).mamba_cache_chunk_size == 64
     assert resolve(["--block-size", "256"]).mamba_cache_chunk_size == 256
+
+
+def test_from_dict_round_trip():
+    args = resolve(["--tp", "2", "--speculative-config", EAGLE_CONFIG, "--seed", "3"], HOPPER)
+    data = json.loads(json.dumps(args.to_dict()))
+    again = ServerArgs.from_dict(data, platform=HOPPER)
+    assert again.to_dict() == args.to_dict()
+
+
+def test_from_dict_unknown_field():
+    with pytest.raises(ValueError, match="did you mean max_num_seqs"):
+        ServerArgs.from_dict({"model": "m", "max_num_seq": 4}, platform=AMPERE)
