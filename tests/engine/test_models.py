@@ -125,3 +125,20 @@ def test_moe_reports_routing_to_the_recorder(tmp_path):
         assert ids.shape == (6, 2)
         assert ids.min() >= 0 and ids.max() < 8
         assert all(len(set(row)) == 2 for row in ids.tolist())  # two distinct experts per token
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_prefill_chunk_and_decode_match_hf(arch, tmp_path):
+    path = make_tiny_model(arch, tmp_path)
+    config = ModelConfig.from_pretrained(path, dtype="float32", device="cuda")
+    model = load_model(config, "auto", "cuda")
+    hf = load_hf_model(path).to("cuda")
+    harness = PagedHarness(model, config, device="cuda")
+    long, short = PROMPTS["long"], PROMPTS["short"]
+    logits = harness.step([("long", long[:20]), ("short", short)]).cpu()
+    _close(logits[1], hf_last_logits(hf, short).cpu(), f"{arch} gpu prefill")
+    nxt = short + [int(logits[1].argmax())]
+    logits = harness.step([("short", nxt[-1:]), ("long", long[20:])]).cpu()
+    _close(logits[0], hf_last_logits(hf, nxt).cpu(), f"{arch} gpu decode")
+    _close(logits[1], hf_last_logits(hf, long).cpu(), f"{arch} gpu chunk")

@@ -114,7 +114,10 @@ def build_model(model_config: ModelConfig, device: torch.device | str) -> nn.Mod
 
 
 def load_model(
-    model_config: ModelConfig, load_format: str = "auto", device: torch.device | str = "cpu", seed: int = 0
+    model_config: ModelConfig,
+    load_format: str = "auto",
+    device: torch.device | str = "cpu",
+    seed: int | None = 0,
 ) -> nn.Module:
     """Build the model for `model_config` and load its weights; raises ValueError on a mismatch."""
     if load_format not in LOAD_FORMATS:
@@ -127,7 +130,7 @@ def load_model(
     model = build_model(model_config, device)
     if files is None:
         std = float(getattr(model_config.hf_config, "initializer_range", 0.02) or 0.02)
-        _init_dummy(model, seed, std)
+        _init_dummy(model, seed or 0, std)
     else:
         fmt, paths = files
         with torch.no_grad():
