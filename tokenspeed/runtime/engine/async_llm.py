@@ -1,0 +1,410 @@
+"""AsyncLLM: the main process's side of the engine: send tokenized requests, track them, detokenize.
+
+Runs on the HTTP server's event loop. Requests go out over one ZMQ PUSH socket (to the only scheduler or
+to the DP controller); every scheduler answers on one PULL socket: token outputs, stats snapshots, ready
+messages, control-call answers. Each request's `generate()` iterator is woken only when there is something
+worth sending (every `--stream-interval` tokens when streaming, at the end otherwise); if its consumer goes
+away before the end (a client disconnect cancels it), the request is aborted so its KV pages are freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from tokenspeed.runtime.engine.detokenizer import IncrementalDetokenizer
+from tokenspeed.runtime.engine.io_struct import (
+    AbortRequest,
+    BatchOutput,
+    GenerateRequest,
+    ReadyMessage,
+    RequestOutput,
+    RpcRequest,
+    RpcResponse,
+    StatsSnapshot,
+    decode,
+    encode,
+)
+from tokenspeed.runtime.engine.request_log import RequestLogger
+from tokenspeed.runtime.metrics.collector import FinishedRequestStats, ServerMetrics
+from tokenspeed.sampling_params import SamplingParams
+
+logger = logging.getLogger("tokenspeed.async_llm")
+
+
+class ServerUnavailable(RuntimeError):
+    """The server is starting or draining: the HTTP layer answers 503."""
+
+
+class PromptTooLong(ValueError):
+    """The prompt does not fit the context: the HTTP layer answers 400 (context_length_exceeded)."""
+
+
+@dataclass
+class SequenceOutput:
+    """What `generate()` yields: the deltas since the previous yield, and totals."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finished: bool
+    finish_reason: str | None
+    matched_stop: str | int | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    dp_rank: int
+    error: str | None = None
+
+
+@dataclass
+class _Request:
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    detok: IncrementalDetokenizer
+    wake_every: int  # tokens between wake-ups; 0 = only at the end
+    arrival: float
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    sent_any: bool = False
+    finished: bool = False
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    dp_rank: int = 0
+    rank_known: bool = False
+    first_token: float | None = None
+    last_token: float | None = None
+    itl: list[float] = field(default_factory=list)
+
+    def take(self) -> SequenceOutput:
+        out = SequenceOutput(
+            rid=self.rid,
+            text="".join(self.text),
+            token_ids=self.ids,
+            logprobs=self.logprobs,
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            matched_stop=self.matched_stop,
+            prompt_tokens=self.prompt_tokens or len(self.input_ids),
+            completion_tokens=len(self.detok.output_ids),
+            cached_tokens=self.cached_tokens,
+            dp_rank=self.dp_rank,
+            error=self.error,
+        )
+        self.text, self.ids = [], []
+        self.logprobs = [] if self.logprobs is not None else None
+        return out
+
+
+@dataclass
+class ModelLimits:
+    """From the schedulers' ready messages (the tightest over every rank)."""
+
+    max_total_tokens: int
+    max_req_input_len: int
+    max_model_len: int
+
+
+class AsyncLLM:
+    def __init__(
+        self,
+        server_args: Any,
+        tokenizer: Any,
+        metrics: ServerMetrics | None,
+        *,
+        output_addr: str,
+        request_addr: str,
+        dp_size: int,
+        vocab_size: int | None = None,
+    ) -> None:
+        self.server_args = server_args
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.dp_size = dp_size
+        self.vocab_size = vocab_size
+        self.stream_interval = max(1, int(getattr(server_args, "stream_interval", 1) or 1))
+        self.limits: ModelLimits | None = None
+        self.rank_stats: dict[int, StatsSnapshot] = {}
+        self.accepting = False
+        self._requests: dict[str, _Request] = {}
+        self._rpc: dict[str, tuple[asyncio.Future, list[RpcResponse]]] = {}
+        self._log = RequestLogger.from_server_args(server_args, tokenizer)
+        self._ctx = zmq.asyncio.Context(io_threads=1)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.bind(output_addr)
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(request_addr)
+        self._recv_task: asyncio.Task | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def wait_ready(self, expected: int, check_children) -> list[ReadyMessage]:
+        """Collect one ReadyMessage per scheduler rank; `check_children()` raises if one died meanwhile."""
+        ready: list[ReadyMessage] = []
+        while len(ready) < expected:
+            check_children()
+            if not await self._pull.poll(200):
+                continue
+            msg = decode(await self._pull.recv())
+            if isinstance(msg, ReadyMessage):
+                ready.append(msg)
+                logger.info(
+                    "scheduler dp%d tp%d ready (%d/%d)", msg.dp_rank, msg.tp_rank, len(ready), expected
+                )
+        self.limits = ModelLimits(
+            max_total_tokens=min(r.max_total_tokens for r in ready),
+            max_req_input_len=min(r.max_req_input_len for r in ready),
+            max_model_len=min(r.max_model_len for r in ready),
+        )
+        if self.metrics is not None:
+            for g in range(self.dp_size):
+                self.metrics.init_rank(g)
+        return ready
+
+    def start(self) -> None:
+        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop(), name="async-llm-recv")
+
+    async def close(self) -> None:
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            try:
+                await self._recv_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._pull.close(linger=0)
+        self._push.close(linger=0)
+        self._ctx.term()
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._requests)
+
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight; False if `timeout` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def abort_all(self, reason: str = "abort") -> None:
+        for rid in list(self._requests):
+            self.abort(rid, reason)
+
+    # ------------------------------------------------------------------ requests
+
+    def check_prompt(self, input_ids: list[int], sampling: SamplingParams) -> None:
+        """Validate and fit a request to the model; raises ValueError / PromptTooLong for a 400."""
+        if not input_ids:
+            raise ValueError("the prompt is empty: send at least one token")
+        if self.vocab_size is not None and (min(input_ids) < 0 or max(input_ids) >= self.vocab_size):
+            raise ValueError(f"token ids must be in [0, {self.vocab_size}) for this model")
+        sampling.verify()
+        limits = self.limits
+        if limits is None:
+            return
+        if len(input_ids) > limits.max_req_input_len:
+            raise PromptTooLong(
+                f"the prompt has {len(input_ids)} tokens; this server accepts at most {limits.max_req_input_len} "
+                f"(max model length {limits.max_model_len}). Shorten the prompt"
+            )
+        room = max(0, limits.max_model_len - len(input_ids))
+        if sampling.max_new_tokens is None or sampling.max_new_tokens > room:
+            sampling.max_new_tokens = room
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        rid: str | None = None,
+        stream: bool = False,
+        internal: bool = False,
+    ) -> AsyncIterator[SequenceOutput]:
+        """Run one sequence; yields deltas (streaming) or one final output. Raises before the first yield
+        for a bad request (ValueError) or an unavailable server (ServerUnavailable). `internal` requests
+        (warm-up) run before the server accepts traffic."""
+        if not (self.accepting or internal):
+            raise ServerUnavailable("the server is not accepting requests (starting up or shutting down)")
+        self.check_prompt(input_ids, sampling)
+        rid = rid or uuid.uuid4().hex
+        if rid in self._requests:
+            raise ValueError(f"request id {rid!r} is already in use; send a unique rid")
+        req = _Request(
+            rid=rid,
+            input_ids=input_ids,
+            sampling=sampling,
+            detok=IncrementalDetokenizer(self.tokenizer, input_ids, sampling),
+            wake_every=self.stream_interval if stream else 0,
+            arrival=time.time(),
+            logprobs=[] if sampling.logprobs else None,
+        )
+        self._requests[rid] = req
+        self._idle.clear()
+        self._log.received(req)
+        # Always streamed from the scheduler: token arrival times feed TTFT and inter-token latency, and
+        # stop strings are found as the text forms; the consumer is still woken only when it wants.
+        self._push.send(
+            encode(
+                GenerateRequest(
+                    rid=rid,
+                    input_ids=input_ids,
+                    sampling=sampling.to_dict(),
+                    stream=True,
+                    arrival_time=req.arrival,
+                )
+            )  # fmt: skip
+        )
+        try:
+            while True:
+                await req.event.wait()
+                req.event.clear()
+                out = req.take()
+                yield out
+                if out.finished:
+                    return
+        finally:
+            if not req.finished:
+                # The consumer left early (client disconnect, cancellation): free the scheduler's pages.
+                self.abort(rid)
+            self._forget(rid)
+
+    def abort(self, rid: str, reason: str = "abort") -> bool:
+        req = self._requests.get(rid)
+        if req is None:
+            return False
+        self._push.send(encode(AbortRequest(rid=rid)))
+        if not req.finished:
+            self._finish(req, reason, None, None)
+        return True
+
+    def _forget(self, rid: str) -> None:
+        self._requests.pop(rid, None)
+        if not self._requests:
+            self._idle.set()
+
+    # ------------------------------------------------------------------ control calls
+
+    async def rpc(self, method: str, args: dict | None = None, timeout: float = 30.0) -> list[RpcResponse]:
+        """Send a control call to every DP group; returns one answer per group."""
+        call_id = uuid.uuid4().hex
+        fut = asyncio.get_running_loop().create_future()
+        self._rpc[call_id] = (fut, [])
+        self._push.send(encode(RpcRequest(method=method, args=args or {}, call_id=call_id)))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._rpc.pop(call_id, None)
+
+    # ------------------------------------------------------------------ receiving
+
+    async def _recv_loop(self) -> None:
+        while True:
+            raw = await self._pull.recv()
+            try:
+                msg = decode(raw)
+                if isinstance(msg, BatchOutput):
+                    now = time.time()
+                    for o in msg.outputs:
+                        self._on_output(o, now)
+                elif isinstance(msg, StatsSnapshot):
+                    self.rank_stats[msg.dp_rank] = msg
+                    if self.metrics is not None:
+                        self.metrics.observe_stats(msg)
+                elif isinstance(msg, RpcResponse):
+                    self._on_rpc(msg)
+            except Exception:
+                logger.exception("failed to handle a scheduler message")
+
+    def _on_rpc(self, msg: RpcResponse) -> None:
+        entry = self._rpc.get(msg.call_id)
+        if entry is None:
+            return
+        fut, answers = entry
+        answers.append(msg)
+        if len(answers) >= self.dp_size and not fut.done():
+            fut.set_result(answers)
+
+    def _on_output(self, o: RequestOutput, now: float) -> None:
+        req = self._requests.get(o.rid)
+        if req is None or req.finished:
+            return  # aborted or stopped here already; the scheduler's late words do not matter
+        req.dp_rank = o.dp_rank
+        if not req.rank_known:
+            req.rank_known = True
+            if self.metrics is not None:
+                self.metrics.on_request_received(o.dp_rank)
+        req.prompt_tokens = o.prompt_tokens or req.prompt_tokens
+        req.cached_tokens = max(req.cached_tokens, o.cached_tokens)
+        if o.new_token_ids:
+            k = len(o.new_token_ids)
+            if req.first_token is None:
+                req.first_token = now
+            elif req.last_token is not None:
+                req.itl.extend([(now - req.last_token) / k] * k)
+            req.last_token = now
+            req.ids.extend(o.new_token_ids)
+            if req.logprobs is not None and o.new_logprobs:
+                req.logprobs.extend(o.new_logprobs)
+        delta, stopped = req.detok.append(o.new_token_ids, final=o.finished)
+        if delta:
+            req.text.append(delta)
+        if stopped:
+            if not o.finished:
+                self._push.send(encode(AbortRequest(rid=o.rid)))
+            self._finish(req, "stop", req.detok.matched_stop, None)
+        elif o.finished:
+            self._finish(req, o.finish_reason or "stop", o.matched_stop, o.error)
+        elif req.wake_every and (len(req.ids) >= req.wake_every or not req.sent_any):
+            req.sent_any = True
+            req.event.set()
+
+    def _finish(self, req: _Request, reason: str, matched: str | int | None, error: str | None) -> None:
+        if not req.detok.stopped:
+            tail = req.detok.flush()
+            if tail:
+                req.text.append(tail)
+        req.finished = True
+        req.finish_reason = "error" if error else reason
+        req.matched_stop = matched
+        req.error = error
+        req.event.set()
+        end = time.time()
+        stats = FinishedRequestStats(
+            dp_rank=req.dp_rank,
+            prompt_tokens=req.prompt_tokens or len(req.input_ids),
+            completion_tokens=len(req.detok.output_ids),
+            cached_tokens=req.cached_tokens,
+            finish_reason=req.finish_reason,
+            e2e_latency=end - req.arrival,
+            ttft=None if req.first_token is None else req.first_token - req.arrival,
+            inter_token_latencies=req.itl,
+        )
+        if self.metrics is not None:
+            if not req.rank_known:
+                self.metrics.on_request_received(req.dp_rank)
+            self.metrics.on_request_finished(stats)
+        self._log.finished(req, stats)

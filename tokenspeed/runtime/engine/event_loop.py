@@ -1,0 +1,288 @@
+"""The main loop of a scheduler process: requests in over ZMQ, `EngineCore.step()`, outputs and stats out.
+
+One process per rank. The loop never blocks while the engine has work; idle, it sleeps in `poll` so a new
+request wakes it at once. It exits when the parent dies, on SIGTERM, or (non-zero) when the engine raises:
+a broken rank must take the server down, never leave it hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from tokenspeed.runtime.engine.endpoints import ServerEndpoints
+from tokenspeed.runtime.engine.io_struct import (
+    AbortRequest,
+    BatchOutput,
+    FlushCacheRequest,
+    GenerateRequest,
+    ReadyMessage,
+    RequestOutput,
+    RpcRequest,
+    RpcResponse,
+    StatsSnapshot,
+    decode,
+    encode,
+)
+from tokenspeed.runtime.engine.process_watchdog import StopFlag, die_with_parent, parent_alive
+
+logger = logging.getLogger("tokenspeed.scheduler")
+
+_IDLE_POLL_MS = 50
+# The front end's /metrics needs fresh numbers, not every step's: stats go to it at most this often.
+_FRONTEND_STATS_INTERVAL_S = 0.1
+_EXPERT_RECORD_METHODS = (
+    "start_expert_distribution_record",
+    "stop_expert_distribution_record",
+    "dump_expert_distribution_record",
+)
+
+
+@dataclass
+class RankInfo:
+    """Where this process sits in the server (from `Mapping.placement`)."""
+
+    rank: int = 0
+    dp_rank: int = 0
+    tp_rank: int = 0
+    gpu_id: int = 0
+    num_local_ranks: int = 1
+
+
+@dataclass
+class _StatsPacer:
+    """Accumulates per-step token counts between snapshots, sends to the front end and the DP controller."""
+
+    load_interval: float
+    last_frontend: float = 0.0
+    last_load: float = 0.0
+    last_key: tuple = ()
+    iteration_tokens: list[int] = field(default_factory=list)
+    latest: StatsSnapshot | None = None
+
+
+def configure_child_logging(server_args: Any, prefix: str) -> None:
+    level = getattr(logging, str(getattr(server_args, "log_level", "info")).upper(), logging.INFO)
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s [{prefix}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def build_engine(server_args: Any, info: RankInfo):
+    """The EngineCore of this rank; the device index comes from the rank's placement."""
+    from tokenspeed.runtime.engine.engine_core import EngineCore
+
+    device = None
+    if str(getattr(server_args, "device", "cpu")).startswith("cuda"):
+        device = f"cuda:{info.gpu_id}"
+    elif getattr(server_args, "device", "cpu") == "cpu" and info.num_local_ranks > 1:
+        import torch
+
+        # Several CPU ranks on one machine would each grab every core and thrash.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.num_local_ranks))
+    return EngineCore(server_args, dp_rank=info.dp_rank, device=device)
+
+
+def run_scheduler_process(
+    server_args: Any, endpoints: ServerEndpoints, info: RankInfo, parent_pid: int
+) -> None:
+    """Entry point of a spawned scheduler process."""
+    die_with_parent(parent_pid)
+    stop = StopFlag().install()
+    configure_child_logging(server_args, f"dp{info.dp_rank} tp{info.tp_rank}")
+    try:
+        code = _serve(server_args, endpoints, info, parent_pid, stop)
+    except Exception:
+        logger.error("scheduler dp%d tp%d failed:\n%s", info.dp_rank, info.tp_rank, traceback.format_exc())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: torch and zmq finalizers can hang a dying process
+
+
+def _serve(
+    server_args: Any, endpoints: ServerEndpoints, info: RankInfo, parent_pid: int, stop: StopFlag
+) -> int:
+    ctx = zmq.Context(io_threads=1)
+    out = ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.SNDHWM, 0)
+    out.setsockopt(zmq.LINGER, 2000)
+    out.connect(endpoints.output)
+    inp = None
+    load = None
+    if info.tp_rank == 0:
+        inp = ctx.socket(zmq.PULL)
+        inp.setsockopt(zmq.RCVHWM, 0)
+        inp.bind(endpoints.rank_inputs[info.dp_rank])
+        if endpoints.load is not None:
+            load = ctx.socket(zmq.PUSH)
+            load.setsockopt(zmq.SNDHWM, 0)
+            load.setsockopt(zmq.LINGER, 0)
+            load.connect(endpoints.load)
+
+    engine = build_engine(server_args, info)
+    out.send(
+        encode(
+            ReadyMessage(
+                dp_rank=info.dp_rank,
+                tp_rank=info.tp_rank,
+                max_total_tokens=int(engine.max_total_tokens),
+                max_req_input_len=int(engine.max_req_input_len),
+                max_model_len=int(engine.max_model_len),
+            )
+        )
+    )
+    logger.info(
+        "ready: max_total_tokens=%s max_model_len=%s max_req_input_len=%s",
+        engine.max_total_tokens,
+        engine.max_model_len,
+        engine.max_req_input_len,
+    )
+    if inp is None:
+        # Non-zero tensor-parallel ranks follow their group's rank 0 inside the engine (parallel issue);
+        # here they only stay alive until told to stop.
+        while not stop.is_set() and parent_alive(parent_pid):
+            time.sleep(0.2)
+        engine.shutdown()
+        return 0
+
+    pacer = _StatsPacer(load_interval=float(getattr(server_args, "load_watch_interval", 0.02) or 0.02))
+    decode_log_interval = int(getattr(server_args, "decode_log_interval", 40) or 0)
+    steps = 0
+    try:
+        while not stop.is_set():
+            if not parent_alive(parent_pid):
+                logger.error("parent process %d is gone; exiting", parent_pid)
+                return 1
+            busy = engine.has_unfinished()
+            if inp.poll(0 if busy else _IDLE_POLL_MS):
+                _drain_inputs(inp, out, engine, info)
+            if engine.has_unfinished():
+                outputs = engine.step()
+                steps += 1
+                if outputs:
+                    for o in outputs:
+                        o.dp_rank = info.dp_rank
+                    out.send(encode(BatchOutput(outputs=list(outputs))))
+                if decode_log_interval and steps % decode_log_interval == 0 and pacer.latest is not None:
+                    _log_progress(pacer.latest)
+            _send_stats(engine, info, out, load, pacer)
+    finally:
+        engine.shutdown()
+        for s in (inp, out, load):
+            if s is not None:
+                s.close(linger=0)
+        ctx.term()
+    return 0
+
+
+def _drain_inputs(inp: zmq.Socket, out: zmq.Socket, engine: Any, info: RankInfo) -> None:
+    while True:
+        try:
+            raw = inp.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            msg = decode(raw)
+        except Exception as exc:  # a malformed message must not kill the rank
+            logger.error("dropping undecodable message: %s", exc)
+            continue
+        if isinstance(msg, GenerateRequest):
+            try:
+                engine.add_request(msg)
+            except ValueError as exc:
+                fail = RequestOutput(
+                    rid=msg.rid,
+                    new_token_ids=[],
+                    finished=True,
+                    finish_reason="abort",
+                    prompt_tokens=len(msg.input_ids),
+                    error=str(exc),
+                    dp_rank=info.dp_rank,
+                )
+                out.send(encode(BatchOutput(outputs=[fail])))
+        elif isinstance(msg, AbortRequest):
+            engine.abort_request(msg.rid)
+        elif isinstance(msg, FlushCacheRequest):
+            engine.flush_cache()
+        elif isinstance(msg, RpcRequest):
+            out.send(encode(_handle_rpc(engine, msg, info)))
+        else:
+            logger.error("unexpected message %s on the scheduler input", type(msg).__name__)
+
+
+def _handle_rpc(engine: Any, req: RpcRequest, info: RankInfo) -> RpcResponse:
+    """Control calls. The engine may implement any method as `rpc_<method>(**args)`; a few are built in."""
+    try:
+        if req.method == "flush_cache":
+            ok = engine.flush_cache()
+            return RpcResponse(call_id=req.call_id, ok=ok is not False, result={"dp_rank": info.dp_rank})
+        if req.method == "stats":
+            return RpcResponse(call_id=req.call_id, ok=True, result=_snapshot_dict(engine.stats(), info))
+        handler = getattr(engine, f"rpc_{req.method}", None)
+        if handler is None:
+            if req.method in _EXPERT_RECORD_METHODS:
+                return RpcResponse(
+                    call_id=req.call_id,
+                    ok=False,
+                    error=f"{req.method}: expert distribution recording is not enabled in this server "
+                    "(it needs a MoE model and --expert-distribution-recorder-mode)",
+                )
+            return RpcResponse(call_id=req.call_id, ok=False, error=f"unknown control call {req.method!r}")
+        return RpcResponse(call_id=req.call_id, ok=True, result=handler(**req.args))
+    except Exception as exc:
+        logger.error("control call %s failed: %s", req.method, exc)
+        return RpcResponse(call_id=req.call_id, ok=False, error=f"{req.method} failed: {exc}")
+
+
+def _snapshot_dict(snap: StatsSnapshot, info: RankInfo) -> dict:
+    snap.dp_rank = info.dp_rank
+    return {k: getattr(snap, k) for k in snap.__dataclass_fields__}
+
+
+def _send_stats(engine: Any, info: RankInfo, out: zmq.Socket, load: zmq.Socket | None, pacer: _StatsPacer):
+    now = time.monotonic()
+    due_load = load is not None and now - pacer.last_load >= pacer.load_interval
+    due_front = now - pacer.last_frontend >= _FRONTEND_STATS_INTERVAL_S
+    if not (due_load or due_front):
+        return
+    snap: StatsSnapshot = engine.stats()
+    snap.dp_rank = info.dp_rank
+    snap.timestamp = time.time()
+    pacer.latest = snap
+    pacer.iteration_tokens.extend(snap.iteration_tokens)
+    if due_load:
+        pacer.last_load = now
+        load.send(encode(snap))
+    if due_front:
+        key = (snap.num_running, snap.num_waiting, snap.kv_pages_used, snap.prefix_cache_queries,
+               snap.num_preemptions, snap.gen_throughput)  # fmt: skip
+        # While idle and unchanged there is nothing new to say; a change (like KV freed) goes out at once.
+        if key != pacer.last_key or pacer.iteration_tokens:
+            pacer.last_frontend = now
+            pacer.last_key = key
+            snap.iteration_tokens = pacer.iteration_tokens
+            pacer.iteration_tokens = []
+            out.send(encode(snap))
+
+
+def _log_progress(s: StatsSnapshot) -> None:
+    # Stats are read only by the pacer: the engine resets per-step counters on every stats() call.
+    logger.info(
+        "running=%d waiting=%d kv=%.1f%% gen=%.1f tok/s preemptions=%d",
+        s.num_running,
+        s.num_waiting,
+        100 * s.kv_usage,
+        s.gen_throughput,
+        s.num_preemptions,
+    )

@@ -1,0 +1,159 @@
+"""Running the HTTP front end: uvicorn with TokenSpeed's shutdown rules, warm-up and the child watchdog.
+
+uvicorn's own signal handling stops at once and re-raises the signal after shutdown (so the exit status
+would say "killed by SIGTERM"). Here the first SIGTERM/SIGINT drains: status "draining", new requests get
+503, in-flight ones have `TOKENSPEED_DRAIN_TIMEOUT` seconds (default 30) to finish before they are
+aborted, then the server stops and the process exits 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+import uvicorn
+
+from tokenspeed.runtime.engine.process_watchdog import ChildProcess, ChildWatchdog
+from tokenspeed.runtime.entrypoints.http_server import build_app
+from tokenspeed.runtime.entrypoints.server_state import DRAINING, READY, ServerState
+from tokenspeed.runtime.entrypoints.warmup import run_warmups
+
+logger = logging.getLogger("tokenspeed.serve")
+
+EXIT_OK, EXIT_FAILED = 0, 1
+_DEFAULT_DRAIN_S = 30.0
+# After a child died: the front end gets this long to wind down before the process is cut short.
+_FATAL_DEADLINE_S = 5.0
+
+
+def drain_timeout() -> float:
+    raw = os.environ.get("TOKENSPEED_DRAIN_TIMEOUT")
+    if raw is None:
+        return _DEFAULT_DRAIN_S
+    try:
+        return max(0.0, float(raw))
+    except ValueError as exc:
+        raise ValueError(f"TOKENSPEED_DRAIN_TIMEOUT must be a number of seconds, got {raw!r}") from exc
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self.exit_code = EXIT_OK
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, sig: int, frame: Any) -> None:
+        if self._draining:
+            logger.warning("second %s: stopping now", signal.Signals(sig).name)
+            self.state.llm.abort_all()
+            self.should_exit = self.force_exit = True
+            return
+        self._draining = True
+        logger.info("%s: draining (no new requests; in-flight ones may finish)", signal.Signals(sig).name)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain()))
+        else:
+            self.should_exit = True
+
+    async def _drain(self) -> None:
+        self.state.status = DRAINING
+        self.state.llm.accepting = False
+        timeout = drain_timeout()
+        if not await self.state.llm.wait_idle(timeout):
+            logger.warning("%d request(s) still running after %.0f s: aborting them", self.state.llm.num_inflight,
+                           timeout)  # fmt: skip
+            self.state.llm.abort_all()
+            await self.state.llm.wait_idle(2.0)
+        self.should_exit = True
+
+    def fatal(self, reason: str) -> None:
+        """A child died: fail what is in flight, stop serving, exit non-zero (forcibly if it hangs)."""
+        logger.error("%s; shutting the server down", reason)
+        self.exit_code = EXIT_FAILED
+        self.state.status = DRAINING
+        self.state.llm.accepting = False
+        self.state.llm.abort_all("error")
+        self.should_exit = self.force_exit = True
+        timer = threading.Timer(_FATAL_DEADLINE_S, lambda: os._exit(EXIT_FAILED))
+        timer.daemon = True
+        timer.start()
+
+
+async def run_http(state: ServerState, procs: Any, warmups: list[str]) -> int:
+    args = state.server_args
+    http_level = (args.log_level_http or args.log_level or "info").lower()
+    config = uvicorn.Config(
+        build_app(state),
+        host=args.host,
+        port=args.port,
+        log_level=http_level,
+        access_log=args.log_level_http is not None and http_level in ("debug", "info"),
+        loop="asyncio",
+        http="h11",
+        lifespan="off",
+        timeout_keep_alive=5,
+    )
+    server = DrainingServer(config, state)
+    server.loop = asyncio.get_running_loop()
+
+    def on_death(child: ChildProcess, code: int | None) -> None:
+        reason = f"{child.name} (pid {child.process.pid}) exited with code {code}"
+        server.loop.call_soon_threadsafe(server.fatal, reason)
+
+    watchdog = ChildWatchdog(procs.children, on_death).start()
+    warm = asyncio.get_running_loop().create_task(_warm_up(server, state, warmups))
+    try:
+        await server.serve()
+    finally:
+        watchdog.stop()
+        warm.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await warm
+    if server.exit_code == EXIT_OK and not server.started:
+        return EXIT_FAILED  # uvicorn could not bind or start
+    return server.exit_code
+
+
+async def _warm_up(server: DrainingServer, state: ServerState, warmups: list[str]) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        await asyncio.sleep(0.05)
+    try:
+        await run_warmups(state.llm, warmups)
+    except Exception as exc:
+        logger.error("warm-up failed: %s", exc)
+        server.exit_code = EXIT_FAILED
+        server.should_exit = True
+        return
+    if state.status == DRAINING:
+        return
+    state.status = READY
+    state.llm.accepting = True
+    logger.info(
+        "the server is ready on %s (%d child processes)", args_url(state.server_args), len(state.child_pids)
+    )
+
+
+def args_url(server_args: Any) -> str:
+    url = getattr(server_args, "url", None)
+    return url() if callable(url) else f"http://{server_args.host}:{server_args.port}"

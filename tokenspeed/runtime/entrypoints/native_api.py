@@ -1,0 +1,185 @@
+"""POST /generate: the native API in SGLang's shape.
+
+Request: `text` or `input_ids` (one prompt or a batch), `sampling_params` (SamplingParams fields:
+`max_new_tokens`, `temperature`, ...; one dict or one per prompt), `stream`, optional `rid`,
+`return_logprob`. Answer per sequence: `text`, `output_ids`, `meta_info` (`id`, `finish_reason`,
+`prompt_tokens`, `completion_tokens`, `cached_tokens`, `e2e_latency`). Streaming sends cumulative `text`
+(and cumulative `output_ids`, or only the new ones with `--stream-output`) as server-sent events.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tokenspeed.runtime.engine.async_llm import SequenceOutput
+from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
+from tokenspeed.runtime.entrypoints.openai.serving_common import (
+    SSE_DONE,
+    check_logprobs,
+    merge,
+    new_id,
+    sse,
+    start_sequences,
+    tokenize,
+    translate_errors,
+    unless_disconnected,
+)
+from tokenspeed.runtime.entrypoints.server_state import ServerState
+from tokenspeed.runtime.entrypoints.streaming import DisconnectAwareStream, closer
+from tokenspeed.sampling_params import SamplingParams
+
+
+def finish_reason_obj(out: SequenceOutput) -> dict[str, Any] | None:
+    if not out.finished:
+        return None
+    if out.finish_reason == "length":
+        return {"type": "length", "length": out.completion_tokens}
+    if out.finish_reason in ("abort", "error"):
+        return {"type": "abort", "message": out.error or "aborted"}
+    return {"type": "stop", "matched": out.matched_stop}
+
+
+def _prompts(state: ServerState, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise bad_request("send exactly one of `text` or `input_ids`", param="text")
+    if text is not None:
+        if isinstance(text, str):
+            return [tokenize(state, text, "text")], False
+        if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            return [tokenize(state, t, "text") for t in text], True
+        raise bad_request("text must be a string or a non-empty list of strings", param="text")
+    if isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids):
+        return [list(input_ids)], False
+    if isinstance(input_ids, list) and input_ids and all(isinstance(t, list) for t in input_ids):
+        return [tokenize(state, list(t), "input_ids") for t in input_ids], True
+    raise bad_request("input_ids must be a list of token ids or a list of such lists", param="input_ids")
+
+
+def _params(state: ServerState, body: dict[str, Any], count: int) -> list[SamplingParams]:
+    raw = body.get("sampling_params") or {}
+    raws = raw if isinstance(raw, list) else [raw] * count
+    if len(raws) != count or not all(isinstance(r, dict) for r in raws):
+        raise bad_request(
+            "sampling_params must be an object or one object per prompt", param="sampling_params"
+        )
+    want_logprobs = bool(body.get("return_logprob", False))
+    check_logprobs(state, want_logprobs)
+    out = []
+    for r in raws:
+        values = {**(state.preferred_sampling_params or {}), **r}
+        values = {k: v for k, v in values.items() if k in SamplingParams.__dataclass_fields__ or k in r}
+        values["logprobs"] = want_logprobs
+        try:
+            p = SamplingParams.from_dict(values)
+            p.verify()
+        except (TypeError, ValueError) as exc:
+            raise bad_request(f"sampling_params: {exc}", param="sampling_params") from exc
+        out.append(p)
+    return out
+
+
+async def generate(state: ServerState, body: dict[str, Any], request: Request) -> Response:
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    prompts, batched = _prompts(state, body)
+    params = _params(state, body, len(prompts))
+    stream = bool(body.get("stream", False))
+    rids = body.get("rid")
+    if rids is not None and not isinstance(rids, (str, list)):
+        raise bad_request("rid must be a string or a list of strings", param="rid")
+    base_rid = rids if isinstance(rids, str) else new_id("gen")
+    gens = []
+    try:
+        for k, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+            rid = (
+                rids[k]
+                if isinstance(rids, list) and k < len(rids)
+                else (base_rid if not batched else f"{base_rid}-{k}")
+            )
+            n, p.n = p.n, 1
+            gens.extend(await start_sequences(state, [ids], p, n, rid, stream))
+    except Exception as exc:
+        await closer(gens)()
+        raise translate_errors(exc) from exc
+    started = time.time()
+    if stream:
+        return DisconnectAwareStream(_stream(state, gens, started), closer(gens))
+    try:
+        results = await unless_disconnected(request, _collect(gens, started))
+    finally:
+        await closer(gens)()
+    if len(results) == 1 and not batched:
+        return JSONResponse(results[0])
+    return JSONResponse(results)
+
+
+def _meta(out: SequenceOutput, started: float, logprobs: list[float] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": out.rid,
+        "finish_reason": finish_reason_obj(out),
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "cached_tokens": out.cached_tokens,
+        "e2e_latency": time.time() - started,
+        "dp_rank": out.dp_rank,
+    }
+    if logprobs is not None:
+        meta["output_token_logprobs"] = logprobs
+    return meta
+
+
+async def _collect(gens, started: float) -> list[dict[str, Any]]:
+    n = len(gens)
+    texts: list[list[str]] = [[] for _ in range(n)]
+    ids: list[list[int]] = [[] for _ in range(n)]
+    lps: list[list[float] | None] = [None] * n
+    final: list[Any] = [None] * n
+    async for i, out in merge(gens):
+        texts[i].append(out.text)
+        ids[i].extend(out.token_ids)
+        if out.logprobs is not None:
+            lps[i] = (lps[i] or []) + out.logprobs
+        if out.finished:
+            final[i] = out
+    results = []
+    for i, out in enumerate(final):
+        if out.error and not ids[i]:
+            raise bad_request(out.error)
+        results.append(
+            {"text": "".join(texts[i]), "output_ids": ids[i], "meta_info": _meta(out, started, lps[i])}
+        )
+    return results
+
+
+async def _stream(state: ServerState, gens, started: float):
+    incremental = bool(getattr(state.server_args, "stream_output", False))
+    n = len(gens)
+    texts = [""] * n
+    ids: list[list[int]] = [[] for _ in range(n)]
+    lps: list[list[float] | None] = [None] * n
+    try:
+        async for i, out in merge(gens):
+            if out.error and out.completion_tokens == 0:
+                yield bad_request(out.error).sse()
+                continue
+            texts[i] += out.text
+            ids[i].extend(out.token_ids)
+            if out.logprobs is not None:
+                lps[i] = (lps[i] or []) + out.logprobs
+            body = {
+                "index": i,
+                "text": texts[i],
+                "output_ids": list(out.token_ids) if incremental else list(ids[i]),
+                "meta_info": _meta(out, started, lps[i]),
+            }
+            yield sse(body)
+    except APIError as exc:
+        yield exc.sse()
+    except Exception as exc:
+        yield translate_errors(exc).sse()
+    yield SSE_DONE

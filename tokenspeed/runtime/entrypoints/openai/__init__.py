@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API: request models, chat and completions handlers, error bodies."""

@@ -1,0 +1,186 @@
+"""Request models of the OpenAI-compatible API and their translation to `SamplingParams`.
+
+Responses are built as plain dicts by the handlers (they are written once per chunk, so building pydantic
+objects for them would only cost time). Fields OpenAI defines that this server cannot honour are refused
+with a 400 naming the field, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tokenspeed.sampling_params import SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by chat and completions (OpenAI's plus the usual engine extensions)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    min_tokens: int = 0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    rid: str | None = None
+
+    def sampling_params(
+        self, max_tokens: int | None, preferred: dict[str, Any] | None, logprobs: bool
+    ) -> SamplingParams:
+        """Request fields override `--preferred-sampling-params`, which override the defaults."""
+        values: dict[str, Any] = {}
+        if preferred:
+            values.update({k: v for k, v in preferred.items() if k in SamplingParams.__dataclass_fields__})
+        explicit = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "seed": self.seed,
+        }
+        values.update({k: v for k, v in explicit.items() if v is not None})
+        if "max_new_tokens" not in values or max_tokens is not None:
+            values["max_new_tokens"] = max_tokens
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > 16:
+            raise ValueError("stop: at most 16 stop strings")
+        values.update(
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            min_new_tokens=self.min_tokens,
+            logprobs=logprobs,
+            n=1,  # the front end fans n out into n sequences
+        )
+        params = SamplingParams.from_dict(values)
+        params.verify()
+        return params
+
+    def check_n(self) -> None:
+        if not 1 <= self.n <= 128:
+            raise ValueError(f"n must be between 1 and 128, got {self.n}")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        out = []
+        for m in self.messages:
+            msg = m.model_dump(exclude_none=True)
+            if isinstance(m.content, list):
+                texts = []
+                for part in m.content:
+                    if part.get("type") != "text":
+                        raise ValueError(
+                            f"messages: content part type {part.get('type')!r} is not supported; send text parts"
+                        )
+                    texts.append(str(part.get("text", "")))
+                msg["content"] = "".join(texts)
+            elif m.content is None:
+                msg["content"] = ""
+            out.append(msg)
+        return out
+
+    def check_supported(self) -> None:
+        self.check_n()
+        if self.top_logprobs:
+            raise ValueError(
+                "top_logprobs: only the sampled token's logprob is available; leave it unset or 0"
+            )
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError("response_format: structured output is not supported by this server")
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check_supported(self) -> None:
+        self.check_n()
+        if self.suffix:
+            raise ValueError("suffix: insertion (fill-in-the-middle) is not supported by this server")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of: only best_of == n is supported")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 5:
+            raise ValueError("logprobs must be between 0 and 5")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list: each a string or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise ValueError("prompt is empty")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+def openai_finish_reason(reason: str | None) -> str | None:
+    """OpenAI knows stop and length; an abort or error is reported as stop (the body says more)."""
+    if reason is None:
+        return None
+    return "length" if reason == "length" else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out

@@ -1,0 +1,194 @@
+"""POST /v1/completions: one or many prompts (text or token ids), n sequences each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
+from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, openai_finish_reason, usage
+from tokenspeed.runtime.entrypoints.openai.serving_common import (
+    SSE_DONE,
+    check_logprobs,
+    check_model,
+    merge,
+    new_id,
+    now,
+    sse,
+    start_sequences,
+    tokenize,
+    translate_errors,
+    unless_disconnected,
+)
+from tokenspeed.runtime.entrypoints.server_state import ServerState
+from tokenspeed.runtime.entrypoints.streaming import DisconnectAwareStream, closer
+
+
+def _logprobs(
+    state: ServerState, ids: list[int], lps: list[float] | None, offset: int
+) -> dict[str, Any] | None:
+    if lps is None:
+        return None
+    tok = state.tokenizer
+    tokens = [tok.decode([t]) if tok is not None else str(t) for t in ids]
+    offsets, pos = [], offset
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": None, "text_offset": offsets}
+
+
+async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
+    model = check_model(state, req.model)
+    want_logprobs = req.logprobs is not None
+    try:
+        req.check_supported()
+        check_logprobs(state, want_logprobs)
+        prompts = req.prompts()
+        prompt_ids = [tokenize(state, p) for p in prompts]
+        params = req.sampling_params(req.max_tokens, state.preferred_sampling_params, want_logprobs)
+    except APIError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise translate_errors(ValueError(str(exc))) from exc
+    echo_texts = [
+        _echo_text(state, p, ids) if req.echo else "" for p, ids in zip(prompts, prompt_ids, strict=True)
+    ]
+    rid = req.rid or new_id("cmpl")
+    cache_report = bool(getattr(state.server_args, "enable_cache_report", False))
+    try:
+        gens = await start_sequences(state, prompt_ids, params, req.n, rid, req.stream)
+    except Exception as exc:
+        raise translate_errors(exc) from exc
+    ctx = _Ctx(state, req, model, rid, echo_texts, cache_report, want_logprobs)
+    if req.stream:
+        return DisconnectAwareStream(_stream(ctx, gens), closer(gens))
+    try:
+        result = await unless_disconnected(request, _collect(ctx, gens))
+    finally:
+        await closer(gens)()
+    return JSONResponse(result)
+
+
+def _echo_text(state: ServerState, prompt: str | list[int], ids: list[int]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return state.tokenizer.decode(ids) if state.tokenizer is not None else ""
+
+
+class _Ctx:
+    def __init__(self, state, req, model, rid, echo_texts, cache_report, want_logprobs) -> None:
+        self.state, self.req, self.model, self.rid = state, req, model, rid
+        self.echo_texts, self.cache_report, self.want_logprobs = echo_texts, cache_report, want_logprobs
+        self.created = now()
+
+    def prompt_of(self, index: int) -> int:
+        return index // self.req.n
+
+
+async def _collect(ctx: _Ctx, gens) -> dict[str, Any]:
+    n = len(gens)
+    texts: list[list[str]] = [[] for _ in range(n)]
+    ids: list[list[int]] = [[] for _ in range(n)]
+    lps: list[list[float]] = [[] for _ in range(n)]
+    final: list[Any] = [None] * n
+    async for i, out in merge(gens):
+        texts[i].append(out.text)
+        ids[i].extend(out.token_ids)
+        if out.logprobs:
+            lps[i].extend(out.logprobs)
+        if out.finished:
+            final[i] = out
+    choices, prompt_tokens, completion, cached = [], 0, 0, 0
+    seen_prompts: set[int] = set()
+    for i, out in enumerate(final):
+        if out.error and not ids[i]:
+            raise bad_request(out.error)
+        p = ctx.prompt_of(i)
+        if p not in seen_prompts:
+            seen_prompts.add(p)
+            prompt_tokens += out.prompt_tokens
+            cached += out.cached_tokens
+        completion += out.completion_tokens
+        echo = ctx.echo_texts[p]
+        choices.append(
+            {
+                "index": i,
+                "text": echo + "".join(texts[i]),
+                "logprobs": _logprobs(ctx.state, ids[i], lps[i] if ctx.want_logprobs else None, len(echo)),
+                "finish_reason": openai_finish_reason(out.finish_reason),
+                "matched_stop": out.matched_stop,
+            }
+        )
+    return {
+        "id": ctx.rid,
+        "object": "text_completion",
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, completion, cached if ctx.cache_report else None),
+    }
+
+
+async def _stream(ctx: _Ctx, gens):
+    req = ctx.req
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    n = len(gens)
+    completion = [0] * n
+    prompt_tokens: dict[int, int] = {}
+    cached: dict[int, int] = {}
+    offsets = [len(ctx.echo_texts[ctx.prompt_of(i)]) for i in range(n)]
+    started = [False] * n
+
+    def chunk(choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {
+            "id": ctx.rid,
+            "object": "text_completion",
+            "created": ctx.created,
+            "model": ctx.model,
+            "choices": choices,
+        }
+        if usage_obj is not None:
+            body["usage"] = usage_obj
+        return sse(body)
+
+    try:
+        async for i, out in merge(gens):
+            if out.error and out.completion_tokens == 0:
+                yield bad_request(out.error).sse()
+                continue
+            p = ctx.prompt_of(i)
+            completion[i] = out.completion_tokens
+            prompt_tokens[p], cached[p] = out.prompt_tokens, out.cached_tokens
+            text = out.text
+            if not started[i]:
+                started[i] = True
+                text = ctx.echo_texts[p] + text
+            if not text and not out.finished:
+                continue
+            lp = _logprobs(ctx.state, out.token_ids, out.logprobs if ctx.want_logprobs else None, offsets[i])
+            offsets[i] += len(text)
+            yield chunk(
+                [
+                    {
+                        "index": i,
+                        "text": text,
+                        "logprobs": lp,
+                        "finish_reason": openai_finish_reason(out.finish_reason) if out.finished else None,
+                    }
+                ]
+            )
+        if include_usage:
+            u = usage(
+                sum(prompt_tokens.values()),
+                sum(completion),
+                sum(cached.values()) if ctx.cache_report else None,
+            )
+            yield chunk([], u)
+    except APIError as exc:
+        yield exc.sse()
+    except Exception as exc:
+        yield translate_errors(exc).sse()
+    yield SSE_DONE

@@ -1,0 +1,196 @@
+"""`tokenspeed serve MODEL [flags]`: start the server's processes and the HTTP front end.
+
+Life of a server (node 0):
+  spawn schedulers (+ DP controller) -> wait for every rank's ReadyMessage -> HTTP up, status "starting"
+  -> warm-up -> "ready" -> ... -> SIGTERM/SIGINT: "draining" (new requests get 503, in-flight ones finish
+  within the grace period, then are aborted) -> children stopped -> exit 0.
+A child that dies at any point ends the server with exit status 1 within seconds. Nodes > 0 run only
+their scheduler processes and exit with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+logger = logging.getLogger("tokenspeed.serve")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def build_parser():
+    from tokenspeed.server_args import build_parser as server_parser
+
+    parser = server_parser(prog="tokenspeed serve")
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="Print the resolved server arguments and the rank mapping as JSON, then exit.",
+    )
+    return parser
+
+
+def parse_args(argv: list[str]) -> tuple[Any, bool]:
+    from tokenspeed.server_args import ServerArgs
+
+    ns = build_parser().parse_args(argv)
+    print_config = bool(ns.print_config)
+    del ns.print_config
+    return ServerArgs.from_cli_args(ns), print_config
+
+
+def print_config(server_args: Any) -> None:
+    from tokenspeed.runtime.distributed.mapping import Mapping
+
+    mapping = Mapping.from_server_args(server_args)
+    config = server_args.to_dict()
+    config.pop("mapping", None)
+    print(json.dumps({"server_args": config, "mapping": mapping.to_dict()}, indent=2, default=str))
+
+
+def configure_logging(server_args: Any) -> None:
+    level = getattr(logging, str(server_args.log_level).upper(), logging.INFO)
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s [main] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        server_args, want_config = parse_args(argv)
+    except ValueError as exc:
+        print(f"tokenspeed serve: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if want_config:
+        print_config(server_args)
+        return EXIT_OK
+    configure_logging(server_args)
+    try:
+        if int(getattr(server_args, "node_rank", 0) or 0) > 0:
+            return _run_worker_node(server_args)
+        return asyncio.run(_run_head(server_args))
+    except ValueError as exc:
+        logger.error("%s", exc)
+        return EXIT_USAGE
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"--port {port} on {host} is not available ({exc}); choose another --port"
+            ) from exc
+
+
+def _vocab_size(server_args: Any) -> int | None:
+    path = os.path.join(str(server_args.model), "config.json")
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return int(size) if size else None
+
+
+def _run_worker_node(server_args: Any) -> int:
+    from tokenspeed.runtime.engine.endpoints import ServerEndpoints
+    from tokenspeed.runtime.engine.process_watchdog import ChildWatchdog
+    from tokenspeed.runtime.entrypoints.launch import ServerProcesses
+
+    endpoints = ServerEndpoints.from_server_args(server_args)
+    procs = ServerProcesses(server_args, endpoints)
+    done = threading.Event()
+    code = [EXIT_OK]
+
+    def on_death(child, exit_code) -> None:
+        code[0] = EXIT_FAILED
+        done.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    procs.start()
+    watchdog = ChildWatchdog(procs.children, on_death).start()
+    done.wait()
+    watchdog.stop()
+    procs.shutdown()
+    endpoints.cleanup()
+    return code[0]
+
+
+async def _run_head(server_args: Any) -> int:
+    from tokenspeed.runtime.engine.async_llm import AsyncLLM
+    from tokenspeed.runtime.engine.endpoints import ServerEndpoints
+    from tokenspeed.runtime.engine.tokenizer import get_tokenizer
+    from tokenspeed.runtime.entrypoints.launch import ChildDied, ServerProcesses
+    from tokenspeed.runtime.entrypoints.server_state import (
+        ServerState,
+        parse_preferred_sampling_params,
+        served_names,
+    )
+    from tokenspeed.runtime.entrypoints.warmup import warmup_names
+    from tokenspeed.runtime.metrics.collector import ServerMetrics
+
+    # Everything a user can get wrong is checked before any process starts.
+    _check_port_free(server_args.host, server_args.port)
+    warmups = warmup_names(server_args)
+    preferred = parse_preferred_sampling_params(server_args)
+    names = served_names(server_args)
+    tokenizer = get_tokenizer(server_args)
+    metrics = None
+    if getattr(server_args, "enable_metrics", False):
+        reporters = getattr(server_args, "metrics_reporters", None) or ["prometheus"]
+        if "prometheus" not in reporters:
+            raise ValueError(f"--metrics-reporters {reporters}: this build exports only 'prometheus'")
+        metrics = ServerMetrics(names[0], getattr(server_args, "app_key", None))
+
+    endpoints = ServerEndpoints.from_server_args(server_args)
+    llm = AsyncLLM(
+        server_args,
+        tokenizer,
+        metrics,
+        output_addr=endpoints.output,
+        request_addr=endpoints.request_input,
+        dp_size=endpoints.dp_size,
+        vocab_size=_vocab_size(server_args),
+    )
+    procs = ServerProcesses(server_args, endpoints)
+    state = ServerState(server_args, llm, tokenizer, metrics, names, preferred)
+    try:
+        procs.start()
+        state.child_pids = procs.pids()
+        try:
+            await llm.wait_ready(server_args.mapping.world_size, procs.check_alive)
+        except ChildDied as exc:
+            logger.error("start-up failed: %s", exc)
+            return EXIT_FAILED
+        llm.start()
+        from tokenspeed.runtime.entrypoints.http_runner import run_http
+
+        return await run_http(state, procs, warmups)
+    finally:
+        with contextlib.suppress(Exception):
+            procs.shutdown()
+        with contextlib.suppress(Exception):
+            await llm.close()
+        endpoints.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""What the HTTP handlers share: the server's arguments, its AsyncLLM and tokenizer, its life-cycle state."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenspeed.runtime.engine.async_llm import AsyncLLM
+from tokenspeed.runtime.metrics.collector import ServerMetrics
+
+STARTING, READY, DRAINING = "starting", "ready", "draining"
+
+
+@dataclass
+class ServerState:
+    server_args: Any
+    llm: AsyncLLM
+    tokenizer: Any
+    metrics: ServerMetrics | None
+    served_model_names: list[str]
+    preferred_sampling_params: dict[str, Any] | None = None
+    status: str = STARTING
+    started_at: float = field(default_factory=time.time)
+    child_pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    @property
+    def ready(self) -> bool:
+        return self.status == READY
+
+    def accepts_model(self, name: str | None) -> bool:
+        # An empty model field means "whatever is served"; the model path is accepted as an alias.
+        return not name or name in self.served_model_names or name == str(self.server_args.model)
+
+
+def served_names(server_args: Any) -> list[str]:
+    raw = getattr(server_args, "served_model_name", None) or str(server_args.model)
+    return [n.strip() for n in str(raw).split(",") if n.strip()] or [str(server_args.model)]
+
+
+def parse_preferred_sampling_params(server_args: Any) -> dict[str, Any] | None:
+    raw = getattr(server_args, "preferred_sampling_params", None)
+    if not raw:
+        return None
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--preferred-sampling-params must be a JSON object, got {raw!r}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"--preferred-sampling-params must be a JSON object, got {raw!r}")
+    return value

@@ -1,0 +1,176 @@
+"""Prometheus metrics of one server, in a private registry (never the process-global default one).
+
+Fed from two sides: the schedulers' `StatsSnapshot`s (queue, KV cache, prefix cache, preemptions, step
+sizes) and the front end's request lifecycle (tokens, latencies, outcomes). Names carry the `tokenspeed:`
+prefix; labels are `model_name` and `dp_rank`, plus `app_key` when `--app-key` is set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tokenspeed.runtime.engine.io_struct import StatsSnapshot
+
+PREFIX = "tokenspeed:"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Latency buckets from sub-millisecond CPU decode steps to minute-long requests.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0)  # fmt: skip
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.4, 0.5, 0.75, 1.0, 2.5, 5.0)  # fmt: skip
+_E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                60.0, 120.0, 240.0, 480.0)  # fmt: skip
+_ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass
+class FinishedRequestStats:
+    """What the front end measured for one finished sequence."""
+
+    dp_rank: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str  # stop | length | abort | error
+    e2e_latency: float
+    ttft: float | None = None
+    inter_token_latencies: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Cumulative:
+    """Last cumulative values seen from one rank, so Prometheus counters move by the difference."""
+
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+    num_preemptions: int = 0
+    num_nan_aborted: int = 0
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, app_key: str | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        self.app_key = app_key
+        labels = ["model_name", "dp_rank"] + (["app_key"] if app_key else [])
+        self._last: dict[int, _Cumulative] = {}
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=self.registry)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, labels + list(extra), registry=self.registry)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+
+        # Scheduler
+        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests queued, not yet scheduled.")
+        self.num_preemptions = counter(
+            "num_preemptions", "Requests preempted (recomputed) for lack of KV pages."
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total", "Tokens computed per engine step.", _ITERATION_TOKEN_BUCKETS
+        )
+        self.gen_throughput = gauge("gen_throughput", "Generated tokens per second, recent window.")
+        self.num_nan_aborted = counter(
+            "num_nan_aborted_requests", "Requests aborted because logits held NaN."
+        )
+        # KV cache
+        self.kv_cache_usage = gauge("kv_cache_usage_perc", "Fraction (0..1) of KV cache pages in use.")
+        self.kv_cache_total_tokens = gauge("kv_cache_total_tokens", "KV cache capacity in tokens.")
+        self.kv_cache_used_tokens = gauge("kv_cache_used_tokens", "KV cache tokens in use.")
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        # Requests
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens of finished requests.")
+        self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the prefix cache.")
+        self.num_requests = counter("num_requests", "Requests received (one per sequence).")
+        self.request_success = counter(
+            "request_success", "Requests finished, by reason.", extra=("finished_reason",)
+        )
+        self.num_requests_inflight = gauge("num_requests_inflight", "Requests the front end is tracking.")
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
+        self.tpot = histogram(
+            "request_time_per_output_token_seconds",
+            "Decode time per output token, per request.",
+            _ITL_BUCKETS,
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds", "Request latency, arrival to finish.", _E2E_BUCKETS
+        )
+
+    def _labels(self, dp_rank: int) -> dict[str, str]:
+        out = {"model_name": self.model_name, "dp_rank": str(dp_rank)}
+        if self.app_key:
+            out["app_key"] = self.app_key
+        return out
+
+    def init_rank(self, dp_rank: int) -> None:
+        """Create every labelled series of a rank at zero, so scrapers see them before any traffic."""
+        labels = self._labels(dp_rank)
+        for metric in (self.num_preemptions, self.num_nan_aborted, self.prefix_cache_hits,
+                       self.prefix_cache_queries, self.prompt_tokens, self.generation_tokens,
+                       self.cached_tokens, self.num_requests, self.num_requests_running,
+                       self.num_requests_waiting, self.gen_throughput, self.kv_cache_usage,
+                       self.kv_cache_total_tokens, self.kv_cache_used_tokens, self.num_requests_inflight,
+                       self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e):  # fmt: skip
+            metric.labels(**labels)
+        self._last.setdefault(dp_rank, _Cumulative())
+
+    def observe_stats(self, snap: StatsSnapshot) -> None:
+        labels = self._labels(snap.dp_rank)
+        last = self._last.setdefault(snap.dp_rank, _Cumulative())
+        self.num_requests_running.labels(**labels).set(snap.num_running)
+        self.num_requests_waiting.labels(**labels).set(snap.num_waiting)
+        self.gen_throughput.labels(**labels).set(snap.gen_throughput)
+        self.kv_cache_usage.labels(**labels).set(snap.kv_usage)
+        self.kv_cache_total_tokens.labels(**labels).set(snap.kv_pages_total * snap.block_size)
+        self.kv_cache_used_tokens.labels(**labels).set(snap.kv_pages_used * snap.block_size)
+        for name, counter in (
+            ("prefix_cache_hits", self.prefix_cache_hits),
+            ("prefix_cache_queries", self.prefix_cache_queries),
+            ("num_preemptions", self.num_preemptions),
+            ("num_nan_aborted", self.num_nan_aborted),
+        ):
+            value = getattr(snap, name)
+            delta = value - getattr(last, name)
+            # A smaller value means the rank restarted its count (flush_cache): count from there.
+            counter.labels(**labels).inc(delta if delta >= 0 else value)
+            setattr(last, name, value)
+        hist = self.iteration_tokens.labels(**labels)
+        for n in snap.iteration_tokens:
+            hist.observe(n)
+
+    def on_request_received(self, dp_rank: int = 0) -> None:
+        self.num_requests.labels(**self._labels(dp_rank)).inc()
+
+    def set_inflight(self, n: int, dp_rank: int = 0) -> None:
+        self.num_requests_inflight.labels(**self._labels(dp_rank)).set(n)
+
+    def on_request_finished(self, s: FinishedRequestStats) -> None:
+        labels = self._labels(s.dp_rank)
+        self.prompt_tokens.labels(**labels).inc(s.prompt_tokens)
+        self.generation_tokens.labels(**labels).inc(s.completion_tokens)
+        self.cached_tokens.labels(**labels).inc(s.cached_tokens)
+        self.request_success.labels(**labels, finished_reason=s.finish_reason).inc()
+        self.e2e.labels(**labels).observe(s.e2e_latency)
+        if s.ttft is not None:
+            self.ttft.labels(**labels).observe(s.ttft)
+        itl = self.itl.labels(**labels)
+        for gap in s.inter_token_latencies:
+            itl.observe(gap)
+        if s.ttft is not None and s.completion_tokens > 1:
+            self.tpot.labels(**labels).observe((s.e2e_latency - s.ttft) / (s.completion_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
