@@ -159,7 +159,7 @@ class ConsoleApp(App):
             )
         state = self.poller.state
         parts.append("[yellow]PAUSED[/]" if state.paused else f"every {state.interval:g}s")
-        if snap is not None:
+        if snap is not None and self.source.now is None:
             parts.append(f"polled {time.strftime('%H:%M:%S', time.localtime(snap.polled_at))}")
         if self.readonly:
             parts.append("[cyan]read-only[/]")

@@ -71,6 +71,7 @@ class ReplaySource(DataSource):
         self.start, self.end = float(start), float(end)
         self._at = min(max(parse_at(at, self.start, self.end), self.start), self.end)
         self._layout = self._read_layout()
+        self._servers = self._server_layout()
 
     def _read_layout(self) -> dict[str, Any]:
         try:
@@ -98,14 +99,35 @@ class ReplaySource(DataSource):
                 raise SourceError(f"history: {exc}") from exc
 
     def _server_layout(self) -> dict[str, dict[str, Any]]:
+        """What the recording says about each server (state.json), plus its place from the profile."""
         servers = self._layout.get("servers") or []
-        if isinstance(servers, dict):
-            servers = [{"name": k, **v} for k, v in servers.items() if isinstance(v, dict)]
-        return {str(s.get("name")): s for s in servers if isinstance(s, dict) and s.get("name")}
+        by_name = {str(s["name"]): dict(s) for s in servers if isinstance(s, dict) and s.get("name")}
+        for spec in self._profile_specs():
+            entry = by_name.setdefault(spec.name, {"name": spec.name})
+            entry.update(
+                replica=spec.replica,
+                node=spec.node,
+                gpus=list(spec.gpus),
+                host=spec.host,
+                port=spec.port,
+                url=spec.url,
+            )
+        return by_name
+
+    def _profile_specs(self) -> list[Any]:
+        path = self._layout.get("profile_path")
+        if not path or not Path(path).is_file():
+            return []
+        try:
+            from console.profiles import load_and_resolve
+
+            return list(load_and_resolve(path).servers)
+        except Exception:  # a profile edited since the recording: show names from the history alone
+            return []
 
     def fleet(self) -> Fleet:
         at = self._at
-        layout = self._server_layout()
+        layout = self._servers
         names = [r[0] for r in self._rows("SELECT DISTINCT server FROM samples ORDER BY server", ())]
         servers = []
         for name in sorted(set(names) | set(layout)):
@@ -115,7 +137,7 @@ class ReplaySource(DataSource):
             )
             servers.append(self._server_at(name, layout.get(name, {}), row[0] if row else None, at))
         return Fleet(
-            name=str(self._layout.get("name") or self.root.name),
+            name=str(self._layout.get("fleet") or self._layout.get("name") or self.root.name),
             profile_path=self._layout.get("profile_path"),
             state_dir=str(self.root),
             started_at=self._layout.get("started_at"),
@@ -124,8 +146,12 @@ class ReplaySource(DataSource):
 
     @staticmethod
     def _server_at(name: str, layout: dict[str, Any], row: tuple | None, at: float) -> dict[str, Any]:
-        data = {k: v for k, v in layout.items() if k not in ("metrics", "state", "pid", "error")}
+        keep = ("name", "replica", "node", "gpus", "host", "port", "url", "restarts", "last_exit")
+        data = {k: layout[k] for k in keep if k in layout}
         data["name"] = name
+        started = layout.get("started_at")
+        if isinstance(started, (int, float)) and started <= at:
+            data["uptime_s"] = at - started
         if row is None or at - row[0] > STALE_AFTER_S:
             data.update(state="STOPPED", healthy=False, metrics=None, error="no sample at this time")
             return data
@@ -136,8 +162,6 @@ class ReplaySource(DataSource):
         for key in ("state", "healthy", "restarts", "pid", "error", "uptime_s"):
             if key in metrics:
                 data[key] = metrics[key]
-        if isinstance(metrics.get("started_at"), (int, float)):
-            data["uptime_s"] = at - metrics["started_at"]
         return data
 
     def history(self, server: str, seconds: float) -> History:

@@ -187,6 +187,9 @@ class FleetScreen(ConsoleScreen):
             self._rows = names
             if keep in names:
                 table.move_cursor(row=names.index(keep), animate=False)
+            # DataTable measures new rows on idle but keeps lines it drew before that cached with the
+            # old column widths; touching one cell afterwards invalidates them (static data: replay).
+            self.set_timer(0.05, self._touch_table)
         else:
             # Same rows: touch only the cells whose text changed (cheap with 64 servers at 1 Hz).
             for name in names:
@@ -198,6 +201,11 @@ class FleetScreen(ConsoleScreen):
         if names and (self.console.selected not in names):
             self.console.selected = names[table.cursor_row if 0 <= table.cursor_row < len(names) else 0]
         self._draw_detail(fleet, len(servers))
+
+    def _touch_table(self) -> None:
+        table = self.query_one(DataTable)
+        if table.row_count:
+            table.update_cell_at((0, 0), table.get_cell_at((0, 0)), update_width=True)
 
     def _draw_detail(self, fleet: Fleet, shown: int) -> None:
         server = fleet.server(self.console.selected)

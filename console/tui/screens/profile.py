@@ -20,7 +20,7 @@ CHECK_DELAY_S = 0.4
 class ProfileScreen(ConsoleScreen):
     MODE = "profile"
     # Nothing focused on arrival, so number keys still switch screens; `e` (or enter) starts editing.
-    AUTO_FOCUS = None
+    AUTO_FOCUS = ""
     BINDINGS = [
         *ConsoleScreen.BINDINGS,
         Binding("escape", "leave_editor", "Back"),
@@ -127,7 +127,8 @@ class ProfileScreen(ConsoleScreen):
             editor.focus()
 
     def action_edit(self) -> None:
-        self.query_one(TextArea).focus()
+        # Focus after this key is fully handled, or the editor would also receive the `e` itself.
+        self.call_after_refresh(self.query_one(TextArea).focus)
 
     def action_leave_editor(self) -> None:
         if self.query_one(TextArea).has_focus:

@@ -1,0 +1,253 @@
+"""Every console screen against a real fleet: a supervisor daemon and three real server processes."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import DataTable, TextArea
+
+from console.tui.app import ConsoleApp
+from console.tui.live_source import LiveSource
+from console.tui.screens.modals import HelpScreen
+from console.tui.screens.server import PLOTS
+from console.tui.widgets.plot import MetricPlot
+from tests.console.tui_pilot import log_lines, row_order, status, table_rows, text_of, wait_for
+from tests.console.tui_support import running_fleet
+
+SIZE = (170, 50)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with running_fleet("scr", replicas=3) as running:
+        yield running
+
+
+def make_app(fleet, **kwargs) -> ConsoleApp:
+    return ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5, **kwargs)
+
+
+async def test_fleet_screen_shows_every_server_with_its_metrics(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        rows = await wait_for(pilot, lambda: len(table_rows(app)) == 3 and table_rows(app), what="3 rows")
+        rows = await wait_for(
+            pilot, lambda: all("%" in r[7] for r in table_rows(app).values()) and table_rows(app)
+        )
+        assert sorted(rows) == ["scr-0", "scr-1", "scr-2"]
+        for name, cells in rows.items():
+            server = fleet.server(name)
+            assert cells[1] == "127.0.0.1"  # node
+            assert cells[2] == "cpu"  # no GPUs
+            assert cells[3] == "READY"
+            assert cells[6] == f"{server['metrics']['running']:.0f}/{cells[6].split('/')[1]}"
+            assert cells[9] != "-"  # tokens/s
+            assert "ms/" in cells[10]  # TTFT p50/p99 from histogram buckets
+        line = status(app)
+        assert "scr" in line and "3 servers" in line and "3 ready" in line
+        assert "nodes: 127.0.0.1 3/3" in text_of(app, "#fleet-nodes")
+
+
+async def test_sort_and_filter(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        screen = app.screen
+        while screen.sort_key != "name":
+            await pilot.press("o")
+        assert row_order(app) == ["scr-0", "scr-1", "scr-2"]
+        await pilot.press("O")
+        assert row_order(app) == ["scr-2", "scr-1", "scr-0"]
+        await pilot.press("slash")
+        await pilot.press(*"scr-1")
+        assert row_order(app) == ["scr-1"]
+        assert "1 of 3 shown" in text_of(app, "#fleet-detail")
+        await pilot.press("escape")
+        assert len(row_order(app)) == 3
+        await pilot.press("slash", *"!scr-[01]", "enter")
+        assert row_order(app) == ["scr-2"]
+        await pilot.press("escape")
+        assert len(row_order(app)) == 3
+
+
+async def test_enter_opens_the_server_screen_with_history_args_and_mapping(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await pilot.press("down", "enter")
+        assert app.current_mode == "server"
+        name = app.selected
+        assert name in text_of(app, "#server-title")
+
+        def plots_filled():
+            plots = [app.screen.query_one(f"#{p[0]}", MetricPlot) for p in PLOTS]
+            return all(p._series and len(p._series) >= 2 for p in plots)
+
+        await wait_for(pilot, plots_filled, what="history plots")
+        tps = app.screen.query_one("#plot-tps", MetricPlot)
+        history = fleet.client.history(name, 300)["samples"]
+        assert max(tps._series) <= max(s["gen_throughput"] for s in history) + 1e-9
+        args = app.screen.query_one("#server-args", DataTable)
+        await wait_for(pilot, lambda: args.row_count > 0, what="server args")
+        values = {args.get_row_at(i)[0]: args.get_row_at(i)[1] for i in range(args.row_count)}
+        assert values["ep_size"] == "2"
+        assert values["port"] == str(fleet.server(name)["port"])
+        assert "world_size: 1" in text_of(app, "#server-mapping")
+        await pilot.press("escape")
+        assert app.current_mode == "fleet"
+
+
+async def test_experts_screen_draws_the_load_heatmap(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await pilot.press("3")
+        assert app.current_mode == "experts"
+        heat = await wait_for(
+            pilot, lambda: "balance" in text_of(app, "#experts-heatmap") and text_of(app, "#experts-heatmap")
+        )
+        lines = heat.splitlines()
+        assert lines[0].split()[:9] == ["layer", "0", "1", "2", "3", "4", "5", "6", "7"]
+        assert [line.split()[0] for line in lines[1:5]] == ["0", "1", "2", "3"]
+        assert lines[1].split()[-1] == "0.55"  # eplb_balancedness{layer="0"}
+        ranks = text_of(app, "#experts-ranks")
+        assert "rank   0" in ranks and "rank   1" in ranks  # ep_size 2 from the server's info
+        assert "worst layer: 0 balancedness 0.55" in ranks
+        assert "rebalances:" in ranks
+
+
+async def test_logs_screen_follows_searches_and_filters_by_level(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await pilot.press("4")
+        assert app.current_mode == "logs"
+        await wait_for(
+            pilot, lambda: any("listening on" in line for line in log_lines(app)), what="log lines"
+        )
+        assert any("DEBUG" in line for line in log_lines(app))
+        await pilot.press("v", "v", "v")  # DEBUG -> INFO -> WARNING -> ERROR
+        lines = log_lines(app)
+        assert lines and all("ERROR" in line for line in lines)
+        assert "level>=ERROR" in text_of(app, "#logs-title")
+        await pilot.press("v")  # back to everything
+        await pilot.press("slash", *"arguments", "enter")
+        lines = log_lines(app)
+        assert lines and all("arguments" in line for line in lines)
+        await pilot.press("escape")
+        assert any("listening on" in line for line in log_lines(app))
+        await pilot.press("f")
+        assert "follow off" in text_of(app, "#logs-title")
+        await pilot.press("escape")
+        assert app.current_mode == "fleet"
+
+
+async def test_profile_screen_validates_inline_and_refuses_to_save_a_bad_profile(fleet):
+    app = make_app(fleet)
+    original = fleet.profile.read_text()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        assert app.current_mode == "profile"
+        editor = app.screen.query_one(TextArea)
+        await wait_for(pilot, lambda: editor.text == original, what="the fleet's profile in the editor")
+        await wait_for(pilot, lambda: "valid, 3 server(s)" in text_of(app, "#profile-errors"))
+        assert "scr-0, scr-1, scr-2" in text_of(app, "#profile-errors")
+        line = original.splitlines().index("replicas = 3")
+        await pilot.press("e")
+        editor.move_cursor((line, len("replica")))
+        await pilot.press("z", "delete")  # replicas -> replicaz
+        errors = await wait_for(
+            pilot, lambda: "replicaz" in text_of(app, "#profile-errors") and text_of(app, "#profile-errors")
+        )
+        assert f"line {line + 1}" in errors and "did you mean 'replicas'" in errors
+        assert "[modified]" in text_of(app, "#profile-title")
+        await pilot.press("ctrl+s")
+        assert fleet.profile.read_text() == original  # refused
+        await pilot.press("backspace", "s")  # and back
+        await wait_for(pilot, lambda: "valid" in text_of(app, "#profile-errors"), what="valid again")
+        await pilot.press("escape")  # leave the editor
+        await pilot.press("ctrl+t")
+        plan = await wait_for(
+            pilot, lambda: "scr-0" in text_of(app, "#profile-plan") and text_of(app, "#profile-plan")
+        )
+        assert "cpu" in plan
+
+
+async def test_gpus_screen_shows_the_probe(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6")
+        assert app.current_mode == "gpus"
+        probe = fleet.client.probe()
+        table = await wait_for(pilot, lambda: text_of(app, "#gpus-table"), what="probe view")
+        if probe.get("gpus"):
+            assert probe["gpus"][0]["name"] in table
+        else:
+            assert "no GPU found" in table
+        plan = await wait_for(
+            pilot, lambda: "scr-2" in text_of(app, "#gpus-plan") and text_of(app, "#gpus-plan")
+        )
+        assert "fits" in plan
+
+
+async def test_keys_switch_screens_help_and_pause(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        for key, mode in zip(
+            "123456", ("fleet", "server", "experts", "logs", "profile", "gpus"), strict=True
+        ):
+            await pilot.press(key)
+            assert app.current_mode == mode
+        await pilot.press("tab")
+        assert app.current_mode == "fleet"
+        await pilot.press("shift+tab")
+        assert app.current_mode == "gpus"
+        await pilot.press("1", "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("p")
+        assert "PAUSED" in status(app)
+        await pilot.pause(0.3)
+        polls = app.poller.state.polls
+        await pilot.pause(1.5)
+        assert app.poller.state.polls == polls  # nothing polled while paused
+        await pilot.press("p")
+        await wait_for(pilot, lambda: app.poller.state.polls > polls + 1, what="polling resumed")
+        await pilot.press("r")
+        assert app.poller.state.interval == 1.0 and "every 1s" in status(app)
+
+
+async def test_command_palette_offers_screens_and_actions(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Screen: logs" in titles and "Restart selected server(s)" in titles
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Screen: gpus")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.current_mode == "gpus", what="palette switched screen")
+
+
+async def test_a_stopped_supervisor_never_blocks_the_ui(fleet):
+    import os
+    import signal
+
+    sup_pid = fleet.client.fleet()["supervisor_pid"]
+    # A long client timeout: each poll of the frozen supervisor hangs for seconds.
+    app = ConsoleApp(LiveSource(fleet.state_dir, timeout=4.0), interval=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        os.kill(sup_pid, signal.SIGSTOP)
+        try:
+            await wait_for(pilot, lambda: app.poller.state.in_flight, what="a poll hanging on the socket")
+            await pilot.press("2", "4", "1")
+            # The screens switched while that poll was still waiting for an answer.
+            assert app.current_mode == "fleet" and app.poller.state.in_flight
+            await wait_for(pilot, lambda: "supervisor unreachable" in status(app), what="unreachable banner")
+            assert len(table_rows(app)) == 3  # the last known fleet stays on screen
+        finally:
+            os.kill(sup_pid, signal.SIGCONT)
+        await wait_for(pilot, lambda: "unreachable" not in status(app), what="recovery")

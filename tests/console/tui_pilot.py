@@ -1,0 +1,68 @@
+"""Pilot helpers for the console tests: read what a screen shows, wait for it to change."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console
+from rich.text import Text
+from textual.widgets import DataTable, RichLog, Static
+
+from console.tui.app import ConsoleApp
+
+
+def plain(widget: Static) -> str:
+    """The text a Static shows, whatever it was given (str, Text or a Rich renderable)."""
+    content = widget.content
+    if isinstance(content, Text):
+        return content.plain
+    if isinstance(content, str):
+        return content
+    console = Console(width=200, file=io.StringIO(), record=True, color_system=None)
+    console.print(content)
+    return console.export_text()
+
+
+def text_of(app: ConsoleApp, selector: str) -> str:
+    return plain(app.screen.query_one(selector, Static))
+
+
+def status(app: ConsoleApp) -> str:
+    return text_of(app, "#status")
+
+
+def log_lines(app: ConsoleApp) -> list[str]:
+    return [strip.text for strip in app.screen.query_one(RichLog).lines]
+
+
+def table_rows(app: ConsoleApp) -> dict[str, list[str]]:
+    """Fleet table rows by server name, each cell as plain text."""
+    table = app.screen.query_one("#fleet-table", DataTable)
+    rows = {}
+    for row_key in table.rows:
+        cells = table.get_row(row_key)
+        rows[row_key.value] = [c.plain if isinstance(c, Text) else str(c) for c in cells]
+    return rows
+
+
+def row_order(app: ConsoleApp) -> list[str]:
+    table = app.screen.query_one("#fleet-table", DataTable)
+    return [table.coordinate_to_cell_key((i, 0)).row_key.value for i in range(table.row_count)]
+
+
+async def wait_for(pilot, condition, timeout: float = 15.0, what: str = "condition"):
+    """Let the app run until `condition()` is truthy; its last value is returned."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # a widget not mounted yet: try again
+            last_error = exc
+        await pilot.pause(0.1)
+    raise AssertionError(
+        f"timed out waiting for {what}" + (f" (last error: {last_error!r})" if last_error else "")
+    )
