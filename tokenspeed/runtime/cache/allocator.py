@@ -44,5 +44,9 @@ class PageAllocator:
     def free(self, pages: list[int]) -> None:
         self._free.extend(pages)
 
+    def free_pages(self) -> list[int]:
+        """A copy of the free list (for checks and debugging)."""
+        return list(self._free)
+
     def reset(self) -> None:
         self._free = list(range(self.num_pages - 1, 0, -1))
