@@ -1,8 +1,9 @@
 """Build the English training corpus for the demo models from the Python documentation.
 
 Source: the reStructuredText sources of the Python 3.11 documentation as shipped by Debian
-(package ``python3.11-doc``, version pinned below), licensed under the PSF License Agreement
-(see docs/DEMO_MODELS.md). The markup is stripped down to prose paragraphs; code samples,
+(package ``python3.11-doc``, version pinned below) and the docstrings of the standard library
+(packages ``libpython3.11-minimal`` and ``libpython3.11-stdlib``), all under the PSF License
+Agreement (see docs/DEMO_MODELS.md). The markup is stripped down to prose paragraphs; code samples,
 tables, index entries and directives are dropped because a tiny model trained on them
 produces punctuation soup rather than readable sentences.
 
@@ -13,15 +14,20 @@ the models learn the chat template and to stop with ``<|im_end|>``).
 
 Usage (on a machine with apt access; the GPU machine has none, so build here and carry it):
 
-    apt-get download python3.11-doc=3.11.2-6+deb12u8
-    python tools/demo_corpus.py --deb python3.11-doc_3.11.2-6+deb12u8_all.deb --out .train/corpus.jsonl.gz
+    cd .train && apt-get download python3.11-doc=3.11.2-6+deb12u8 \
+        libpython3.11-minimal=3.11.2-6+deb12u8 libpython3.11-stdlib=3.11.2-6+deb12u8 && cd ..
+    python tools/demo_corpus.py --deb .train/python3.11-doc_3.11.2-6+deb12u8_all.deb \
+        --stdlib-deb .train/libpython3.11-minimal_3.11.2-6+deb12u8_amd64.deb \
+        --stdlib-deb .train/libpython3.11-stdlib_3.11.2-6+deb12u8_amd64.deb --out .train/corpus.jsonl.gz
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import gzip
 import hashlib
+import inspect
 import io
 import json
 import re
@@ -80,6 +86,17 @@ SKIP_BODY_DIRECTIVES = {
     "rubric",
     "math",
 }
+STDLIB_PREFIX = "./usr/lib/python3.11/"
+SKIP_PACKAGES = {
+    "test",
+    "tests",
+    "idle_test",
+    "lib2to3",
+    "idlelib",
+    "turtledemo",
+    "site-packages",
+    "dist-packages",
+}
 HEADING_CHARS = set("=-~^\"*#+'`:.")
 CHAT_QUESTIONS = (
     "What is {t}?",
@@ -104,11 +121,11 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)
 
 
-def read_sources(deb_path: Path) -> dict[str, str]:
-    """Return {relative path: text} for the kept .rst.txt files inside the Debian package."""
+def read_deb(deb_path: Path, keep) -> dict[str, str]:
+    """Return {path inside the package: text} for the members of a .deb that `keep(path)` accepts."""
     data = deb_path.read_bytes()
     if not data.startswith(b"!<arch>\n"):
-        raise ValueError(f"--deb {deb_path}: not a Debian package (ar archive); download it with apt-get")
+        raise ValueError(f"{deb_path}: not a Debian package (ar archive); download it with apt-get")
     pos = 8
     member = None
     while pos < len(data):
@@ -120,20 +137,45 @@ def read_sources(deb_path: Path) -> dict[str, str]:
             break
         pos += 60 + size + (size % 2)
     if member is None:
-        raise ValueError(f"--deb {deb_path}: no data.tar member found")
+        raise ValueError(f"{deb_path}: no data.tar member found")
     out: dict[str, str] = {}
     with tarfile.open(fileobj=io.BytesIO(member), mode="r:*") as tar:
         for info in tar:
-            if not info.isfile() or not info.name.startswith(SOURCES_PREFIX):
-                continue
-            rel = info.name[len(SOURCES_PREFIX) :]
-            if not rel.endswith(".rst.txt"):
-                continue
-            if rel.startswith(KEEP_DIRS) or rel in KEEP_FILES:
+            if info.isfile() and keep(info.name):
                 fh = tar.extractfile(info)
                 assert fh is not None  # isfile() checked above
-                out[rel] = fh.read().decode("utf-8")
+                out[info.name] = fh.read().decode("utf-8", errors="replace")
     return dict(sorted(out.items()))
+
+
+def read_sources(deb_path: Path) -> dict[str, str]:
+    """The kept .rst.txt documentation sources, keyed by their path below _sources/."""
+
+    def keep(name: str) -> bool:
+        if not name.startswith(SOURCES_PREFIX) or not name.endswith(".rst.txt"):
+            return False
+        rel = name[len(SOURCES_PREFIX) :]
+        return rel.startswith(KEEP_DIRS) or rel in KEEP_FILES
+
+    return {name[len(SOURCES_PREFIX) :]: text for name, text in read_deb(deb_path, keep).items()}
+
+
+def read_modules(deb_path: Path) -> dict[str, str]:
+    """Standard-library modules (tests and the Tk IDE left out), keyed by dotted module name."""
+
+    def keep(name: str) -> bool:
+        parts = name.split("/")
+        return (
+            name.startswith(STDLIB_PREFIX)
+            and name.endswith(".py")
+            and not any(p in SKIP_PACKAGES for p in parts)
+        )
+
+    out = {}
+    for name, text in read_deb(deb_path, keep).items():
+        mod = name[len(STDLIB_PREFIX) : -3].replace("/", ".").removesuffix(".__init__")
+        out[mod] = text
+    return out
 
 
 def split_blocks(text: str) -> list[Block]:
@@ -303,18 +345,69 @@ def records_for(rel: str, text: str) -> list[dict]:
     return out
 
 
-def build(deb_path: Path, out_path: Path) -> dict[str, int]:
+def docstring_paragraphs(doc: str) -> list[str]:
+    paras = []
+    for chunk in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
+        if ">>>" in chunk or chunk.startswith((" ", "\t")):
+            continue  # doctest sessions and indented code
+        para = clean_inline(" ".join(line.strip() for line in chunk.splitlines()))
+        if is_prose(para):
+            paras.append(para)
+    return paras
+
+
+def docstring_records(module: str, source: str) -> list[dict]:
+    """One document per module (its docstrings in source order) and a chat per public function or class."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []  # a few modules hold Python 2 or template syntax on purpose
+    out: list[dict] = []
+    doc_paras: list[str] = []
+    pending = [(tree, module)]
+    while pending:
+        node, qualname = pending.pop(0)
+        doc = ast.get_docstring(node, clean=False)
+        paras = docstring_paragraphs(doc) if doc else []
+        doc_paras.extend(paras)
+        public = not any(part.startswith("_") for part in qualname.split("."))
+        if paras and node is not tree and public:
+            answer = paras[0] if len(paras[0]) >= 200 or len(paras) == 1 else paras[0] + "\n\n" + paras[1]
+            kind = "class" if isinstance(node, ast.ClassDef) else "function"
+            question = f"What does the {kind} {qualname} do?"
+            out.append(
+                {
+                    "messages": [
+                        {"role": "user", "content": question},
+                        {"role": "assistant", "content": answer},
+                    ]
+                }
+            )
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                pending.append((child, f"{qualname}.{child.name}"))
+    if doc_paras:
+        out.insert(0, {"text": "\n\n".join(doc_paras)})
+    return out
+
+
+def build(deb_path: Path, stdlib_debs: list[Path], out_path: Path) -> dict[str, int]:
     sources = read_sources(deb_path)
     if not sources:
         raise ValueError(f"--deb {deb_path}: no documentation sources found under {SOURCES_PREFIX}")
     records = [rec for rel, text in sources.items() for rec in records_for(rel, text)]
+    modules: dict[str, str] = {}
+    for deb in stdlib_debs:
+        modules.update(read_modules(deb))
+    records += [rec for mod, src in sorted(modules.items()) for rec in docstring_records(mod, src)]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     payload = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
     with open(out_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
         gz.write(payload.encode("utf-8"))
     n_text = sum("text" in r for r in records)
     return {
-        "files": len(sources),
+        "doc_files": len(sources),
+        "modules": len(modules),
         "documents": n_text,
         "chats": len(records) - n_text,
         "chars": sum(len(r.get("text", "")) for r in records),
@@ -325,9 +418,16 @@ def build(deb_path: Path, out_path: Path) -> dict[str, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--deb", type=Path, required=True, help=f"python3.11-doc_{DEB_VERSION}_all.deb")
+    ap.add_argument(
+        "--stdlib-deb",
+        type=Path,
+        action="append",
+        default=[],
+        help=f"libpython3.11-minimal / libpython3.11-stdlib {DEB_VERSION} .deb (docstrings); repeatable",
+    )
     ap.add_argument("--out", type=Path, default=Path(".train/corpus.jsonl.gz"))
     args = ap.parse_args()
-    stats = build(args.deb, args.out)
+    stats = build(args.deb, args.stdlib_deb, args.out)
     stats["sha256"] = f"{stats['sha256']:012x}"
     print(json.dumps(stats))
 

@@ -7,7 +7,7 @@ safetensors, tokenizer with a ChatML chat template, generation config). Training
 is fixed because the command has a hard time limit; the learning-rate schedule follows elapsed time.
 
     python tools/train_demo_model.py --corpus .train/corpus.jsonl.gz --out /tmp/demo-out \\
-        --dense-seconds 170 --moe-seconds 230
+        --dense-seconds 40 --moe-seconds 60
 
 A CPU smoke run: add `--max-steps 3 --batch-size 2`.
 """
@@ -174,15 +174,19 @@ def batch_at(stream: torch.Tensor, gen: torch.Generator, batch: int, seq_len: in
 
 
 @torch.no_grad()
-def evaluate(model, stream: torch.Tensor, seq_len: int, device: str, max_windows: int = 64) -> float:
+def evaluate(model, stream: torch.Tensor, seq_len: int, device: str, max_windows: int = 128) -> float:
     model.eval()
     n = min(max_windows, (stream.numel() - 1) // seq_len)
     windows = torch.stack([stream[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)]).to(device)
     losses = []
     for chunk in windows.split(16):
+        # Cross-entropy computed here rather than via `labels=`, which would shift the targets a second time.
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            out = model(input_ids=chunk[:, :-1], labels=chunk[:, 1:].contiguous(), use_cache=False)
-        losses.append(out.loss.float().item())
+            logits = model(input_ids=chunk[:, :-1], use_cache=False).logits.float()
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), chunk[:, 1:].reshape(-1)
+        )
+        losses.append(loss.item())
     model.train()
     return sum(losses) / len(losses)
 
@@ -306,12 +310,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--batch-size", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--dense-seconds", type=float, default=170.0)
-    ap.add_argument("--moe-seconds", type=float, default=230.0)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--dense-seconds", type=float, default=40.0)
+    ap.add_argument("--moe-seconds", type=float, default=60.0)
     ap.add_argument("--max-steps", type=int, default=1_000_000)
-    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--only", choices=["dense", "moe"], default=None)
     args = ap.parse_args()
 
@@ -329,7 +333,7 @@ def main() -> None:
     random.Random(0).shuffle(docs)
     tok = train_tokenizer(docs, args.vocab_size)
     log(f"tokenizer: {len(tok)} tokens; {len(texts)} documents, {len(chats)} chats")
-    n_val = max(1, len(docs) // 50)
+    n_val = max(1, len(docs) // 25)
     val_ids, train_ids = pack(docs[:n_val], tok), pack(docs[n_val:], tok)
     log(f"tokens: train {train_ids.numel()}, validation {val_ids.numel()}; device {device}")
     eos_ids = [tok.convert_tokens_to_ids(EOS), tok.convert_tokens_to_ids(IM_END)]
@@ -352,7 +356,7 @@ def main() -> None:
             batch_size=args.batch_size,
             seq_len=args.seq_len,
             lr=args.lr,
-            warmup_steps=min(200, max(1, args.max_steps // 10)),
+            warmup_steps=min(100, max(1, args.max_steps // 10)),
             eval_every=min(args.eval_every, args.max_steps),
         )
         stats = train(model, train_ids, val_ids, cfg, device, folder, log)
