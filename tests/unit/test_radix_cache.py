@@ -163,3 +163,11 @@ def test_null_cache_keeps_nothing():
     assert alloc.num_free == alloc.num_allocatable
     assert cache.match_prefix([1, 2, 3, 4]).pages == []
     assert cache.evict(5) == 0 and cache.evictable_pages == 0
+
+
+def test_eviction_takes_only_the_tail_of_a_long_edge():
+    alloc, cache = make()
+    pages = store(alloc, cache, [1, 1, 2, 2, 3, 3, 4, 4])
+    assert cache.evict(1) == 1
+    assert cache.match_prefix([1, 1, 2, 2, 3, 3, 4, 4]).pages == pages[:3]
+    assert cache.evictable_pages == 3 and accounted(alloc, cache) == alloc.num_allocatable

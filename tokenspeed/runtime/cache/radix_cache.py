@@ -161,6 +161,10 @@ class RadixCache(PrefixCache):
         heap, freed = self._evictable_leaves(), 0
         while freed < num_pages and heap:
             _, _, node = heapq.heappop(heap)
+            excess = len(node.pages) - (num_pages - freed)
+            if excess > 0:
+                # Keep the head of a long edge: only its tail pages are needed back.
+                self._split(node, excess)
             self.allocator.free(node.pages)
             freed += len(node.pages)
             self._evictable -= len(node.pages)
