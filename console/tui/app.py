@@ -102,9 +102,6 @@ class ConsoleApp(App):
         self.switch_mode("fleet")
         self.poller.start()
 
-    def on_unmount(self) -> None:
-        self.source.close()
-
     # ------------------------------------------------------------------ polling
 
     def _console_screen(self) -> ConsoleScreen | None:
@@ -350,7 +347,10 @@ def run(
         profile_path=opened.profile_path,
         state_dir=str(opened.state_dir) if opened.state_dir else None,
     )
-    app.run()
-    if app.stop_fleet_on_exit:
-        opened.stop_fleet()
+    try:
+        app.run()
+        if app.stop_fleet_on_exit:
+            opened.stop_fleet()
+    finally:
+        opened.source.close()
     return 0 if app.return_code in (None, 0) else int(app.return_code)

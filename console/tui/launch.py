@@ -23,11 +23,25 @@ class OpenedSource:
     profile_path: str | None
     state_dir: Path | None = None
 
-    def stop_fleet(self) -> None:
+    def stop_fleet(self, timeout: float = 120.0) -> bool:
+        """Shut the fleet down and wait for its supervisor to go; False if it did not in time."""
+        print("tokenspeed console: stopping the fleet ...", file=sys.stderr)
         try:
             self.source.shutdown()
         except SourceError as exc:
             print(f"tokenspeed console: could not stop the fleet: {exc}", file=sys.stderr)
+            return False
+        if self.state_dir is None:
+            return True
+        deadline = time.monotonic() + timeout
+        with SupervisorClient(self.state_dir, timeout=1.0) as client:
+            while time.monotonic() < deadline:
+                if not client.alive():
+                    print("tokenspeed console: the fleet is stopped", file=sys.stderr)
+                    return True
+                time.sleep(0.2)
+        print(f"tokenspeed console: the fleet did not stop within {timeout:.0f}s", file=sys.stderr)
+        return False
 
 
 def fleet_state_dir(profile: str) -> Path:

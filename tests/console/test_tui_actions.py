@@ -1,0 +1,182 @@
+"""Console actions against a real fleet: what the operator confirms happens to real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from console.tui.app import ConsoleApp
+from console.tui.launch import OpenedSource
+from console.tui.live_source import LiveSource
+from console.tui.screens.modals import ConfirmScreen, LeaveScreen
+from tests.console.tui_pilot import row_order, status, table_rows, wait_for
+from tests.console.tui_support import running_fleet
+
+SIZE = (170, 50)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with running_fleet("act", replicas=3) as running:
+        yield running
+
+
+def make_app(fleet, **kwargs) -> ConsoleApp:
+    return ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5, **kwargs)
+
+
+async def select(pilot, app: ConsoleApp, name: str) -> None:
+    await wait_for(pilot, lambda: len(table_rows(app)) == 3, what="fleet rows")
+    order = row_order(app)
+    await pilot.press("home", *["down"] * order.index(name))
+    assert app.selected == name
+
+
+def pid_of(fleet, name: str) -> int:
+    return fleet.server(name)["pid"]
+
+
+def log_of(fleet, name: str) -> str:
+    return "\n".join(fleet.client.logs(name, 200)["lines"])
+
+
+async def test_restart_asks_first_and_cancel_leaves_the_server_alone(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await select(pilot, app, "act-1")
+        before = pid_of(fleet, "act-1")
+        await pilot.press("R")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "Restart act-1?" in app.screen.question
+        await pilot.press("n")
+        assert not isinstance(app.screen, ConfirmScreen)
+        await pilot.pause(1.0)
+        assert pid_of(fleet, "act-1") == before
+        await pilot.press("R", "y")
+        fleet.wait(
+            lambda f: next(s for s in f["servers"] if s["name"] == "act-1")["pid"] not in (before, None)
+        )
+        fleet.wait_ready()
+        assert not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE
+        await wait_for(pilot, lambda: table_rows(app)["act-1"][3] == "READY", what="READY again on screen")
+
+
+async def test_stop_then_start(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await select(pilot, app, "act-2")
+        pid = pid_of(fleet, "act-2")
+        await pilot.press("S")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: table_rows(app)["act-2"][3] == "STOPPED", what="STOPPED on screen")
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert "2 ready" in status(app)
+        await pilot.press("s")  # start needs no confirmation
+        await wait_for(pilot, lambda: table_rows(app)["act-2"][3] == "READY", what="READY after start")
+        fleet.wait_ready()
+
+
+async def test_marked_servers_get_the_action_flush_cache(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await select(pilot, app, "act-0")
+        await pilot.press("space", "space")  # marks act-0 and act-1 (the cursor moves down)
+        assert app.marked == {"act-0", "act-1"}
+        assert "2 marked" in status(app)
+        assert table_rows(app)["act-0"][0].startswith("● ")
+        await pilot.press("F")
+        for name in ("act-0", "act-1"):
+            fleet.wait(lambda f, n=name: "prefix cache flushed" in log_of(fleet, n), what=f"flush on {name}")
+        assert "prefix cache flushed" not in log_of(fleet, "act-2")
+        await wait_for(pilot, lambda: not app.marked, what="marks cleared after the action")
+
+
+async def test_expert_recording_start_and_stop(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await select(pilot, app, "act-0")
+        await pilot.press("X")
+        fleet.wait(lambda f: "recording stopped" in log_of(fleet, "act-0"), what="recording stopped")
+        assert "tokenspeed:expert_load" in fleet.client.raw_metrics("act-0")
+        await pilot.press("x")
+        fleet.wait(lambda f: "recording started" in log_of(fleet, "act-0"), what="recording started")
+
+
+async def test_rolling_restart_replaces_every_process(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        before = {s["name"]: s["pid"] for s in fleet.servers()}
+        await pilot.press("ctrl+r")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+
+        def all_replaced(f):
+            return all(
+                s["pid"] not in (before[s["name"]], None) and s["state"] == "READY" for s in f["servers"]
+            )
+
+        fleet.wait(all_replaced, timeout=30, what="every server restarted")
+
+
+async def test_killed_server_shows_its_restart(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        restarts = fleet.server("act-2")["restarts"]
+        os.kill(pid_of(fleet, "act-2"), signal.SIGKILL)
+        await wait_for(
+            pilot, lambda: table_rows(app)["act-2"][5] == str(restarts + 1), what="restart counted on screen"
+        )
+        await wait_for(pilot, lambda: table_rows(app)["act-2"][3] == "READY", what="READY again")
+        await select(pilot, app, "act-2")
+        from tests.console.tui_pilot import text_of
+
+        assert "signal" in text_of(app, "#fleet-detail")  # last exit: signal 9
+
+
+async def test_readonly_turns_every_action_off(fleet):
+    app = make_app(fleet, readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await select(pilot, app, "act-0")
+        pids = {s["name"]: s["pid"] for s in fleet.servers()}
+        await pilot.press("R", "S", "ctrl+r", "F", "X")
+        assert not isinstance(app.screen, ConfirmScreen)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert not any("Restart" in t or "Stop" in t for t in titles)
+        assert "read-only" in status(app)
+        await pilot.pause(1.0)
+        assert {s["name"]: s["pid"] for s in fleet.servers()} == pids
+        assert all(s["state"] == "READY" for s in fleet.servers())
+        assert "recording stopped" not in log_of(fleet, "act-0").split("recording started")[-1]
+
+
+async def test_leaving_a_console_that_started_the_fleet_asks_and_can_stop_it():
+    with running_fleet("leave", replicas=1) as small:
+        app = ConsoleApp(LiveSource(small.state_dir, timeout=2.0), interval=0.5, started_fleet=True)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("q")
+            assert isinstance(app.screen, LeaveScreen)
+            await pilot.press("escape")  # stay
+            assert not isinstance(app.screen, LeaveScreen) and app.is_running
+            await pilot.press("q", "s")
+        assert app.stop_fleet_on_exit
+        pid = small.server("leave-0")["pid"]
+        # What `tokenspeed console PROFILE` does after the app exits with that answer.
+        opened = OpenedSource(app.source, started_fleet=True, profile_path=None, state_dir=small.state_dir)
+        assert opened.stop_fleet(timeout=30)
+        app.source.close()
+        assert not small.client.alive()
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_leaving_a_console_that_only_attached_never_asks(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+    assert not app.stop_fleet_on_exit
+    assert fleet.client.alive()
