@@ -1,0 +1,157 @@
+"""A synchronous client of the supervisor's control API (see console/supervisor/api.py for the routes).
+
+    client = SupervisorClient(find_state_dir("demo"))
+    for server in client.fleet()["servers"]: ...
+
+Every call has a short timeout: a console polling a stuck supervisor must not hang. Failures raise
+`SupervisorUnavailable` (nothing answers on the socket) or `SupervisorError` (it answered with an error).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from console.supervisor.paths import StatePaths, default_state_dir, state_root
+
+
+class SupervisorError(RuntimeError):
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class SupervisorUnavailable(SupervisorError):
+    pass
+
+
+def list_state_dirs() -> list[Path]:
+    """State directories under the default root that have a control socket (running or crashed)."""
+    root = state_root()
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if StatePaths(p).socket.exists())
+
+
+def find_state_dir(fleet_name: str | None = None, state_dir: str | Path | None = None) -> Path:
+    """The state directory of a fleet: explicit, by name, or the only one with a socket."""
+    if state_dir is not None:
+        return Path(state_dir).resolve()
+    if fleet_name is not None:
+        return default_state_dir(fleet_name)
+    candidates = list_state_dirs()
+    if not candidates:
+        raise SupervisorUnavailable(f"no running fleet under {state_root()}; start one with `tokenspeed up`")
+    if len(candidates) > 1:
+        names = ", ".join(p.name for p in candidates)
+        raise SupervisorError(f"several fleets are running ({names}); choose one with --fleet NAME")
+    return candidates[0]
+
+
+class SupervisorClient:
+    def __init__(self, state_dir: str | Path, timeout: float = 3.0):
+        self.paths = StatePaths(Path(state_dir))
+        self._http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.paths.socket)),
+            base_url="http://supervisor",
+            timeout=timeout,
+            trust_env=False,
+        )
+
+    @property
+    def state_dir(self) -> Path:
+        return self.paths.root
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SupervisorClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, timeout: float | None = None, **params) -> httpx.Response:
+        if not self.paths.socket.exists():
+            raise SupervisorUnavailable(f"no supervisor socket at {self.paths.socket}")
+        try:
+            kwargs = {"params": params or None}
+            if timeout is not None:
+                kwargs["timeout"] = timeout
+            response = self._http.request(method, path, **kwargs)
+        except (
+            httpx.ConnectError,
+            httpx.RemoteProtocolError,
+            FileNotFoundError,
+            ConnectionRefusedError,
+        ) as exc:
+            raise SupervisorUnavailable(
+                f"the supervisor at {self.paths.socket} does not answer: {exc}"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise SupervisorUnavailable(f"the supervisor at {self.paths.socket} timed out") from exc
+        if response.status_code >= 400:
+            try:
+                message = response.json().get("error", response.text)
+            except ValueError:
+                message = response.text
+            raise SupervisorError(message, response.status_code)
+        return response
+
+    def _json(self, method: str, path: str, **params) -> dict:
+        return self._request(method, path, **params).json()
+
+    def alive(self) -> bool:
+        try:
+            self.fleet()
+            return True
+        except SupervisorUnavailable:
+            return False
+
+    # GET
+    def fleet(self) -> dict:
+        return self._json("GET", "/fleet")
+
+    def server(self, name: str) -> dict:
+        return self._json("GET", f"/servers/{name}")
+
+    def history(self, name: str, seconds: float = 300) -> dict:
+        return self._json("GET", f"/servers/{name}/history", seconds=seconds)
+
+    def raw_metrics(self, name: str) -> str:
+        return self._request("GET", f"/servers/{name}/raw_metrics").text
+
+    def info(self, name: str) -> dict:
+        return self._json("GET", f"/servers/{name}/info")
+
+    def logs(self, name: str, lines: int = 500) -> dict:
+        return self._json("GET", f"/servers/{name}/logs", lines=lines)
+
+    def probe(self) -> dict:
+        return self._request("GET", "/probe", timeout=30.0).json()
+
+    # POST
+    def restart(self, name: str) -> dict:
+        return self._json("POST", f"/servers/{name}/restart")
+
+    def stop(self, name: str) -> dict:
+        return self._json("POST", f"/servers/{name}/stop")
+
+    def start(self, name: str) -> dict:
+        return self._json("POST", f"/servers/{name}/start")
+
+    def flush_cache(self, name: str) -> dict:
+        return self._json("POST", f"/servers/{name}/flush_cache")
+
+    def expert_record_start(self, name: str) -> dict:
+        return self._json("POST", f"/servers/{name}/expert_record/start")
+
+    def expert_record_stop(self, name: str) -> dict:
+        return self._json("POST", f"/servers/{name}/expert_record/stop")
+
+    def rolling_restart(self) -> dict:
+        return self._json("POST", "/fleet/rolling_restart")
+
+    def shutdown(self) -> dict:
+        return self._json("POST", "/shutdown")

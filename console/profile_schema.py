@@ -1,0 +1,109 @@
+"""The typed form of a profile's `[fleet]` table, and the servers a profile resolves to.
+
+A profile file is TOML:
+
+    extends = "base.toml"        # optional; this file's keys override the base's
+    [server]                     # ServerArgs fields by their Python names (model, attn_tp_size, ...)
+    [fleet]                      # the keys of FleetSpec below; [fleet.backoff] and [fleet.health] nest
+    [env]                        # environment of every server process
+
+`console.profiles` turns the file into these objects; the supervisor and the launchers read only these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESTART_POLICIES = ("always", "on-failure", "no")
+LAUNCHERS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class BackoffSpec:
+    initial_s: float = 1.0
+    max_s: float = 60.0
+    multiplier: float = 2.0
+    # A server that stayed up this long is healthy again: its next crash starts from initial_s.
+    reset_after_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    path: str = "/health"
+    interval_s: float = 5.0
+    timeout_s: float = 2.0
+    failures: int = 3  # consecutive failed checks before READY becomes UNHEALTHY
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    name: str
+    replicas: int = 1
+    launcher: str = "local"
+    host: str = "127.0.0.1"
+    base_port: int = 30000
+    # Node addresses; a replica whose [server] nnodes is N takes N consecutive nodes.
+    nodes: tuple[str, ...] = ("127.0.0.1",)
+    # GPU ids on each node that the fleet may use; None means every GPU the probe finds.
+    gpus: tuple[int, ...] | None = None
+    # Port of the torch.distributed rendezvous of multi-node replicas (replica i adds 10*i).
+    dist_init_port: int = 29500
+    # What starts a server process; its arguments follow. Default: this Python's `-m tokenspeed serve`.
+    command: tuple[str, ...] | None = None
+    restart: str = "on-failure"
+    max_restarts: int = 5
+    restart_window_s: float = 300.0
+    stop_timeout_s: float = 30.0
+    # A server must answer its health check this soon after start, or the start counts as failed.
+    startup_timeout_s: float = 900.0
+    log_max_bytes: int = 50 * 1024 * 1024
+    log_backups: int = 5
+    metrics_interval_s: float = 1.0
+    history_seconds: float = 3600.0
+    backoff: BackoffSpec = field(default_factory=BackoffSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One operating-system process of a server: its node rank, where it runs and how it starts."""
+
+    node_rank: int
+    node: str
+    gpus: tuple[int, ...]
+    argv: tuple[str, ...]  # arguments of `tokenspeed serve`
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server of the fleet: a replica, one `tokenspeed serve` per node it spans."""
+
+    name: str
+    replica: int
+    host: str
+    port: int
+    processes: tuple[ProcessSpec, ...]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def node(self) -> str:
+        return self.processes[0].node
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.processes[0].gpus
+
+
+@dataclass(frozen=True)
+class Profile:
+    path: Path
+    server: dict  # [server] as written (after extends), ServerArgs field name -> value
+    fleet: FleetSpec
+    env: dict[str, str]
+    sources: tuple[Path, ...]  # this file and every file it extends

@@ -1,0 +1,203 @@
+"""Profiles: a TOML file -> a checked `Profile` -> one `ServerSpec` (and `ServerArgs`) per server.
+
+    profile = load_profile("profiles/demo.toml")      # ProfileError (file:line: key: why) on any mistake
+    resolved = resolve_profile(profile)               # ResolvedFleet: specs + ServerArgs of each server
+
+Replica i of fleet F is the server `F-i`. It listens on `base_port + port_stride * i`; with
+`[server] nnodes = N` it spans N consecutive entries of `[fleet] nodes`, one `tokenspeed serve
+--node-rank r` each, rendezvousing at `nodes[first]:dist_init_port + 10 * i`. GPUs are given to a
+process through CUDA_VISIBLE_DEVICES (a run of `world_size / nnodes` ids from `[fleet] gpus`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from console.profile_args import parse_server_args, server_argv
+from console.profile_schema import (
+    LAUNCHERS,
+    RESTART_POLICIES,
+    BackoffSpec,
+    FleetSpec,
+    HealthSpec,
+    ProcessSpec,
+    Profile,
+    ServerSpec,
+)
+from console.profile_toml import ProfileError, RawProfile, did_you_mean, read_profile
+
+__all__ = ["ProfileError", "ResolvedFleet", "load_profile", "resolve_profile", "load_and_resolve"]
+
+_TOP_LEVEL = {"server", "fleet", "env"}
+_FLEET_EXTRA = {"port_stride"}
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _coerce(raw: RawProfile, table: str, key: str, value, expected):
+    """Check one TOML value against the dataclass field type it fills."""
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is tuple:
+        if not isinstance(value, list):
+            raise raw.error(table, key, f"expects a list, got {value!r}")
+        return tuple(value)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise raw.error(table, key, f"expects {expected.__name__}, got {value!r}")
+    return value
+
+
+def _build(raw: RawProfile, table: str, cls, values: dict, extra: set[str] = frozenset(), nested=None):
+    """A dataclass from a TOML table; unknown keys are errors with a suggestion."""
+    nested = nested or {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in extra:
+            continue
+        if key in nested:
+            if not isinstance(value, dict):
+                raise raw.error(table, key, f"must be a table: [{table}.{key}]")
+            kwargs[key] = _build(raw, f"{table}.{key}", nested[key], value)
+            continue
+        if key not in fields:
+            raise raw.error(table, key, f"is not a [{table}] key{did_you_mean(key, [*fields, *extra])}")
+        expected = {"float": float, "int": int, "str": str}.get(str(fields[key].type).split(" ")[0], None)
+        if expected is None:
+            expected = tuple if "tuple" in str(fields[key].type) else None
+        kwargs[key] = _coerce(raw, table, key, value, expected) if expected else value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required field is missing
+        missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING]
+        key = missing[0] if missing else ""
+        raise raw.error(table, key, f"is required ({exc})") from None
+
+
+def _check_fleet(raw: RawProfile, fleet: FleetSpec) -> None:
+    rules = [
+        ("restart", fleet.restart in RESTART_POLICIES, f"must be one of {', '.join(RESTART_POLICIES)}"),
+        ("launcher", fleet.launcher in LAUNCHERS, f"must be one of {', '.join(LAUNCHERS)}"),
+        ("replicas", fleet.replicas >= 1, "must be at least 1"),
+        ("nodes", len(fleet.nodes) >= 1, "needs at least one node address"),
+        ("base_port", 1024 <= fleet.base_port <= 65000, "must be a port between 1024 and 65000"),
+        ("max_restarts", fleet.max_restarts >= 0, "must be >= 0"),
+        ("stop_timeout_s", fleet.stop_timeout_s > 0, "must be > 0"),
+        ("name", fleet.name.replace("-", "").replace("_", "").isalnum(), "letters, digits, - and _ only"),
+    ]
+    for key, ok, message in rules:
+        if not ok:
+            value = getattr(fleet, key)
+            hint = did_you_mean(str(value), RESTART_POLICIES + LAUNCHERS) if isinstance(value, str) else ""
+            raise raw.error("fleet", key, f"{message}, got {value!r}{hint}")
+    if fleet.gpus is not None and any(not isinstance(g, int) or g < 0 for g in fleet.gpus):
+        raise raw.error("fleet", "gpus", f"must be a list of GPU ids (integers >= 0), got {list(fleet.gpus)}")
+    if fleet.launcher == "local" and any(n not in _LOOPBACK for n in fleet.nodes):
+        raise raw.error(
+            "fleet", "nodes", 'the local launcher runs on this machine only; use launcher = "ray" for others'
+        )
+
+
+def load_profile(path: str | Path) -> Profile:
+    raw = read_profile(path)
+    for key in raw.data:
+        if key not in _TOP_LEVEL:
+            raise raw.error("", key, f"is not a profile table{did_you_mean(key, [*_TOP_LEVEL, 'extends'])}")
+    fleet_table = raw.data.get("fleet", {})
+    if "name" not in fleet_table:
+        fleet_table = {**fleet_table, "name": Path(path).stem}
+    nested = {"backoff": BackoffSpec, "health": HealthSpec}
+    fleet = _build(raw, "fleet", FleetSpec, fleet_table, extra=_FLEET_EXTRA, nested=nested)
+    _check_fleet(raw, fleet)
+    env = raw.data.get("env", {})
+    for key, value in env.items():
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise raw.error("env", key, f"must be a string or a number, got {value!r}")
+    return Profile(
+        path=Path(path).resolve(),
+        server=dict(raw.data.get("server", {})),
+        fleet=fleet,
+        env={k: str(v) for k, v in env.items()},
+        sources=tuple(raw.sources),
+    )
+
+
+@dataclass(frozen=True)
+class ResolvedFleet:
+    profile: Profile
+    servers: tuple[ServerSpec, ...]
+    server_args: tuple[Any, ...]  # ServerArgs of each server (node rank 0), same order as servers
+    base_argv: tuple[str, ...]  # what [server] stands for on the command line
+
+
+def _place(
+    raw: RawProfile, fleet: FleetSpec, nnodes: int, per_node: int
+) -> list[tuple[list[str], list[int]]]:
+    """(nodes, GPU ids) of each replica. Without [fleet] gpus, replicas spread over node groups first."""
+    groups = [list(fleet.nodes[g * nnodes : (g + 1) * nnodes]) for g in range(len(fleet.nodes) // nnodes)]
+    if not groups:
+        raise raw.error(
+            "fleet", "nodes", f"lists {len(fleet.nodes)} node(s) but each replica spans nnodes={nnodes}"
+        )
+    placements = []
+    for replica in range(fleet.replicas):
+        if fleet.gpus is None:
+            group, slot = replica % len(groups), replica // len(groups)
+            gpus = list(range(slot * per_node, (slot + 1) * per_node))
+        else:
+            fit = len(fleet.gpus) // per_node if per_node else fleet.replicas
+            if fit == 0:
+                raise raw.error(
+                    "fleet", "gpus", f"gives {len(fleet.gpus)} GPU(s) per node; each replica needs {per_node}"
+                )
+            group, slot = replica // fit, replica % fit
+            if group >= len(groups):
+                raise raw.error(
+                    "fleet",
+                    "replicas",
+                    f"{fleet.replicas} replicas of {per_node} GPU(s) x {nnodes} node(s) do not fit on "
+                    f"{len(fleet.nodes)} node(s) with gpus = {list(fleet.gpus)}",
+                )
+            gpus = list(fleet.gpus[slot * per_node : (slot + 1) * per_node])
+        placements.append((groups[group], gpus))
+    return placements
+
+
+def resolve_profile(profile: Profile, platform: Any = None) -> ResolvedFleet:
+    """Every server of the fleet, each checked by resolving its ServerArgs like `tokenspeed serve` does."""
+    raw = read_profile(profile.path)
+    fleet = profile.fleet
+    base = server_argv(raw)
+    stride = int(raw.data.get("fleet", {}).get("port_stride", 10))
+    probe_args = parse_server_args(raw, [*base, "--port", str(fleet.base_port)], platform)
+    nnodes = int(getattr(probe_args, "nnodes", 1) or 1)
+    on_cpu = getattr(probe_args, "device", "cuda") == "cpu"
+    world = probe_args.mapping.world_size if getattr(probe_args, "mapping", None) else 1
+    if world % nnodes:
+        raise raw.error("server", "nnodes", f"world size {world} does not split over {nnodes} nodes")
+    per_node = 0 if on_cpu else world // nnodes
+    specs = []
+    for replica, (nodes, gpus) in enumerate(_place(raw, fleet, nnodes, per_node)):
+        port = fleet.base_port + stride * replica
+        name = f"{fleet.name}-{replica}"
+        common = [*base, "--host", fleet.host, "--port", str(port), "--enable-metrics"]
+        if nnodes > 1:
+            common += ["--dist-init-addr", f"{nodes[0]}:{fleet.dist_init_port + 10 * replica}"]
+        env = dict(profile.env)
+        if not on_cpu:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        processes = []
+        for rank, node in enumerate(nodes):
+            argv = [*common, "--nnodes", str(nnodes), "--node-rank", str(rank)] if nnodes > 1 else common
+            processes.append(ProcessSpec(rank, node, tuple(gpus), tuple(argv), tuple(sorted(env.items()))))
+        url_host = nodes[0] if fleet.host in ("0.0.0.0", "::") else fleet.host
+        specs.append(ServerSpec(name, replica, url_host, port, tuple(processes)))
+    # Each server's arguments resolved exactly as its `tokenspeed serve` will resolve them.
+    server_args = tuple(parse_server_args(raw, list(s.processes[0].argv), platform) for s in specs)
+    return ResolvedFleet(profile, tuple(specs), server_args, tuple(base))
+
+
+def load_and_resolve(path: str | Path, platform: Any = None) -> ResolvedFleet:
+    return resolve_profile(load_profile(path), platform)

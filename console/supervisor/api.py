@@ -1,0 +1,169 @@
+"""The supervisor's control API: HTTP over the unix socket `<state_dir>/control.sock` (mode 0600).
+
+Every answer is JSON (except raw_metrics: Prometheus text). Errors: 404 {"error"} for an unknown
+server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied server does not answer.
+
+    GET  /fleet                             {"name", "profile_path", "state_dir", "started_at",
+                                             "supervisor_pid", "shutting_down", "servers": [Server]}
+         Server = {"name", "replica", "node", "gpus": [int], "host", "port", "url", "state", "pid",
+                   "pids": [int], "started_at", "uptime_s", "restarts",
+                   "last_exit": {"code", "signal", "at"} | null, "healthy": bool, "error": str | null,
+                   "metrics": {"running", "waiting", "kv_usage", "prefix_hit_rate", "gen_throughput",
+                               "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "requests_total",
+                               "errors_total"} | null,
+                   "scraped_at": float | null}
+         state is one of STARTING READY UNHEALTHY BACKOFF STOPPING STOPPED FATAL; times are Unix
+         seconds; latency percentiles are seconds over the last 30 s of scrapes (None: no requests).
+    GET  /servers/{name}                    Server
+    GET  /servers/{name}/history?seconds=300  {"samples": [{"t", <metric keys as above>}]}
+    GET  /servers/{name}/raw_metrics        the latest /metrics text of the server
+    GET  /servers/{name}/info               the server's /get_server_info (proxied)
+    GET  /servers/{name}/logs?lines=500     {"lines": [str]}
+    POST /servers/{name}/restart | /stop | /start          {"ok", "name", "state"}
+    POST /servers/{name}/flush_cache                       the server's answer to POST /flush_cache
+    POST /servers/{name}/expert_record/start | /stop       the server's start/stop_expert_distribution_record
+    POST /fleet/rolling_restart             {"ok", "servers"}: one at a time, each READY before the next
+    POST /shutdown                          {"ok"}: stop every server, then the supervisor exits
+    GET  /probe                             {"probe": {...GPU readings...}, "plan": {...} | null, "error"}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
+
+from console.supervisor.core import Supervisor, UnknownServer
+
+_PROXIED = {
+    "flush_cache": ("POST", "/flush_cache"),
+    "expert_record/start": ("POST", "/start_expert_distribution_record"),
+    "expert_record/stop": ("POST", "/stop_expert_distribution_record"),
+}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def build_app(sup: Supervisor) -> Starlette:
+    def guarded(handler):
+        async def wrapper(request: Request):
+            try:
+                return await handler(request)
+            except UnknownServer as exc:
+                return _error(404, f"no server named {exc.args[0]!r} in fleet {sup.fleet.name!r}")
+            except RuntimeError as exc:
+                return _error(409, str(exc))
+            except httpx.HTTPError as exc:
+                return _error(502, f"the server did not answer: {exc!r}")
+            except ValueError as exc:
+                return _error(400, str(exc))
+
+        return wrapper
+
+    async def fleet(request: Request):
+        return JSONResponse(sup.fleet_json())
+
+    async def server(request: Request):
+        import time
+
+        return JSONResponse(sup.server_json(sup.unit(request.path_params["name"]), time.time()))
+
+    async def history(request: Request):
+        seconds = float(request.query_params.get("seconds", 300))
+        return JSONResponse({"samples": sup.history_since(request.path_params["name"], seconds)})
+
+    async def raw_metrics(request: Request):
+        name = request.path_params["name"]
+        sup.unit(name)
+        return PlainTextResponse(sup.raw_metrics[name])
+
+    async def info(request: Request):
+        response = await sup.proxy(request.path_params["name"], "GET", "/get_server_info")
+        return JSONResponse(response.json(), status_code=response.status_code)
+
+    async def logs(request: Request):
+        lines = int(request.query_params.get("lines", 500))
+        return JSONResponse({"lines": sup.logs(request.path_params["name"], lines)})
+
+    async def action(request: Request):
+        name, verb = request.path_params["name"], request.path_params["action"]
+        if verb in ("restart", "stop", "start"):
+            return JSONResponse(sup.command(name, verb))
+        if verb in _PROXIED:
+            method, path = _PROXIED[verb]
+            response = await sup.proxy(name, method, path)
+            try:
+                body = response.json()
+            except ValueError:
+                body = {"text": response.text}
+            return JSONResponse(body, status_code=response.status_code)
+        return _error(404, f"no action {verb!r}; use restart, stop, start, " + ", ".join(_PROXIED))
+
+    async def rolling_restart(request: Request):
+        if sup.shutting_down:
+            raise RuntimeError("the fleet is shutting down")
+        return JSONResponse(sup.rolling_restart())
+
+    async def shutdown(request: Request):
+        sup.shutdown()
+        return JSONResponse({"ok": True})
+
+    async def probe(request: Request):
+        from console.profile_plan import probe_and_plan
+
+        return JSONResponse(await asyncio.to_thread(probe_and_plan, sup.resolved))
+
+    routes = [
+        Route("/fleet", guarded(fleet)),
+        Route("/servers/{name}", guarded(server)),
+        Route("/servers/{name}/history", guarded(history)),
+        Route("/servers/{name}/raw_metrics", guarded(raw_metrics)),
+        Route("/servers/{name}/info", guarded(info)),
+        Route("/servers/{name}/logs", guarded(logs)),
+        Route("/servers/{name}/{action:path}", guarded(action), methods=["POST"]),
+        Route("/fleet/rolling_restart", guarded(rolling_restart), methods=["POST"]),
+        Route("/shutdown", guarded(shutdown), methods=["POST"]),
+        Route("/probe", guarded(probe)),
+    ]
+    return Starlette(routes=routes)
+
+
+def bind_socket(path: Path) -> socket.socket:
+    """The control socket, created 0600 from the start (umask), never world-accessible for a moment."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the supervisor decides what SIGTERM means."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+async def serve_api(sup: Supervisor, sock: socket.socket) -> _QuietServer:
+    config = uvicorn.Config(build_app(sup), log_level="warning", lifespan="off", access_log=False)
+    server = _QuietServer(config)
+    await server.serve(sockets=[sock])
+    return server

@@ -1,0 +1,287 @@
+"""The supervisor of one fleet: units, health checks, metrics scraping and the state file, on one loop.
+
+Everything runs on one asyncio loop: a 10 Hz tick drives each unit's state machine; health checks
+and scrapes are tasks whose results come back to the same loop, so no state is shared across threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from console import metrics_math
+from console.launchers.base import make_launcher
+from console.launchers.local import find_process, signal_group
+from console.profiles import ResolvedFleet
+from console.supervisor import statefile
+from console.supervisor.history import MetricsHistory
+from console.supervisor.logfile import rotate_if_needed, tail
+from console.supervisor.paths import StatePaths
+from console.supervisor.states import State
+from console.supervisor.unit import ServerUnit
+
+log = logging.getLogger("tokenspeed.supervisor")
+
+TICK_S = 0.1
+# Percentiles and rates on the fleet table cover the last half minute of scrapes.
+WINDOW_S = 30.0
+
+
+class UnknownServer(KeyError):
+    pass
+
+
+class Supervisor:
+    def __init__(self, resolved: ResolvedFleet, paths: StatePaths):
+        self.resolved = resolved
+        self.fleet = resolved.profile.fleet
+        self.paths = paths
+        self.launcher = make_launcher(self.fleet.launcher, self.fleet.command, paths.root)
+        self.units = {
+            spec.name: ServerUnit(spec, self.fleet, self.launcher, paths.log(spec.name))
+            for spec in resolved.servers
+        }
+        self.started_at = time.time()
+        self.shutting_down = False
+        self.history = MetricsHistory(paths.history, self.fleet.history_seconds)
+        self.scrapes: dict[str, collections.deque] = {
+            name: collections.deque(maxlen=int(WINDOW_S / self.fleet.metrics_interval_s) + 2)
+            for name in self.units
+        }
+        self.metrics: dict[str, dict | None] = dict.fromkeys(self.units)
+        self.scraped_at: dict[str, float | None] = dict.fromkeys(self.units)
+        self.raw_metrics: dict[str, str] = dict.fromkeys(self.units, "")
+        self.http = httpx.AsyncClient(trust_env=False)
+        self._tasks: set[asyncio.Task] = set()
+        self._rolling: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def unit(self, name: str) -> ServerUnit:
+        if name not in self.units:
+            raise UnknownServer(name)
+        return self.units[name]
+
+    def adopt_or_start(self) -> None:
+        now = time.time()
+        previous = statefile.load(self.paths.state_file) or {}
+        # After a clean shutdown there is nothing to re-adopt: `up` means every server starts.
+        records = {} if previous.get("clean_exit") else {r["name"]: r for r in previous.get("servers", [])}
+        for name, record in records.items():
+            if name not in self.units:
+                self._kill_leftover(record)
+        for name, unit in self.units.items():
+            record = records.get(name)
+            if record and unit.adopt(record, now):
+                log.info("re-adopted %s", name)
+                continue
+            if record is None or record.get("want_running", True):
+                unit.start(now)
+        self.save()
+
+    def _kill_leftover(self, record: dict) -> None:
+        """A server the profile no longer has, but a previous supervisor left running: stop it."""
+        for process in record.get("processes", []):
+            if "create_time" in process and find_process(int(process["pid"]), float(process["create_time"])):
+                signal_group(int(process["pid"]), signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        if not self.shutting_down:
+            log.info("shutting down the fleet")
+        self.shutting_down = True
+        if self._rolling:
+            self._rolling.cancel()
+        now = time.time()
+        for unit in self.units.values():
+            unit.stop(now)
+
+    def done(self) -> bool:
+        return self.shutting_down and not any(u.state.has_process for u in self.units.values())
+
+    async def run(self, api_started: asyncio.Event | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.shutdown)
+        self.adopt_or_start()
+        scraper = asyncio.create_task(self._scrape_loop())
+        next_housekeeping = 0.0
+        try:
+            while not self.done():
+                now = time.time()
+                for unit in self.units.values():
+                    unit.tick(now)
+                    if unit.health_due(now):
+                        unit.health_in_flight = True
+                        self._spawn(self._check(unit))
+                if now >= next_housekeeping:
+                    next_housekeeping = now + 1.0
+                    self.launcher.poll_logs()
+                    for unit in self.units.values():
+                        rotate_if_needed(unit.log_path, self.fleet.log_max_bytes, self.fleet.log_backups)
+                if any(u.changed for u in self.units.values()):
+                    self.save()
+                await asyncio.sleep(TICK_S)
+        finally:
+            scraper.cancel()
+            self.save(clean_exit=self.done())
+            await self.http.aclose()
+            self.history.close()
+            self.launcher.close()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def save(self, clean_exit: bool = False) -> None:
+        for unit in self.units.values():
+            unit.changed = False
+        statefile.save(
+            self.paths.state_file,
+            {
+                "fleet": self.fleet.name,
+                "profile_path": str(self.resolved.profile.path),
+                "started_at": self.started_at,
+                "clean_exit": clean_exit,
+                "servers": [u.to_record() for u in self.units.values()],
+            },
+        )
+
+    # ------------------------------------------------------------ health and metrics
+
+    async def _check(self, unit: ServerUnit) -> None:
+        ok = False
+        try:
+            response = await self.http.get(
+                unit.spec.url + self.fleet.health.path, timeout=self.fleet.health.timeout_s
+            )
+            ok = response.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        finally:
+            unit.health_result(ok, time.time())
+
+    async def _scrape_loop(self) -> None:
+        while True:
+            started = time.monotonic()
+            live = [u for u in self.units.values() if u.state in (State.READY, State.UNHEALTHY)]
+            await asyncio.gather(*(self._scrape(u) for u in live), return_exceptions=True)
+            # The next scrape is scheduled only after this one finished: scrapes never pile up.
+            await asyncio.sleep(max(self.fleet.metrics_interval_s - (time.monotonic() - started), 0.05))
+
+    async def _scrape(self, unit: ServerUnit) -> None:
+        name = unit.spec.name
+        try:
+            response = await self.http.get(
+                unit.spec.url + "/metrics", timeout=min(self.fleet.metrics_interval_s, 2.0)
+            )
+            response.raise_for_status()
+        except httpx.HTTPError:
+            return
+        now = time.time()
+        try:
+            scrape = metrics_math.parse(response.text, now)
+        except ValueError:
+            return
+        window = self.scrapes[name]
+        window.append(scrape)
+        oldest = next((s for s in window if now - s.t <= WINDOW_S and s is not scrape), None)
+        summary = metrics_math.summarize(scrape, oldest)
+        self.raw_metrics[name] = response.text
+        self.metrics[name] = summary
+        self.scraped_at[name] = now
+        self.history.add(name, now, summary)
+
+    # ------------------------------------------------------------ what the API shows
+
+    def server_json(self, unit: ServerUnit, now: float) -> dict:
+        spec = unit.spec
+        running = unit.state.has_process and unit.started_at is not None
+        return {
+            "name": spec.name,
+            "replica": spec.replica,
+            "node": spec.node,
+            "gpus": list(spec.gpus),
+            "host": spec.host,
+            "port": spec.port,
+            "url": spec.url,
+            "state": unit.state.value,
+            "pid": unit.handles[0].pid if unit.handles else None,
+            "pids": [h.pid for h in unit.handles],
+            "started_at": unit.started_at if running else None,
+            "uptime_s": round(now - unit.started_at, 3) if running else None,
+            "restarts": unit.restarts,
+            "last_exit": unit.last_exit.to_dict() if unit.last_exit else None,
+            "healthy": unit.state == State.READY,
+            "error": unit.error,
+            "metrics": self.metrics[spec.name] if running else None,
+            "scraped_at": self.scraped_at[spec.name],
+        }
+
+    def fleet_json(self) -> dict:
+        now = time.time()
+        return {
+            "name": self.fleet.name,
+            "profile_path": str(self.resolved.profile.path),
+            "state_dir": str(self.paths.root),
+            "started_at": self.started_at,
+            "supervisor_pid": __import__("os").getpid(),
+            "shutting_down": self.shutting_down,
+            "servers": [self.server_json(u, now) for u in self.units.values()],
+        }
+
+    def logs(self, name: str, lines: int) -> list[str]:
+        return tail(self.unit(name).log_path, lines)
+
+    def history_since(self, name: str, seconds: float) -> list[dict]:
+        self.unit(name)
+        return self.history.query(name, time.time() - seconds)
+
+    # ------------------------------------------------------------ operator commands
+
+    def command(self, name: str, action: str) -> dict:
+        unit = self.unit(name)
+        if self.shutting_down:
+            raise RuntimeError("the fleet is shutting down")
+        getattr(unit, action)(time.time())
+        return {"ok": True, "name": name, "state": unit.state.value}
+
+    def rolling_restart(self, ready_timeout_s: float | None = None) -> dict:
+        if self._rolling and not self._rolling.done():
+            return {"ok": False, "error": "a rolling restart is already running"}
+        self._rolling = asyncio.get_running_loop().create_task(
+            self._roll(ready_timeout_s or self.fleet.startup_timeout_s)
+        )
+        return {"ok": True, "servers": list(self.units)}
+
+    async def _roll(self, ready_timeout_s: float) -> None:
+        """Restart servers one at a time, each back READY before the next goes down."""
+        for unit in self.units.values():
+            unit.restart(time.time())
+            await asyncio.sleep(TICK_S * 3)
+            deadline = time.monotonic() + ready_timeout_s
+            while unit.state not in (State.READY, State.FATAL) and time.monotonic() < deadline:
+                await asyncio.sleep(TICK_S)
+            if unit.state != State.READY:
+                log.warning("rolling restart stopped: %s is %s", unit.spec.name, unit.state.value)
+                return
+
+    async def proxy(self, name: str, method: str, path: str) -> httpx.Response:
+        unit = self.unit(name)
+        return await self.http.request(method, unit.spec.url + path, timeout=10.0)
+
+    def rolling_in_progress(self) -> bool:
+        return self._rolling is not None and not self._rolling.done()
+
+
+def remove_socket(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass

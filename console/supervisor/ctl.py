@@ -1,0 +1,359 @@
+"""What `tokenspeed up / down / status / ps / logs / restart` do (console/cli.py holds only the flags).
+
+Each function returns the process exit code documented in console/cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from console.client import SupervisorClient, SupervisorError, SupervisorUnavailable, find_state_dir
+from console.supervisor import statefile
+from console.supervisor.logfile import tail
+from console.supervisor.paths import StatePaths, default_state_dir
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_FLEET = 0, 1, 2, 3
+
+
+def _err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _client(fleet: str | None, state_dir: str | None) -> SupervisorClient:
+    return SupervisorClient(find_state_dir(fleet, state_dir))
+
+
+# ------------------------------------------------------------------ up
+
+
+def _spawn_daemon(profile: Path, paths: StatePaths) -> subprocess.Popen:
+    paths.ensure()
+    log = os.open(paths.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "console.supervisor.daemon",
+                "--profile",
+                str(profile),
+                "--state-dir",
+                str(paths.root),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(log)
+
+
+def _summary(servers: list[dict]) -> str:
+    return "  ".join(f"{s['name']}={s['state']}" for s in servers)
+
+
+def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int:
+    from console.profile_plan import check_fits
+    from console.profiles import ProfileError, load_and_resolve
+
+    try:
+        resolved = load_and_resolve(profile)
+    except (ProfileError, ValueError) as exc:
+        _err(f"error: {exc}\nnothing was started")
+        return EXIT_USAGE
+    refusal = check_fits(resolved)
+    if refusal:
+        _err(f"error: the plan does not fit: {refusal}\nnothing was started")
+        return EXIT_USAGE
+    fleet = resolved.profile.fleet
+    paths = StatePaths(Path(state_dir).resolve() if state_dir else default_state_dir(fleet.name))
+    client = SupervisorClient(paths.root)
+    daemon = None
+    if client.alive():
+        click.echo(f"fleet {fleet.name} is already supervised from {paths.root}")
+    else:
+        daemon = _spawn_daemon(resolved.profile.path, paths)
+        click.echo(f"fleet {fleet.name}: supervisor pid {daemon.pid}, state in {paths.root}")
+    deadline = time.monotonic() + timeout
+    last = ""
+    ready = False
+    try:
+        while True:
+            if daemon is not None and daemon.poll() is not None:
+                _err(f"error: the supervisor exited with code {daemon.returncode}:")
+                _err("\n".join(tail(paths.supervisor_log, 5)))
+                return EXIT_USAGE if daemon.returncode == EXIT_USAGE else EXIT_FAILED
+            try:
+                servers = client.fleet()["servers"]
+            except SupervisorUnavailable:
+                servers = None
+            if servers is not None:
+                line = _summary(servers)
+                if line != last:
+                    click.echo(time.strftime("%H:%M:%S ") + line)
+                    last = line
+                fatal = [s for s in servers if s["state"] == "FATAL"]
+                if fatal and not ready:
+                    for s in fatal:
+                        _err(f"error: {s['name']} is FATAL: {s['error']}")
+                        _err("\n".join("  " + ln for ln in tail(paths.log(s["name"]), 10)))
+                    _err("the fleet stays up for inspection; `tokenspeed down` stops it")
+                    return EXIT_FAILED
+                if not ready and servers and all(s["state"] in ("STOPPED", "FATAL") for s in servers):
+                    _err("error: no server is running: " + line)
+                    return EXIT_FAILED
+                if not ready and servers and all(s["state"] == "READY" for s in servers):
+                    ready = True
+                    click.echo(f"fleet {fleet.name} READY: " + ", ".join(s["url"] for s in servers))
+                    if detach:
+                        return EXIT_OK
+                    click.echo("Ctrl-C stops the fleet")
+            elif ready:
+                _err("the supervisor went away")
+                return EXIT_FAILED
+            if not ready and time.monotonic() > deadline:
+                _err(f"error: not READY within {timeout:g}s: {last}")
+                return EXIT_FAILED
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        click.echo("\nstopping the fleet")
+        return down(None, str(paths.root), timeout=60.0)
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------ down
+
+
+def _recorded_processes(paths: StatePaths) -> list[dict]:
+    state = statefile.load(paths.state_file) or {}
+    return [p for s in state.get("servers", []) for p in s.get("processes", [])]
+
+
+def _alive(process: dict) -> bool:
+    from console.launchers.local import find_process
+
+    return (
+        "create_time" in process
+        and find_process(int(process["pid"]), float(process["create_time"])) is not None
+    )
+
+
+def _supervisor_pid(paths: StatePaths) -> dict | None:
+    try:
+        record = json.loads(paths.pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if _alive(record) else None
+
+
+def down(fleet: str | None, state_dir: str | None, timeout: float) -> int:
+    try:
+        paths = StatePaths(find_state_dir(fleet, state_dir))
+    except SupervisorError as exc:
+        _err(f"error: {exc}")
+        return EXIT_NO_FLEET
+    supervisor = _supervisor_pid(paths)
+    with SupervisorClient(paths.root) as client:
+        try:
+            client.shutdown()
+            asked = True
+        except SupervisorUnavailable:
+            asked = False
+    deadline = time.monotonic() + timeout
+    if asked:
+        while time.monotonic() < deadline and (_supervisor_pid(paths) or paths.socket.exists()):
+            time.sleep(0.2)
+    leftovers = [p for p in _recorded_processes(paths) if _alive(p)]
+    if not asked and supervisor is None and not leftovers:
+        _err(f"error: no running fleet in {paths.root}")
+        return EXIT_NO_FLEET
+    if leftovers or (supervisor and _alive(supervisor)):
+        # The supervisor is gone or stuck: stop what it left, the same way it would have.
+        from console.launchers.local import signal_group
+
+        for p in leftovers:
+            signal_group(int(p["pid"]), signal.SIGKILL)
+        if supervisor and _alive(supervisor):
+            os.kill(int(supervisor["pid"]), signal.SIGKILL)
+        time.sleep(0.3)
+        leftovers = [p for p in _recorded_processes(paths) if _alive(p)]
+        if paths.socket.exists():
+            paths.socket.unlink()
+    if leftovers:
+        _err("error: processes still running: " + ", ".join(str(p["pid"]) for p in leftovers))
+        return EXIT_FAILED
+    click.echo(f"fleet in {paths.root} stopped")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------ status, ps, logs, restart
+
+
+def _exit_text(last_exit: dict | None) -> str:
+    if not last_exit:
+        return "-"
+    if last_exit.get("signal"):
+        return f"signal {last_exit['signal']}"
+    return "unknown" if last_exit.get("code") is None else f"code {last_exit['code']}"
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
+
+
+def status(fleet: str | None, state_dir: str | None, as_json: bool) -> int:
+    try:
+        with _client(fleet, state_dir) as client:
+            data = client.fleet()
+    except SupervisorUnavailable as exc:
+        _err(f"error: {exc}")
+        return EXIT_NO_FLEET
+    except SupervisorError as exc:
+        _err(f"error: {exc}")
+        return EXIT_USAGE
+    servers = data["servers"]
+    if as_json:
+        click.echo(
+            json.dumps({"fleet": data["name"], "state_dir": data["state_dir"], "servers": servers}, indent=1)
+        )
+    else:
+        header = ("NAME", "STATE", "PID", "NODE", "PORT", "RESTARTS", "UPTIME", "LAST EXIT", "URL")
+        rows = [header] + [
+            (
+                s["name"],
+                s["state"],
+                str(s["pid"] or "-"),
+                s["node"],
+                str(s["port"]),
+                str(s["restarts"]),
+                _uptime(s["uptime_s"]),
+                _exit_text(s["last_exit"]),
+                s["url"],
+            )
+            for s in servers
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        click.echo(f"fleet {data['name']} ({data['state_dir']})")
+        for row in rows:
+            click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip())
+        for s in servers:
+            if s["error"]:
+                click.echo(f"{s['name']}: {s['error']}")
+    return EXIT_OK if all(s["state"] == "READY" for s in servers) else EXIT_FAILED
+
+
+def ps(fleet: str | None, state_dir: str | None) -> int:
+    import psutil
+
+    try:
+        with _client(fleet, state_dir) as client:
+            data = client.fleet()
+    except SupervisorError as exc:
+        _err(f"error: {exc}")
+        return EXIT_NO_FLEET
+    click.echo(f"{'PID':>7}  {'RSS MiB':>8}  {'SERVER':<16} COMMAND")
+    rows = [("supervisor", data.get("supervisor_pid"))]
+    rows += [(s["name"], pid) for s in data["servers"] for pid in s.get("pids") or []]
+    for owner, pid in rows:
+        if pid is None:
+            continue
+        try:
+            root = psutil.Process(pid)
+            family = [root] + (root.children(recursive=True) if owner != "supervisor" else [])
+        except psutil.NoSuchProcess:
+            continue
+        for proc in family:
+            try:
+                rss = proc.memory_info().rss / 2**20
+                cmd = " ".join(proc.cmdline())[:100]
+            except psutil.Error:
+                continue
+            click.echo(f"{proc.pid:>7}  {rss:>8.0f}  {owner:<16} {cmd}")
+    return EXIT_OK
+
+
+def logs(fleet: str | None, state_dir: str | None, server: str, follow: bool, lines: int) -> int:
+    try:
+        with _client(fleet, state_dir) as client:
+            path = client.paths.log(server)
+            for line in client.logs(server, lines)["lines"]:
+                click.echo(line)
+    except SupervisorUnavailable:
+        path = StatePaths(find_state_dir(fleet, state_dir)).log(server)
+        if not path.exists():
+            _err(f"error: no log for {server} in {path.parent}")
+            return EXIT_NO_FLEET
+        for line in tail(path, lines):
+            click.echo(line)
+    except SupervisorError as exc:
+        _err(f"error: {exc}")
+        return EXIT_USAGE
+    if not follow:
+        return EXIT_OK
+    try:
+        _follow(path)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def _follow(path: Path) -> None:
+    """Print lines as they are appended; start over when the file is rotated (it shrinks)."""
+    position = path.stat().st_size if path.exists() else 0
+    while True:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size < position:
+            position = 0
+        if size > position:
+            with open(path, errors="replace") as f:
+                f.seek(position)
+                chunk = f.read()
+                position = f.tell()
+            click.echo(chunk, nl=False)
+        time.sleep(0.25)
+
+
+def restart(fleet: str | None, state_dir: str | None, server: str | None, rolling: bool) -> int:
+    try:
+        with _client(fleet, state_dir) as client:
+            if server is not None:
+                result = client.restart(server)
+                click.echo(f"{server}: restarting ({result['state']})")
+            elif rolling:
+                result = client.rolling_restart()
+                if not result.get("ok"):
+                    _err(f"error: {result.get('error')}")
+                    return EXIT_FAILED
+                click.echo("rolling restart of " + ", ".join(result["servers"]))
+            else:
+                for s in client.fleet()["servers"]:
+                    client.restart(s["name"])
+                    click.echo(f"{s['name']}: restarting")
+    except SupervisorUnavailable as exc:
+        _err(f"error: {exc}")
+        return EXIT_NO_FLEET
+    except SupervisorError as exc:
+        _err(f"error: {exc}")
+        return EXIT_USAGE
+    return EXIT_OK

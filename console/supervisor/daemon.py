@@ -1,0 +1,94 @@
+"""The supervisor process: `python -m console.supervisor.daemon --profile P --state-dir D`.
+
+`tokenspeed up` starts it in its own session with stdout/stderr on `supervisor.log`, so it outlives
+the terminal and any console. One supervisor per state directory (an flock on `supervisor.lock`).
+Exit codes: 0 after a clean shutdown, 2 for a bad profile, 3 when another supervisor holds the lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import psutil
+
+from console.profiles import ProfileError, load_and_resolve
+from console.supervisor.paths import StatePaths
+
+
+def _lock(paths: StatePaths):
+    handle = open(paths.lock_file, "a+")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+async def _main(paths: StatePaths, resolved) -> None:
+    from console.supervisor.api import bind_socket, serve_api
+    from console.supervisor.core import Supervisor, remove_socket
+
+    sup = Supervisor(resolved, paths)
+    sock = bind_socket(paths.socket)
+    api = asyncio.create_task(serve_api(sup, sock))
+    try:
+        await sup.run()
+    finally:
+        # Let a last /fleet or /shutdown answer go out before the socket disappears.
+        await asyncio.sleep(0.2)
+        api.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await api
+        remove_socket(paths.socket)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenspeed-supervisor")
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("--state-dir", required=True)
+    args = parser.parse_args(argv)
+    os.umask(0o077)  # state, history and logs are the operator's alone
+    paths = StatePaths(Path(args.state_dir).resolve())
+    paths.ensure()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per health check and scrape would bury what matters (starts, exits, restarts).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    log = logging.getLogger("tokenspeed.supervisor")
+    lock = _lock(paths)
+    if lock is None:
+        log.error("another supervisor already runs in %s", paths.root)
+        return 3
+    try:
+        resolved = load_and_resolve(args.profile)
+    except (ProfileError, ValueError) as exc:
+        log.error("%s", exc)
+        return 2
+    me = psutil.Process()
+    paths.pid_file.write_text(json.dumps({"pid": me.pid, "create_time": me.create_time()}))
+    log.info(
+        "supervising fleet %s (%d servers) from %s",
+        resolved.profile.fleet.name,
+        len(resolved.servers),
+        paths.root,
+    )
+    try:
+        asyncio.run(_main(paths, resolved))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            paths.pid_file.unlink()
+        lock.close()
+    log.info("fleet %s stopped", resolved.profile.fleet.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""A small HTTP process for supervisor tests: answers /health and /metrics like a TokenSpeed server.
+
+It takes `tokenspeed serve`'s command line (only --host and --port matter) and is steered by files in
+$FAKE_CONTROL_DIR named after $TOKENSPEED_SERVER_NAME:
+  NAME.crash         exit with code 3 right after start (a crash loop)
+  NAME.ignore_term   ignore SIGTERM (the supervisor must SIGKILL after stop_timeout)
+  NAME.unhealthy     /health answers 503
+Each start appends a line to NAME.starts, so tests can count starts.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+NAME = os.environ.get("TOKENSPEED_SERVER_NAME", "server")
+CONTROL = Path(os.environ.get("FAKE_CONTROL_DIR", "."))
+STARTED = time.time()
+
+
+def flag(kind: str) -> bool:
+    return (CONTROL / f"{NAME}.{kind}").exists()
+
+
+def metrics_text() -> str:
+    up = time.time() - STARTED
+    n = int(up * 10)
+    return "\n".join(
+        [
+            "# TYPE tokenspeed:num_requests_running gauge",
+            'tokenspeed:num_requests_running{model_name="fake",dp_rank="0"} 3',
+            "# TYPE tokenspeed:num_requests_waiting gauge",
+            'tokenspeed:num_requests_waiting{model_name="fake",dp_rank="0"} 1',
+            "# TYPE tokenspeed:kv_cache_usage_perc gauge",
+            'tokenspeed:kv_cache_usage_perc{model_name="fake",dp_rank="0"} 0.25',
+            "# TYPE tokenspeed:generation_tokens counter",
+            f'tokenspeed:generation_tokens_total{{model_name="fake"}} {n * 20}',
+            "# TYPE tokenspeed:num_requests counter",
+            f'tokenspeed:num_requests_total{{model_name="fake"}} {n}',
+            "# TYPE tokenspeed:time_to_first_token_seconds histogram",
+            f'tokenspeed:time_to_first_token_seconds_bucket{{le="0.1",model_name="fake"}} {n}',
+            f'tokenspeed:time_to_first_token_seconds_bucket{{le="0.5",model_name="fake"}} {2 * n}',
+            f'tokenspeed:time_to_first_token_seconds_bucket{{le="+Inf",model_name="fake"}} {2 * n}',
+            f'tokenspeed:time_to_first_token_seconds_count{{model_name="fake"}} {2 * n}',
+            f'tokenspeed:time_to_first_token_seconds_sum{{model_name="fake"}} {0.2 * n}',
+            "",
+        ]
+    )
+
+
+class Handler(BaseHTTPRequestHandler):
+    def _send(self, code: int, body: str, ctype: str = "text/plain") -> None:
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 - the http.server API
+        if self.path == "/health":
+            self._send(503 if flag("unhealthy") else 200, "")
+        elif self.path == "/metrics":
+            self._send(200, metrics_text())
+        elif self.path == "/get_server_info":
+            self._send(200, json.dumps({"model": "fake", "name": NAME}), "application/json")
+        else:
+            self._send(404, "")
+
+    def do_POST(self):  # noqa: N802
+        if self.path == "/flush_cache":
+            self._send(200, '{"flushed": true}', "application/json")
+        else:
+            self._send(404, "")
+
+    def log_message(self, *args):
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args, _ = parser.parse_known_args()
+    with open(CONTROL / f"{NAME}.starts", "a") as f:
+        f.write(f"{os.getpid()}\n")
+    print(f"{NAME} starting on {args.host}:{args.port}", flush=True)
+    if flag("crash"):
+        print(f"{NAME} crashing", flush=True)
+        sys.exit(3)
+    if flag("ignore_term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    print(f"{NAME} ready", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
