@@ -77,14 +77,18 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos_sin_cache = torch.cat((emb.cos(), emb.sin()), dim=-1).to(device)
 
-    def cos_sin(self, positions: torch.Tensor) -> torch.Tensor:
-        """[T, 2 * head_dim] float32 cos|sin rows of the given positions; computed once per step."""
-        return self.cos_sin_cache[positions]
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[T, 2 * head_dim] cos|sin rows of `positions` in `dtype`, gathered once per step for all layers.
+
+        The table is float32; casting the gathered rows to the activation dtype matches the reference,
+        which computes cos/sin in float32 and casts them before rotating.
+        """
+        return self.cos_sin_cache[positions].to(dtype)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return apply_rotary(self.cos_sin(positions), q, k)
+        return apply_rotary(self.cos_sin(positions, q.dtype), q, k)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_position={self.max_position}, type={self.params['rope_type']}"
@@ -94,7 +98,5 @@ def apply_rotary(
     cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, heads, head_dim] and k [T, kv_heads, head_dim] by rows of `RotaryEmbedding.cos_sin`."""
-    cos, sin = cos_sin.chunk(2, dim=-1)
-    cos = cos.unsqueeze(1).to(q.dtype)
-    sin = sin.unsqueeze(1).to(q.dtype)
+    cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

@@ -100,7 +100,7 @@ class LlamaModel(nn.Module):
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         hidden = self.embed_tokens(fb.input_ids)
-        cos_sin = self.rotary_emb.cos_sin(fb.positions)
+        cos_sin = self.rotary_emb.cos_sin(fb.positions, hidden.dtype)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(cos_sin, hidden, residual, fb)

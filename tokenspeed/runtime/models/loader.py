@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -103,11 +103,21 @@ def init_buffers(model: nn.Module) -> None:
         model.tie_weights()
 
 
-def build_model(model_config: ModelConfig, device: torch.device | str) -> nn.Module:
-    """The model with uninitialised parameters on `device`, in `model_config.dtype`."""
+def build_model(
+    model_config: ModelConfig,
+    device: torch.device | str,
+    transform: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """The model with uninitialised parameters on `device`, in `model_config.dtype`.
+
+    `transform` edits the model while it is still on the meta device (tensor parallelism swaps layers for
+    this rank's shards there, so only the shards are ever allocated).
+    """
     cls = get_model_class(model_config.architecture)
     with torch.device("meta"):
         model = cls(model_config)
+    if transform is not None:
+        transform(model)
     model = model.to(dtype=model_config.dtype).to_empty(device=device)
     init_buffers(model)
     return model.eval()
@@ -118,6 +128,7 @@ def load_model(
     load_format: str = "auto",
     device: torch.device | str = "cpu",
     seed: int | None = 0,
+    transform: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
     """Build the model for `model_config` and load its weights; raises ValueError on a mismatch."""
     if load_format not in LOAD_FORMATS:
@@ -127,7 +138,7 @@ def load_model(
     files: tuple[str, list[Path]] | None = None
     if load_format != "dummy":
         files = weight_files(model_config.model_path, load_format)  # fail before allocating memory
-    model = build_model(model_config, device)
+    model = build_model(model_config, device, transform)
     if files is None:
         std = float(getattr(model_config.hf_config, "initializer_range", 0.02) or 0.02)
         _init_dummy(model, seed or 0, std)
