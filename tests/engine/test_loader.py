@@ -187,3 +187,21 @@ def test_mistral_style_model_matches_hf(tmp_path):
     ).eval()
     hf.save_pretrained(str(tmp_path))
     torch.testing.assert_close(_logits(str(tmp_path)), hf_last_logits(hf, PROMPT), atol=1e-4, rtol=0)
+
+
+def test_qwen3_moe_stacked_expert_checkpoint(tmp_path):
+    """Checkpoints that store each layer's experts stacked ([E, 2I, H] gate|up, [E, H, I]) load the same."""
+    path = make_tiny_model("qwen3_moe", tmp_path)
+    state = load_file(str(Path(path) / "model.safetensors"))
+    stacked = _copy_config(path, tmp_path / "stacked")
+    out = {k: v for k, v in state.items() if ".experts." not in k}
+    for layer in range(2):
+        pre = f"model.layers.{layer}.mlp.experts"
+        gate_up = [
+            torch.cat([state[f"{pre}.{e}.gate_proj.weight"], state[f"{pre}.{e}.up_proj.weight"]])
+            for e in range(8)
+        ]
+        out[f"{pre}.gate_up_proj"] = torch.stack(gate_up)
+        out[f"{pre}.down_proj"] = torch.stack([state[f"{pre}.{e}.down_proj.weight"] for e in range(8)])
+    save_file(out, str(stacked / "model.safetensors"))
+    torch.testing.assert_close(_logits(str(stacked)), _logits(path), atol=0, rtol=0)
