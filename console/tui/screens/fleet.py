@@ -129,8 +129,7 @@ class FleetScreen(ConsoleScreen):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        for column in COLUMNS:
-            table.add_column(column.label, key=column.key)
+        self._label_sort_column(table)
         self.query_one("#fleet-filter", Input).display = False
         table.focus()
 
@@ -173,8 +172,20 @@ class FleetScreen(ConsoleScreen):
             cells.append(Text(text, style=cell_style))
         return tuple(cells)
 
+    def _label_sort_column(self, table: DataTable) -> None:
+        """Mark the sort column in the header (DataTable has no relabelling, so the columns are re-added)."""
+        arrow = " ▼" if self.sort_reverse else " ▲"
+        labels = [c.label + (arrow if c.key == self.sort_key else "") for c in COLUMNS]
+        if [c.label.plain for c in table.columns.values()] == labels:
+            return
+        table.clear(columns=True)
+        for column, label in zip(COLUMNS, labels, strict=True):
+            table.add_column(label, key=column.key)
+        self._rows = ()
+
     def _draw(self, fleet: Fleet) -> None:
         table = self.query_one(DataTable)
+        self._label_sort_column(table)
         servers = self._visible(fleet)
         names = tuple(s.name for s in servers)
         rows = {s.name: self._row(s) for s in servers}
@@ -271,7 +282,6 @@ class FleetScreen(ConsoleScreen):
     def action_sort_next(self) -> None:
         index = COLUMN_KEYS.index(self.sort_key)
         self.sort_key = COLUMN_KEYS[(index + 1) % len(COLUMN_KEYS)]
-        self.notify(f"sorted by {self.sort_key}", timeout=2)
         self.redraw()
 
     def action_sort_reverse(self) -> None:

@@ -1,0 +1,153 @@
+"""SVG snapshots of the main console screens over a deterministic recording (a replay).
+
+The recording is written with the supervisor's own history writer, so it has exactly the layout a
+real fleet leaves behind; its numbers are fixed functions of time. Update after a deliberate
+change of the UI with `pytest tests/console/test_tui_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from console.supervisor.history import MetricsHistory
+from console.tui.app import ConsoleApp
+from console.tui.replay_source import ReplaySource
+from tests.console.tui_pilot import table_rows
+
+T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC
+SECONDS = 180
+NODES = ("node-a", "node-b")
+SIZE = (150, 40)
+
+
+def write_recording(root: Path) -> None:
+    """A 6-server, 2-node fleet: one server crash-looped to FATAL, one stopped reporting 20 s ago."""
+    (root / "logs").mkdir(parents=True)
+    servers = []
+    for i in range(6):
+        servers.append(
+            {
+                "name": f"demo-{i}",
+                "replica": i,
+                "node": NODES[i % 2],
+                "gpus": [2 * (i // 2), 2 * (i // 2) + 1],
+                "host": "127.0.0.1",
+                "port": 30000 + 10 * i,
+                "url": f"http://127.0.0.1:{30000 + 10 * i}",
+                "restarts": 5 if i == 4 else (1 if i == 1 else 0),
+                "started_at": T0 + (40 if i == 1 else 0),
+                "last_exit": {"code": None, "signal": 9, "at": T0 + 39} if i == 1 else None,
+            }
+        )
+    (root / "state.json").write_text(json.dumps({"fleet": "demo", "started_at": T0, "servers": servers}))
+    # The supervisor's writer creates the database; the rows go in as one transaction (fast).
+    MetricsHistory(root / "history.sqlite", retention_s=1e9).close()
+    rows = []
+    for second in range(SECONDS):
+        for i in range(6):
+            if i == 4 and second > 30:  # crash loop: no scrapes after 30 s
+                continue
+            if i == 5 and second > SECONDS - 20:  # unreachable for the last 20 s
+                continue
+            rows.append((f"demo-{i}", T0 + second, json.dumps(metrics_at(i, second))))
+    with sqlite3.connect(root / "history.sqlite") as db:
+        db.executemany("INSERT INTO samples VALUES (?, ?, ?)", rows)
+    lines = []
+    for second in range(0, 60, 3):
+        level = "ERROR" if second % 27 == 0 else ("WARNING" if second % 9 == 0 else "INFO")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T0 + second))
+        lines.append(f"{stamp} {level} scheduler: step {second}: batch {second % 7 + 1} tokens {40 + second}")
+    (root / "logs" / "demo-0.log").write_text("\n".join(lines) + "\n")
+
+
+def metrics_at(i: int, second: int) -> dict:
+    return {
+        "running": float(2 + i % 3),
+        "waiting": float((second // 10 + i) % 4),
+        "kv_usage": round(0.35 + 0.3 * math.sin(second / 20 + i), 4),
+        "prefix_hit_rate": round(0.5 + 0.05 * i, 3),
+        "gen_throughput": round(120 + 15 * i + 30 * math.sin(second / 15), 2),
+        "ttft_p50": 0.04 + 0.005 * i,
+        "ttft_p99": 0.2 + 0.02 * i + 0.05 * math.sin(second / 30) ** 2,
+        "itl_p50": 0.012 + 0.001 * i,
+        "itl_p99": 0.05 + 0.004 * i,
+        "requests_total": float(second * (3 + i)),
+        "errors_total": float(second // 60 if i == 2 else 0),
+    }
+
+
+@pytest.fixture(scope="module")
+def recording_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("snap")
+    write_recording(root / "rec")
+    return root
+
+
+@pytest.fixture
+def recorded(recording_dir, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    # A relative path, so the header (which names the directory) is the same on every machine.
+    monkeypatch.chdir(recording_dir)
+    yield Path("rec")
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+def replay_app(path: Path) -> ConsoleApp:
+    return ConsoleApp(ReplaySource(path, at=str(T0 + SECONDS - 1)))
+
+
+async def loaded(pilot) -> None:
+    app = pilot.app
+    for _ in range(100):
+        if len(table_rows(app)) == 6:
+            break
+        await pilot.pause(0.05)
+    await pilot.pause(0.3)
+
+
+def test_fleet_screen_snapshot(recorded, snap_compare):
+    assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=loaded)
+
+
+def test_fleet_screen_filtered_and_sorted_snapshot(recorded, snap_compare):
+    async def run_before(pilot):
+        await loaded(pilot)
+        await pilot.press("slash", *"node-b", "enter", "o", "o", "o", "o", "o", "o", "o")  # sort: KV usage
+        await pilot.pause(0.3)
+
+    assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
+
+
+def test_server_screen_snapshot(recorded, snap_compare):
+    async def run_before(pilot):
+        await loaded(pilot)
+        await pilot.press("enter")
+        await pilot.pause(0.8)
+
+    assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
+
+
+def test_logs_screen_snapshot(recorded, snap_compare):
+    async def run_before(pilot):
+        await loaded(pilot)
+        await pilot.press("4", "v")  # INFO and up
+        await pilot.pause(0.8)
+
+    assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
+
+
+def test_help_snapshot(recorded, snap_compare):
+    async def run_before(pilot):
+        await loaded(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause(0.3)
+
+    assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
