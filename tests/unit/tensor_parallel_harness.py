@@ -1,0 +1,123 @@
+"""Multi-process runs of sharded tiny models over gloo on 127.0.0.1, compared with one process.
+
+`run_ranks(world_size, cases, out_dir)` spawns `world_size` processes; each joins one gloo world, then
+for every case builds that case's groups, loads the tiny model sharded for its rank, runs the same steps
+through a `PagedHarness` and saves its logits (rank 0) to `out_dir/<case>.pt`. `reference_logits`
+runs the same steps with the unsharded model in this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# prefill of three prompts in one step, then decodes, then a chunk beside a decode
+PROMPTS = {"a": [11, 12, 13, 14, 15], "b": list(range(40, 57)), "c": [(7 * i) % 300 + 5 for i in range(23)]}
+NUM_DECODES = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    model_path: str
+    mapping: dict[str, int]  # Mapping fields besides world_size
+    moe: dict[str, Any] = dataclasses.field(default_factory=dict)  # MoEOptions fields
+    record: bool = False  # record the expert distribution (saved next to the logits)
+
+
+def run_steps(model, config, recorder=None) -> list[torch.Tensor]:
+    """Logits of every step of a fixed schedule (greedy tokens fed back)."""
+    from tests.tiny_models import PagedHarness
+
+    harness = PagedHarness(model, config)
+    seqs = {rid: list(ids) for rid, ids in PROMPTS.items()}
+    out = []
+    logits = harness.step([(rid, ids[:-4] if rid == "c" else ids) for rid, ids in seqs.items()], recorder)
+    out.append(logits)
+    logits = harness.step([("a", [int(logits[0].argmax())]), ("c", seqs["c"][-4:])], recorder)
+    out.append(logits)
+    nxt = {"a": int(logits[0].argmax()), "c": int(logits[1].argmax())}
+    for _ in range(NUM_DECODES):
+        logits = harness.step([(rid, [tok]) for rid, tok in nxt.items()], recorder)
+        out.append(logits)
+        nxt = {rid: int(logits[i].argmax()) for i, rid in enumerate(nxt)}
+    if recorder is not None:
+        recorder.end_pass()
+    return out
+
+
+def reference_logits(model_path: str) -> list[torch.Tensor]:
+    from tokenspeed.runtime.models.loader import load_model
+    from tokenspeed.runtime.models.model_config import ModelConfig
+
+    config = ModelConfig.from_pretrained(model_path)
+    with torch.no_grad():
+        return run_steps(load_model(config, "auto", "cpu"), config)
+
+
+def _run_case(case: Case, rank: int, world_size: int, out_dir: Path) -> None:
+    from tokenspeed.runtime.distributed.groups import build_groups
+    from tokenspeed.runtime.distributed.mapping import Mapping
+    from tokenspeed.runtime.distributed.tensor_parallel import (
+        MoEOptions,
+        load_parallel_model,
+        local_kv_heads,
+    )
+    from tokenspeed.runtime.models.model_config import ModelConfig
+    from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
+
+    mapping = Mapping(world_size=world_size, **case.mapping)
+    groups = build_groups(mapping, rank, "gloo")
+    config = ModelConfig.from_pretrained(case.model_path)
+    pm = load_parallel_model(config, groups, moe=MoEOptions(**case.moe))
+    local = dataclasses.replace(config, num_kv_heads=local_kv_heads(config.num_kv_heads, groups.attn_tp.size))
+    recorder = None
+    if case.record:
+        slots = pm.expert_state.location.num_physical if pm.expert_state else config.num_experts
+        recorder = ExpertDistributionRecorder("stat", config.num_layers, slots, always_on=True)
+    with torch.no_grad():
+        logits = run_steps(pm.model, local, recorder)
+    if groups.attn_tp.is_first:
+        # every attention-DP replica ran the same steps: each group's first rank must match
+        torch.save(logits, out_dir / f"{case.name}.rank{rank}.logits.pt")
+    if rank == 0:
+        result = {"logits": logits}
+        if recorder is not None:
+            result["counts"] = recorder.window_counts()
+            result["phy2log"] = pm.expert_state.location.placement.phy2log if pm.expert_state else None
+        torch.save(result, out_dir / f"{case.name}.pt")
+
+
+def _worker(rank: int, world_size: int, port: int, cases: list[Case], out_dir: str) -> None:
+    import torch.distributed as dist
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world_size, rank=rank)
+    try:
+        for case in cases:
+            try:
+                _run_case(case, rank, world_size, Path(out_dir))
+            except Exception:
+                (Path(out_dir) / f"{case.name}.rank{rank}.error").write_text(traceback.format_exc())
+                raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(world_size: int, cases: list[Case], out_dir: Path) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(world_size, free_port(), cases, str(out_dir)), nprocs=world_size, join=True)

@@ -1,0 +1,228 @@
+"""Sparse MoE over several ranks: experts sharded by expert (EP) or inside each expert (MoE TP).
+
+Expert parallelism: the EP group's ranks hold the physical expert slots of an `ExpertLocation`, rank r
+slots [r * S, (r + 1) * S); a slot holds one logical expert, hot experts may have several (redundant)
+slots. Routing picks logical experts, `dispatch` turns each (token, k) choice into one physical slot, and
+each rank computes the choices that landed on its own slots.
+
+`--all2all-backend none` is the all-gather / reduce-scatter exchange. Our attention is tensor parallel
+inside the same group, so every rank already holds every token of the step: the all-gather is the
+identity and the combine (reduce-scatter, then the all-gather that re-replicates for the next layer) is
+one all-reduce of the partial outputs. Token t is "owned" by rank t mod size, as it would be after a
+reduce-scatter; the static dispatch uses the owner's rank, so every rank computes the same assignment
+and each choice is computed exactly once.
+
+MoE TP splits every expert's intermediate dimension instead; partial outputs are summed the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenspeed.runtime.distributed.comm import all_reduce
+from tokenspeed.runtime.distributed.groups import RankGroup
+from tokenspeed.runtime.layers.linear import copy_weight
+from tokenspeed.runtime.layers.moe.experts import TorchExperts
+from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock
+from tokenspeed.runtime.moe.expert_location import DISPATCH_ALGORITHMS, ExpertLocation
+
+if TYPE_CHECKING:
+    from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+
+ALL2ALL_BACKENDS = ("none",)
+
+
+@dataclass
+class ExpertParallelState:
+    """What every MoE layer of one model shares: the placement, the dispatch rule and the EP group.
+
+    The EPLB manager swaps `location` between steps (after moving the weights) and bumps `version`.
+    """
+
+    location: ExpertLocation
+    group: RankGroup
+    dispatch_algorithm: str = "static"
+    version: int = 0
+    layers: dict[int, ExpertParallelExperts] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dispatch_algorithm not in DISPATCH_ALGORITHMS:
+            raise ValueError(
+                f"--ep-dispatch-algorithm {self.dispatch_algorithm!r} is not supported here; "
+                f"choose one of {list(DISPATCH_ALGORITHMS)}"
+            )
+        if self.location.ep_size != self.group.size:
+            raise ValueError(
+                f"expert location is for EP size {self.location.ep_size}, the EP group has {self.group.size}"
+            )
+
+    @property
+    def slots_per_rank(self) -> int:
+        return self.location.slots_per_rank
+
+    def local_slots(self, rank_in_group: int | None = None) -> range:
+        r = self.group.rank_in_group if rank_in_group is None else rank_in_group
+        return range(r * self.slots_per_rank, (r + 1) * self.slots_per_rank)
+
+
+def _param_like(like: torch.Tensor, shape: tuple[int, ...]) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=like.dtype, device=like.device), requires_grad=False)
+
+
+def _experts_forward(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """Sum over (token, k) with ids >= 0 of weight * expert_ids(x); ids index the local w13/w2."""
+    out = torch.zeros_like(x)
+    inter = w2.shape[-1]
+    for expert in torch.unique(ids).tolist():
+        if expert < 0:
+            continue
+        token_idx, slot = torch.where(ids == expert)
+        gate_up = F.linear(x[token_idx], w13[expert])
+        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = F.linear(h, w2[expert]) * weights[token_idx, slot, None]
+        out.index_add_(0, token_idx, y.to(out.dtype))
+    return out
+
+
+class ExpertParallelExperts(nn.Module):
+    """This rank's physical expert slots, stacked like `TorchExperts` (`w13` [S, 2I, H], `w2` [S, H, I])."""
+
+    def __init__(self, full: TorchExperts, layer_id: int, state: ExpertParallelState):
+        super().__init__()
+        self.layer_id = layer_id
+        self.state = state
+        self.num_logical = full.num_experts
+        self.hidden_size = full.hidden_size
+        self.intermediate_size = full.intermediate_size
+        if state.location.num_logical != self.num_logical:
+            raise ValueError(
+                f"expert location has {state.location.num_logical} logical experts, the model "
+                f"{self.num_logical}; the --init-expert-location file belongs to another model"
+            )
+        s = state.slots_per_rank
+        self.w13 = _param_like(full.w13, (s, *full.w13.shape[1:]))
+        self.w2 = _param_like(full.w2, (s, *full.w2.shape[1:]))
+        state.layers[layer_id] = self
+
+    def local_logical(self) -> list[int]:
+        """The logical expert each local slot holds under the current placement."""
+        phy2log = self.state.location.placement.phy2log[self.layer_id]
+        return [int(phy2log[slot]) for slot in self.state.local_slots()]
+
+    # Checkpoint tensors are per logical expert; every local slot holding that expert takes a copy.
+    def load_shard(self, param_name: str, shard_id: tuple[int, str], tensor: torch.Tensor, name: str) -> int:
+        expert, part = shard_id
+        if not 0 <= expert < self.num_logical:
+            raise ValueError(
+                f"checkpoint weight {name!r} names expert {expert} but the config has {self.num_logical}"
+            )
+        inter = self.intermediate_size
+        written = 0
+        for i, logical in enumerate(self.local_logical()):
+            if logical != expert:
+                continue
+            if part == "gate":
+                dst = self.w13[i, :inter]
+            elif part == "up":
+                dst = self.w13[i, inter:]
+            else:
+                dst = self.w2[i]
+            written += copy_weight(dst, tensor, name)
+        return written
+
+    def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
+        """Stacked checkpoints (`experts.gate_up_proj` [E, ...]): take the rows of the local slots."""
+        index = torch.tensor(self.local_logical(), dtype=torch.long)
+        return copy_weight(getattr(self, param_name), tensor[index], name)
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
+        s = self.state.slots_per_rank
+        local = physical - self.state.group.rank_in_group * s
+        local = torch.where((local >= 0) & (local < s), local, torch.full_like(local, -1))
+        return _experts_forward(x, self.w13, self.w2, topk_weights, local)
+
+    def extra_repr(self) -> str:
+        return (
+            f"logical={self.num_logical}, local_slots={self.state.slots_per_rank}, ep={self.state.group.size}"
+        )
+
+
+class TensorParallelExperts(nn.Module):
+    """Every expert on every rank, each with 1/size of its intermediate dimension (MoE TP)."""
+
+    def __init__(self, full: TorchExperts, group: RankGroup):
+        super().__init__()
+        from tokenspeed.runtime.distributed.tp_layers import split_size
+
+        self.group = group
+        self.num_experts = full.num_experts
+        self.hidden_size = full.hidden_size
+        self.full_intermediate = full.intermediate_size
+        self.intermediate_size = split_size(full.intermediate_size, group.size, "MoE intermediate size")
+        e, h, i = self.num_experts, full.hidden_size, self.intermediate_size
+        self.w13 = _param_like(full.w13, (e, 2 * i, h))
+        self.w2 = _param_like(full.w2, (e, h, i))
+
+    def _slice(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        r, i = self.group.rank_in_group, self.intermediate_size
+        return tensor.narrow(dim, r * i, i)
+
+    def load_shard(self, param_name: str, shard_id: tuple[int, str], tensor: torch.Tensor, name: str) -> int:
+        expert, part = shard_id
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(
+                f"checkpoint weight {name!r} names expert {expert} but the config has {self.num_experts}"
+            )
+        i = self.intermediate_size
+        if part == "gate":
+            return copy_weight(self.w13[expert, :i], self._slice(tensor, 0), name)
+        if part == "up":
+            return copy_weight(self.w13[expert, i:], self._slice(tensor, 0), name)
+        return copy_weight(self.w2[expert], self._slice(tensor, 1), name)
+
+    def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
+        if param_name == "w13":
+            full_i = self.full_intermediate
+            gate, up = tensor[:, :full_i], tensor[:, full_i:]
+            part = torch.cat([self._slice(gate, 1), self._slice(up, 1)], dim=1)
+            return copy_weight(self.w13, part, name)
+        return copy_weight(self.w2, self._slice(tensor, 2), name)
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        return _experts_forward(x, self.w13, self.w2, topk_weights, topk_ids)
+
+
+class ParallelMoeBlock(nn.Module):
+    """A `SparseMoeBlock` with its experts sharded over `group`; partial outputs are summed."""
+
+    def __init__(self, full: SparseMoeBlock, group: RankGroup, state: ExpertParallelState | None = None):
+        super().__init__()
+        self.layer_id = full.layer_id
+        self.gate = full.gate
+        self.router = full.router
+        self.group = group
+        self.state = state
+        if state is not None:
+            self.experts = ExpertParallelExperts(full.experts, full.layer_id, state)
+        else:
+            self.experts = TensorParallelExperts(full.experts, group)
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch | None = None) -> torch.Tensor:
+        topk_weights, topk_ids = self.router(self.gate(x))
+        state = self.state
+        if state is not None:
+            # token t is owned by rank t mod size (see the module docstring); every rank agrees
+            owner = torch.arange(x.shape[0], device=x.device).unsqueeze(-1) % self.group.size
+            topk_ids = state.location.dispatch(
+                self.layer_id, topk_ids, state.dispatch_algorithm, ep_rank=owner
+            )
+        if fb is not None and fb.expert_recorder is not None:
+            fb.expert_recorder.record(self.layer_id, topk_ids)
+        return all_reduce(self.experts(x, topk_weights, topk_ids), self.group)
