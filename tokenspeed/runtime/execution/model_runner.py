@@ -51,7 +51,16 @@ class ModelRunner:
             dtype=model_config.dtype,
             block_size=bs,
         )
-        num_pages = plan_num_pages(server_args, self.spec, device, model_config.max_model_len)
+        from tokenspeed.runtime.execution import cuda_graph
+        from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
+
+        attn_name = server_args.attention_backend or default_attention_backend(device, model_config.dtype)
+        graph_sizes = cuda_graph.decode_graph_sizes(server_args, device, attn_name, max_num_reqs)
+        # Graph memory is held back before the pool takes what is left.
+        with cuda_graph.hold_memory(
+            cuda_graph.decode_graph_reserve(model_config, graph_sizes, attn_name), device
+        ):
+            num_pages = plan_num_pages(server_args, self.spec, device, model_config.max_model_len)
         self.kv_pool = KVPool(self.spec, num_pages, device)
         logger.info(
             "KV cache: %d pages of %d tokens (%.1f MiB)",
@@ -60,11 +69,24 @@ class ModelRunner:
             num_pages * bs * self.spec.bytes_per_token() / (1 << 20),
         )
         self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
+        attn_opts = {}
+        if attn_name == "triton" and getattr(server_args, "triton_attention_reduce_in_fp32", False):
+            attn_opts["reduce_in_fp32"] = True
         self.attn_backend = create_attention_backend(
-            server_args.attention_backend or "torch", model_config, self.kv_pool, device
+            attn_name, model_config, self.kv_pool, device, **attn_opts
         )
         self.sampler = create_sampler(
             server_args.sampling_backend or "torch", device, bool(server_args.enable_nan_detection)
+        )
+        self.graph_runner = cuda_graph.build_graph_runner(
+            self._forward,
+            self.attn_backend,
+            self.kv_pool,
+            self.req_to_token.table,
+            device,
+            graph_sizes,
+            server_args,
+            model_config.max_model_len,
         )
 
     def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
@@ -108,8 +130,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepResult:
         fb = self.prepare(batch)
-        self.attn_backend.init_forward_metadata(fb)
-        logits = self._forward(fb)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            logits = self.graph_runner.replay(fb)
+        else:
+            self.attn_backend.init_forward_metadata(fb)
+            logits = self._forward(fb)
         items = batch.items
         sampled = [i for i, it in enumerate(items) if it.sample]
         result = StepResult(token_ids=[-1] * len(items))

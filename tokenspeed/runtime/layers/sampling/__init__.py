@@ -15,6 +15,10 @@ from tokenspeed.runtime.layers.sampling.sampler import SampleOutput, Sampler
 SAMPLING_BACKENDS: dict[str, str] = {
     "greedy": "tokenspeed.runtime.layers.sampling.sampler:GreedySampler",
     "torch": "tokenspeed.runtime.layers.sampling.torch_sampler:TorchSampler",
+    "flashinfer": "tokenspeed.runtime.layers.sampling.flashinfer_sampler:FlashInferSampler",
+    "flashinfer_full": "tokenspeed.runtime.layers.sampling.flashinfer_sampler:FlashInferFullSampler",
+    "triton": "tokenspeed.runtime.layers.sampling.triton_sampler:TritonSampler",
+    "triton_full": "tokenspeed.runtime.layers.sampling.triton_sampler:TritonFullSampler",
 }
 
 

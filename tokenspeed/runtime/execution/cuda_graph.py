@@ -1,0 +1,306 @@
+"""CUDA graphs for decode steps.
+
+A decode step of a small batch is dominated by launch overhead (hundreds of small kernels), so the
+runner captures the whole model forward once per batch size and replays it. Capture sizes come from
+`--cudagraph-capture-sizes`, or a ladder (1, 2, 4, then every 8) up to `--max-cudagraph-capture-size`.
+A batch between two sizes is padded up to the next one (rows of padding read one token through table
+row 0 and write to slot 0, the pool's reserved padding page) unless `--disable-cuda-graph-padding`,
+in which case only exact sizes replay. `--enforce-eager` turns graphs off.
+
+All graphs share one memory pool, captured largest first so smaller graphs reuse its blocks; the pool's
+size is estimated before the KV cache is sized (`graph_memory_reserve`) and measured after capture.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_CAPTURE_SIZE = 160
+_MIB = 1 << 20
+
+
+def capture_sizes(sizes: list[int] | None, max_size: int | None, max_num_reqs: int) -> list[int]:
+    """Batch sizes to capture, ascending, none above what the scheduler can run at once."""
+    if sizes:
+        bad = [s for s in sizes if not isinstance(s, int) or s < 1]
+        if bad:
+            raise ValueError(f"--cudagraph-capture-sizes must be positive integers, got {bad}")
+        chosen = sorted(set(sizes))
+    else:
+        top = DEFAULT_MAX_CAPTURE_SIZE if max_size is None else max_size
+        if top < 1:
+            raise ValueError(f"--max-cudagraph-capture-size must be >= 1, got {top}")
+        chosen = sorted({s for s in [1, 2, 4, *range(8, top + 1, 8)] if s <= top} | {top})
+    return [s for s in chosen if s <= max_num_reqs] or [min(chosen[0], max_num_reqs)]
+
+
+def graph_memory_reserve(model_config: Any, max_bs: int) -> int:
+    """Bytes to keep free for the graph pool: the largest batch's activations, with room to spare.
+
+    Per token a decode step keeps a few hidden-size and intermediate-size buffers alive plus float32
+    logits; the shared pool holds about one step's worth at the largest batch size.
+    """
+    hidden = int(getattr(model_config, "hidden_size", 4096))
+    inter = int(getattr(model_config, "intermediate_size", 4 * hidden) or 4 * hidden)
+    vocab = int(getattr(model_config, "vocab_size", 32000))
+    dtype = getattr(model_config, "dtype", torch.bfloat16)
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_token = (8 * hidden + 3 * inter) * elem + 2 * vocab * 4
+    return 2 * max_bs * per_token + 64 * _MIB
+
+
+@contextlib.contextmanager
+def hold_memory(nbytes: int, device: torch.device) -> Iterator[None]:
+    """Keep `nbytes` of GPU memory taken while the KV pool is sized, then give it back for the graphs."""
+    if device.type != "cuda" or nbytes <= 0:
+        yield
+        return
+    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    try:
+        yield
+    finally:
+        del block
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class _Static:
+    """The captured graphs' input tensors; replay copies each step's batch into their first rows."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    ones: torch.Tensor
+    prefix_lens: torch.Tensor
+    logits_indices: torch.Tensor
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def allocate(cls, max_bs: int, device: torch.device) -> _Static:
+        def z(dtype):
+            return torch.zeros(max_bs, dtype=dtype, device=device)
+
+        return cls(
+            input_ids=z(torch.int64),
+            positions=z(torch.int64),
+            out_cache_loc=z(torch.int64),
+            req_pool_indices=z(torch.int32),
+            seq_lens=torch.ones(max_bs, dtype=torch.int32, device=device),
+            ones=torch.ones(max_bs, dtype=torch.int32, device=device),
+            prefix_lens=z(torch.int32),
+            logits_indices=torch.arange(max_bs, dtype=torch.int64, device=device),
+        )
+
+
+class CudaGraphRunner:
+    """Captures `forward(fb) -> [bs, vocab]` for decode batch sizes and replays it."""
+
+    def __init__(
+        self,
+        forward: Callable[[ForwardBatch], torch.Tensor],
+        attn_backend: Any,
+        kv_pool: Any,
+        req_to_token: torch.Tensor,
+        device: torch.device,
+        sizes: list[int],
+        max_context_len: int,
+        pad: bool = True,
+        enable_gc: bool = False,
+    ):
+        if not getattr(attn_backend, "supports_cuda_graph", False):
+            raise ValueError(
+                f"attention backend {type(attn_backend).__name__} cannot be captured in CUDA graphs; "
+                "choose --attention-backend triton or flashinfer, or pass --enforce-eager"
+            )
+        self.forward = forward
+        self.attn_backend = attn_backend
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token
+        self.device = device
+        self.sizes = sorted(sizes)
+        self.max_bs = self.sizes[-1]
+        self.pad = pad
+        self.enable_gc = enable_gc
+        self.static = _Static.allocate(self.max_bs, device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.capture_seconds = 0.0
+        self.memory_bytes = 0
+        attn_backend.init_cuda_graph_state(self.max_bs, max_context_len)
+
+    def _batch(self, bs: int, seq_lens_cpu: list[int]) -> ForwardBatch:
+        s = self.static
+        return ForwardBatch(
+            input_ids=s.input_ids[:bs],
+            positions=s.positions[:bs],
+            out_cache_loc=s.out_cache_loc[:bs],
+            req_pool_indices=s.req_pool_indices[:bs],
+            seq_lens=s.seq_lens[:bs],
+            extend_lens=s.ones[:bs],
+            extend_prefix_lens=s.prefix_lens[:bs],
+            logits_indices=s.logits_indices[:bs],
+            req_to_token=self.req_to_token,
+            kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend,
+            seq_lens_cpu=seq_lens_cpu,
+            extend_lens_cpu=[1] * bs,
+            is_decode_only=True,
+        )
+
+    def capture(self, progress: bool = True) -> None:
+        start = time.perf_counter()
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        stream = torch.cuda.Stream(self.device)
+        sizes = list(reversed(self.sizes))
+        bar = None
+        if progress:
+            try:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(sizes), desc="Capturing CUDA graphs", unit="graph")
+            except ImportError:  # pragma: no cover - tqdm ships with transformers
+                bar = None
+        freeze = not self.enable_gc
+        if freeze:
+            # Garbage collection during capture only slows it down: nothing captured is garbage.
+            gc.collect()
+            gc.freeze()
+        try:
+            with torch.cuda.stream(stream):
+                for bs in sizes:
+                    self._capture_one(bs, stream)
+                    if bar is not None:
+                        bar.set_postfix(bs=bs)
+                        bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+            if freeze:
+                gc.unfreeze()
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - start
+        self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
+        logger.info(
+            "Captured %d CUDA graphs (batch sizes %s) in %.1f s, using %.0f MiB",
+            len(sizes),
+            _ranges(self.sizes),
+            self.capture_seconds,
+            self.memory_bytes / _MIB,
+        )
+
+    def _capture_one(self, bs: int, stream: torch.cuda.Stream) -> None:
+        fb = self._batch(bs, [1] * bs)
+        # Warm-up outside the graph: compiles kernels and lets backends allocate their scratch.
+        for _ in range(2):
+            self.attn_backend.init_forward_metadata(fb)
+            self.forward(fb)
+        stream.synchronize()
+        self.attn_backend.init_forward_metadata_capture(fb)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            out = self.forward(fb)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[bs] = graph
+        self.static.outputs[bs] = out
+
+    def padded_size(self, bs: int) -> int | None:
+        i = bisect.bisect_left(self.sizes, bs)
+        if i == len(self.sizes):
+            return None
+        size = self.sizes[i]
+        return size if (self.pad or size == bs) else None
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.is_decode_only and self.padded_size(fb.batch_size) is not None
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        bs = fb.batch_size
+        size = self.padded_size(bs)
+        s = self.static
+        s.input_ids[:bs].copy_(fb.input_ids)
+        s.positions[:bs].copy_(fb.positions)
+        s.out_cache_loc[:bs].copy_(fb.out_cache_loc)
+        s.req_pool_indices[:bs].copy_(fb.req_pool_indices)
+        s.seq_lens[:bs].copy_(fb.seq_lens)
+        seq_lens_cpu = list(fb.seq_lens_cpu or fb.seq_lens.tolist())
+        if size > bs:
+            # Padding rows: one token of table row 0, written to the reserved slot 0.
+            s.input_ids[bs:size].zero_()
+            s.positions[bs:size].zero_()
+            s.out_cache_loc[bs:size].zero_()
+            s.req_pool_indices[bs:size].zero_()
+            s.seq_lens[bs:size].fill_(1)
+            seq_lens_cpu += [1] * (size - bs)
+        self.attn_backend.init_forward_metadata_replay(self._batch(size, seq_lens_cpu))
+        self.graphs[size].replay()
+        return s.outputs[size][:bs]
+
+
+def _ranges(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
+
+
+def decode_graph_sizes(server_args: Any, device: torch.device, attention_backend: str, max_num_reqs: int):
+    """Capture sizes for this run, or None when decode runs eagerly (CPU, --enforce-eager, or a backend
+    that cannot be captured, which is logged rather than failed: eager decode is still correct)."""
+    if device.type != "cuda" or getattr(server_args, "enforce_eager", False):
+        return None
+    if attention_backend == "torch":
+        logger.info("CUDA graphs are off: --attention-backend torch plans on the host every step")
+        return None
+    return capture_sizes(
+        getattr(server_args, "cudagraph_capture_sizes", None),
+        getattr(server_args, "max_cudagraph_capture_size", None),
+        max_num_reqs,
+    )
+
+
+def decode_graph_reserve(model_config: Any, sizes: list[int] | None, attention_backend: str) -> int:
+    """GPU bytes to hold back while sizing the KV pool: the graph pool, plus FlashInfer's workspace,
+    which the backend allocates after the pool."""
+    extra = 256 * _MIB if attention_backend == "flashinfer" else 0
+    return (graph_memory_reserve(model_config, max(sizes)) if sizes else 0) + extra
+
+
+def build_graph_runner(
+    forward: Callable[[ForwardBatch], torch.Tensor],
+    attn_backend: Any,
+    kv_pool: Any,
+    req_to_token: torch.Tensor,
+    device: torch.device,
+    sizes: list[int] | None,
+    server_args: Any,
+    max_context_len: int,
+) -> CudaGraphRunner | None:
+    if not sizes:
+        return None
+    runner = CudaGraphRunner(
+        forward,
+        attn_backend,
+        kv_pool,
+        req_to_token,
+        device,
+        sizes,
+        max_context_len,
+        pad=not getattr(server_args, "disable_cuda_graph_padding", False),
+        enable_gc=bool(getattr(server_args, "enable_cudagraph_gc", False)),
+    )
+    with torch.inference_mode():
+        runner.capture()
+    return runner
