@@ -206,11 +206,16 @@ def profile_show(path: str, as_json: bool) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="Plan against recorded GPU readings (JSON) instead of this machine's GPUs.",
 )
-def profile_plan(path: str, as_json: bool, gpus_from: str | None) -> None:
+@click.option(
+    "--model-config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="The model's config.json, when the model is not on this machine.",
+)
+def profile_plan(path: str, as_json: bool, gpus_from: str | None, model_config: str | None) -> None:
     """Size each server against the GPUs: memory, KV tokens, capture sizes; refuse what cannot fit."""
     from console.profile_cli import plan
 
-    sys.exit(plan(path, as_json=as_json, gpus_from=gpus_from))
+    sys.exit(plan(path, as_json=as_json, gpus_from=gpus_from, model_config=model_config))
 
 
 @profile.command("new")

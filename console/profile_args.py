@@ -69,7 +69,11 @@ def known_keys() -> list[str]:
     return sorted((server_field_names() | dests) - {"help"})
 
 
-def _long_flag(action: argparse.Action) -> str:
+def _long_flag(action: argparse.Action, key: str = "") -> str:
+    """The flag a reader recognises: the one spelled from the key, else the longest."""
+    for spelled in ("--" + key.replace("_", "-"), "--" + key):
+        if spelled in action.option_strings:
+            return spelled
     longs = [s for s in action.option_strings if s.startswith("--")]
     return max(longs, key=len) if longs else action.option_strings[0]
 
@@ -109,12 +113,12 @@ def _flag_args(raw: RawProfile, key: str, value) -> list[str]:
             raise raw.error("server", key, f"expects true or false, got {value!r}")
         for action in switches:
             if getattr(action, "const", None) is value:
-                return [_long_flag(action)]
+                return [_long_flag(action, key)]
         if all(a.default == value for a in switches):
             return []  # asking for the default of a one-way switch
         raise raw.error("server", key, f"has no flag that sets it to {str(value).lower()}")
     action = actions[0]
-    flag = _long_flag(action)
+    flag = _long_flag(action, key)
     if action.nargs in ("+", "*") or isinstance(action.nargs, int):
         values = value if isinstance(value, list) else [value]
         return [flag, *(_scalar(raw, key, action, v) for v in values)]

@@ -224,7 +224,7 @@ def plan_fleet(resolved, probe: Probe, config: dict | None = None) -> FleetPlan:
     return FleetPlan(resolved.profile.fleet.name, probe, servers)
 
 
-def plan_with_platform(resolved, probe: Probe):
+def plan_with_platform(resolved, probe: Probe, config: dict | None = None):
     """Re-resolve the profile for the probed GPUs (the seed's defaults depend on GPU memory), then plan."""
     from console.profiles import resolve_profile
     from tokenspeed.server_args_resolve import PlatformFacts
@@ -235,7 +235,7 @@ def plan_with_platform(resolved, probe: Probe):
             "nvidia", bool(cc and tuple(cc) >= (9, 0)), min(g.total_mib for g in probe.gpus) / 1024
         )
         resolved = resolve_profile(resolved.profile, facts)
-    return plan_fleet(resolved, probe)
+    return plan_fleet(resolved, probe, config)
 
 
 def check_fits(resolved, probe: Probe | None = None) -> str | None:

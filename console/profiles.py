@@ -171,7 +171,19 @@ def resolve_profile(profile: Profile, platform: Any = None) -> ResolvedFleet:
     fleet = profile.fleet
     base = server_argv(raw)
     stride = int(raw.data.get("fleet", {}).get("port_stride", 10))
-    probe_args = parse_server_args(raw, [*base, "--port", str(fleet.base_port)], platform)
+    server = raw.data.get("server", {})
+    # Multi-node replicas and attention DP rendezvous at an explicit address; give each replica its own.
+    needs_rendezvous = (
+        int(server.get("nnodes", 1) or 1) > 1 or int(server.get("data_parallel_size", 1) or 1) > 1
+    )
+
+    def rendezvous(nodes: list[str], replica: int) -> list[str]:
+        if not needs_rendezvous:
+            return []
+        return ["--dist-init-addr", f"{nodes[0]}:{fleet.dist_init_port + 10 * replica}"]
+
+    first_args = [*base, "--port", str(fleet.base_port), *rendezvous(list(fleet.nodes), 0)]
+    probe_args = parse_server_args(raw, first_args, platform)
     nnodes = int(getattr(probe_args, "nnodes", 1) or 1)
     on_cpu = getattr(probe_args, "device", "cuda") == "cpu"
     world = probe_args.mapping.world_size if getattr(probe_args, "mapping", None) else 1
@@ -182,15 +194,21 @@ def resolve_profile(profile: Profile, platform: Any = None) -> ResolvedFleet:
     for replica, (nodes, gpus) in enumerate(_place(raw, fleet, nnodes, per_node)):
         port = fleet.base_port + stride * replica
         name = f"{fleet.name}-{replica}"
-        common = [*base, "--host", fleet.host, "--port", str(port), "--enable-metrics"]
-        if nnodes > 1:
-            common += ["--dist-init-addr", f"{nodes[0]}:{fleet.dist_init_port + 10 * replica}"]
+        common = [
+            *base,
+            "--host",
+            fleet.host,
+            "--port",
+            str(port),
+            "--enable-metrics",
+            *rendezvous(nodes, replica),
+        ]
         env = dict(profile.env)
         if not on_cpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         processes = []
         for rank, node in enumerate(nodes):
-            argv = [*common, "--nnodes", str(nnodes), "--node-rank", str(rank)] if nnodes > 1 else common
+            argv = [*common, "--node-rank", str(rank)] if nnodes > 1 else common
             processes.append(ProcessSpec(rank, node, tuple(gpus), tuple(argv), tuple(sorted(env.items()))))
         url_host = nodes[0] if fleet.host in ("0.0.0.0", "::") else fleet.host
         specs.append(ServerSpec(name, replica, url_host, port, tuple(processes)))

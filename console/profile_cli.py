@@ -1,0 +1,154 @@
+"""What `tokenspeed profile validate | show | plan | new` do; each returns the process exit code."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import click
+
+from console.profiles import ProfileError, load_and_resolve
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def validate(paths: list[str]) -> int:
+    failed = 0
+    for path in paths:
+        try:
+            resolved = load_and_resolve(path)
+        except (ProfileError, ValueError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            failed += 1
+            continue
+        fleet = resolved.profile.fleet
+        click.echo(
+            f"{path}: ok (fleet {fleet.name}, {len(resolved.servers)} server(s), launcher {fleet.launcher})"
+        )
+    return EXIT_USAGE if failed else EXIT_OK
+
+
+def show(path: str, as_json: bool) -> int:
+    try:
+        resolved = load_and_resolve(path)
+    except (ProfileError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    fleet = resolved.profile.fleet
+    servers = []
+    for spec, args in zip(resolved.servers, resolved.server_args, strict=True):
+        servers.append(
+            {
+                "name": spec.name,
+                "url": spec.url,
+                "world_size": args.mapping.world_size,
+                "processes": [
+                    {
+                        "node": p.node,
+                        "node_rank": p.node_rank,
+                        "gpus": list(p.gpus),
+                        "argv": list(p.argv),
+                        "env": dict(p.env),
+                    }
+                    for p in spec.processes
+                ],
+            }
+        )
+    if as_json:
+        click.echo(
+            json.dumps({"fleet": fleet.name, "launcher": fleet.launcher, "servers": servers}, indent=1)
+        )
+        return EXIT_OK
+    click.echo(
+        f"fleet {fleet.name}: {len(servers)} server(s), launcher {fleet.launcher}, restart {fleet.restart}"
+    )
+    for server in servers:
+        click.echo(f"  {server['name']}  {server['url']}  world size {server['world_size']}")
+        for p in server["processes"]:
+            env = " ".join(f"{k}={v}" for k, v in p["env"].items())
+            click.echo(
+                f"    node {p['node']} rank {p['node_rank']}: {env + ' ' if env else ''}tokenspeed serve {shlex.join(p['argv'])}"
+            )
+    return EXIT_OK
+
+
+def plan(path: str, as_json: bool, gpus_from: str | None, model_config: str | None = None) -> int:
+    from console.probe import load_probe, probe_gpus
+    from console.profile_plan import format_plan, plan_with_platform
+
+    try:
+        resolved = load_and_resolve(path)
+    except (ProfileError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    probe = load_probe(gpus_from) if gpus_from else probe_gpus()
+    config = json.loads(Path(model_config).read_text()) if model_config else None
+    result = plan_with_platform(resolved, probe, config)
+    click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
+    return EXIT_OK if result.fits else EXIT_FAILED
+
+
+_TEMPLATE = """\
+# TokenSpeed fleet profile (`tokenspeed profile validate {file}`, `tokenspeed up {file}`).
+# [server] takes ServerArgs fields by their Python names: the flags of `tokenspeed serve --help`.
+
+[server]
+model = "{model}"
+device = "{device}"
+{parallel}
+[fleet]
+name = "{name}"
+replicas = {replicas}
+launcher = "local"
+base_port = 30000
+restart = "on-failure"      # always | on-failure | no
+max_restarts = 5            # within restart_window_s, then FATAL
+restart_window_s = 300
+stop_timeout_s = 30         # SIGTERM, then SIGKILL after this long
+
+[fleet.backoff]
+initial_s = 1
+max_s = 60
+reset_after_s = 60
+
+[fleet.health]
+path = "/health"
+interval_s = 5
+timeout_s = 2
+failures = 3
+
+[env]
+"""
+
+
+def new(
+    path: str, model: str, name: str | None, replicas: int, tp: int, device: str | None, force: bool
+) -> int:
+    from console.probe import probe_gpus
+
+    target = Path(path)
+    if target.exists() and not force:
+        click.echo(f"error: {target} exists; use --force to overwrite", err=True)
+        return EXIT_USAGE
+    if device is None:
+        # A machine without GPUs can only serve on CPU: plan what can actually run here.
+        device = "cuda" if probe_gpus().kind == "nvidia" else "cpu"
+    parallel = f"attn_tp_size = {tp}\n" if tp > 1 else ""
+    text = _TEMPLATE.format(
+        file=target.name,
+        model=model,
+        device=device,
+        parallel=parallel,
+        name=name or target.stem,
+        replicas=replicas,
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    try:
+        load_and_resolve(target)
+    except (ProfileError, ValueError) as exc:
+        click.echo(f"wrote {target}, but it does not validate: {exc}", err=True)
+        return EXIT_USAGE
+    click.echo(f"wrote {target} (device {device}); check it with `tokenspeed profile plan {target}`")
+    return EXIT_OK

@@ -1,0 +1,160 @@
+"""The supervisor with real processes: restarts, crash loops, stop escalation, re-adoption, down."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import httpx
+import psutil
+
+
+def test_killed_server_is_back_after_backoff_with_exit_recorded(make_fleet):
+    fleet = make_fleet(replicas=2)
+    result = fleet.up()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "READY" in result.stdout
+    before = fleet.servers()
+    victim, other = fleet.server(0), fleet.server(1)
+    old_pid = before[victim]["pid"]
+    killed_at = time.time()
+    psutil.Process(old_pid).kill()
+
+    after = fleet.wait_for(
+        lambda s: s[victim]["state"] == "READY" and s[victim]["pid"] != old_pid, what="the restart"
+    )
+    assert after[victim]["restarts"] == 1
+    assert after[victim]["last_exit"]["signal"] == "SIGKILL"
+    assert after[victim]["last_exit"]["code"] is None
+    assert after[victim]["last_exit"]["at"] >= killed_at
+    # Backoff: the new process started no sooner than initial_s after the exit.
+    assert after[victim]["started_at"] - after[victim]["last_exit"]["at"] >= 0.45
+    assert not psutil.pid_exists(old_pid) or psutil.Process(old_pid).status() == psutil.STATUS_ZOMBIE
+    # The other server was never touched.
+    assert after[other]["pid"] == before[other]["pid"] and after[other]["restarts"] == 0
+    assert httpx.get(after[victim]["url"] + "/health").status_code == 200
+    # Both restarts are in the server's own log, next to its output.
+    log = fleet.cli("logs", victim, "-n", "50").stdout
+    assert "exited unexpectedly (signal SIGKILL)" in log and "restarting in" in log
+
+
+def test_crash_loop_is_fatal_and_other_servers_keep_serving(make_fleet):
+    fleet = make_fleet(replicas=2, max_restarts=2)
+    bad, good = fleet.server(1), fleet.server(0)
+    fleet.flag(bad, "crash")
+    result = fleet.up()
+    # `up` says which server failed and why, with its log, and exits 1 for scripts.
+    assert result.returncode == 1
+    assert f"{bad} is FATAL" in result.stderr and "crash loop" in result.stderr
+    assert f"{bad} crashing" in result.stderr
+    servers = fleet.wait_for(lambda s: s[good]["state"] == "READY", what="the good server")
+    assert servers[bad]["state"] == "FATAL"
+    assert servers[bad]["last_exit"]["code"] == 3
+    assert servers[bad]["pid"] is None
+    assert fleet.starts(bad) == 3  # the first start and max_restarts=2 restarts
+    assert servers[good]["restarts"] == 0
+    assert httpx.get(servers[good]["url"] + "/health").status_code == 200
+    # An operator fixes the cause and starts it by hand: the crash-loop count starts over.
+    fleet.flag(bad, "crash", on=False)
+    assert fleet.cli("restart", bad).returncode == 0
+    fleet.wait_for(lambda s: s[bad]["state"] == "READY", what="the repaired server")
+    assert fleet.cli("status").returncode == 0
+
+
+def test_stop_escalates_to_sigkill_after_stop_timeout(make_fleet):
+    fleet = make_fleet(replicas=1, stop_timeout_s=1.5)
+    name = fleet.server(0)
+    fleet.flag(name, "ignore_term")
+    assert fleet.up().returncode == 0
+    from console.client import SupervisorClient
+
+    with SupervisorClient(fleet.state_dir) as client:
+        asked = time.time()
+        assert client.stop(name)["state"] == "STOPPING"
+        servers = fleet.wait_for(lambda s: s[name]["state"] == "STOPPED", what="the stop")
+    assert time.time() - asked >= 1.4
+    assert servers[name]["last_exit"]["signal"] == "SIGKILL"
+    log = fleet.cli("logs", name).stdout
+    assert "stopping: SIGTERM" in log and "did not stop within 1.5s: SIGKILL" in log
+    # A stopped server stays stopped (no restart policy applies to an operator's stop).
+    time.sleep(1.0)
+    assert fleet.servers()[name]["state"] == "STOPPED"
+
+
+def test_health_failures_mark_unhealthy_then_ready_again(make_fleet):
+    fleet = make_fleet(replicas=1)
+    name = fleet.server(0)
+    assert fleet.up().returncode == 0
+    pid = fleet.servers()[name]["pid"]
+    fleet.flag(name, "unhealthy")
+    servers = fleet.wait_for(lambda s: s[name]["state"] == "UNHEALTHY", what="UNHEALTHY")
+    assert servers[name]["healthy"] is False and servers[name]["pid"] == pid
+    assert fleet.cli("status").returncode == 1  # not all READY: scripts can tell
+    fleet.flag(name, "unhealthy", on=False)
+    servers = fleet.wait_for(lambda s: s[name]["state"] == "READY", what="READY again")
+    assert servers[name]["pid"] == pid and servers[name]["restarts"] == 0
+
+
+def test_supervisor_crash_then_up_readopts_running_servers(make_fleet):
+    fleet = make_fleet(replicas=2)
+    assert fleet.up().returncode == 0
+    before = fleet.servers()
+    supervisor = psutil.Process(fleet.supervisor_pid())
+    supervisor.kill()
+    supervisor.wait(5)
+    # The servers outlive their supervisor and keep serving.
+    for server in before.values():
+        assert httpx.get(server["url"] + "/health").status_code == 200
+    assert fleet.cli("status").returncode == 3  # nobody answers the control socket
+
+    result = fleet.up()
+    assert result.returncode == 0, result.stderr
+    after = fleet.servers()
+    for name, server in before.items():
+        assert after[name]["pid"] == server["pid"], "re-adopted, not restarted"
+        assert after[name]["state"] == "READY"
+    assert fleet.supervisor_pid() != supervisor.pid
+    assert "re-adopted by a new supervisor" in fleet.cli("logs", fleet.server(0)).stdout
+    # The new supervisor really supervises them: a killed adopted server comes back.
+    victim = fleet.server(0)
+    psutil.Process(before[victim]["pid"]).kill()
+    again = fleet.wait_for(
+        lambda s: s[victim]["state"] == "READY" and s[victim]["pid"] != before[victim]["pid"], what="restart"
+    )
+    assert again[victim]["restarts"] == 1
+    # Not our child any more: how it died is unknown, and says so.
+    assert again[victim]["last_exit"] == {
+        "code": None,
+        "signal": None,
+        "at": again[victim]["last_exit"]["at"],
+    }
+
+
+def test_down_leaves_no_process_of_the_fleet(make_fleet):
+    fleet = make_fleet(replicas=2)
+    assert fleet.up().returncode == 0
+    processes = fleet.processes()
+    assert len(processes) >= 3  # supervisor + two servers
+    sock = fleet.state_dir / "control.sock"
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(fleet.state_dir).st_mode) == 0o700
+
+    result = fleet.cli("down")
+    assert result.returncode == 0, result.stderr
+    gone, alive = psutil.wait_procs(processes, timeout=5)
+    assert alive == []
+    assert not sock.exists()
+    assert fleet.cli("status").returncode == 3
+    assert fleet.cli("down").returncode == 3  # nothing left to stop
+
+
+def test_down_without_a_supervisor_still_stops_the_servers(make_fleet):
+    fleet = make_fleet(replicas=1)
+    assert fleet.up().returncode == 0
+    processes = fleet.processes()
+    psutil.Process(fleet.supervisor_pid()).kill()
+    result = fleet.cli("down")
+    assert result.returncode == 0, result.stderr
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    assert alive == []
