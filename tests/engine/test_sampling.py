@@ -58,12 +58,11 @@ def draws(sampler, logits: torch.Tensor, n: int = 300, **kw) -> set[int]:
 
 def test_filters_in_sorted_order():
     sorted_logits = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
-    keep = lambda k, p, m: (
-        filter_sorted_probs(  # noqa: E731
-            sorted_logits, torch.tensor([k]), torch.tensor([p]), torch.tensor([m])
-        )[0]
-        > 0
-    ).tolist()
+
+    def keep(k, p, m):
+        probs = filter_sorted_probs(sorted_logits, torch.tensor([k]), torch.tensor([p]), torch.tensor([m]))
+        return (probs[0] > 0).tolist()
+
     assert keep(2, 1.0, 0.0) == [True, True, False, False, False]
     assert keep(-1, 0.6, 0.0) == [True, True, False, False, False]  # 0.5 < 0.6, 0.7 >= 0.6
     assert keep(-1, 0.45, 0.0) == [True, False, False, False, False]
