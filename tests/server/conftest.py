@@ -1,10 +1,47 @@
-"""Shared set-up for the serving tests: the repository root on sys.path (for tests.tiny_models)."""
+"""Shared set-up for the serving tests: a tiny model and one real server for the whole session."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
+
+import pytest
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
+
+from tests.server.server_proc import ServerProc, launch  # noqa: E402
+from tests.tiny_models import make_tiny_model  # noqa: E402
+
+API_KEY = "test-key-123"
+SERVED_NAME = "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    return make_tiny_model("llama", tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model, tmp_path_factory) -> ServerProc:
+    """One server with the optional features on; tests that need a different set-up start their own."""
+    srv = launch(
+        tiny_model,
+        tmp_path_factory.mktemp("server-logs"),
+        "--served-model-name", SERVED_NAME,
+        "--enable-metrics",
+        "--enable-cache-report",
+        "--enable-output-logprobs",
+        "--enable-log-request-stats",
+        "--preferred-sampling-params", '{"top_k": 50}',
+        "--max-num-seqs", "256",
+        api_key=API_KEY,
+    )  # fmt: skip
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        code = srv.stop(signal.SIGTERM)
+        assert code == 0, f"server exit status {code}:\n{srv.log()[-3000:]}"

@@ -221,7 +221,7 @@ class AsyncLLM:
         if not input_ids:
             raise ValueError("the prompt is empty: send at least one token")
         if self.vocab_size is not None and (min(input_ids) < 0 or max(input_ids) >= self.vocab_size):
-            raise ValueError(f"token ids must be in [0, {self.vocab_size}) for this model")
+            raise ValueError(f"token ids must be in the vocabulary [0, {self.vocab_size}) of this model")
         sampling.verify()
         limits = self.limits
         if limits is None:

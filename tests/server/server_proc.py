@@ -1,0 +1,99 @@
+"""Real `python -m tokenspeed serve` processes for the serving tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+START_TIMEOUT_S = 240.0  # a loaded 2-core CI machine needs a while to import torch in every process
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProc:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    api_key: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode} during start-up:\n{self.log()[-4000:]}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"server not healthy after {timeout:.0f} s:\n{self.log()[-4000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def server_info(self) -> dict:
+        return httpx.get(f"{self.url}/get_server_info", headers=self.headers, timeout=10).json()
+
+
+def launch(
+    model: str, log_dir: Path, *args: str, api_key: str | None = None, env: dict | None = None
+) -> ServerProc:
+    port = free_port()
+    log_path = Path(log_dir) / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "tokenspeed", "serve", model, "--device", "cpu", "--port", str(port), *args]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    return ServerProc(proc=proc, port=port, log_path=log_path, api_key=api_key)
+
+
+def launch_all(specs: list[tuple[str, Path, tuple[str, ...]]], **kw) -> list[ServerProc]:
+    """Start several servers at once (start-up is mostly waiting for imports), then wait for each."""
+    servers = [launch(model, log_dir, *args, **kw) for model, log_dir, args in specs]
+    try:
+        for s in servers:
+            s.wait_ready()
+    except BaseException:
+        for s in servers:
+            s.stop(signal.SIGKILL, timeout=10)
+        raise
+    return servers
