@@ -18,7 +18,8 @@ Usage (on a machine with apt access; the GPU machine has none, so build here and
         libpython3.11-minimal=3.11.2-6+deb12u8 libpython3.11-stdlib=3.11.2-6+deb12u8 && cd ..
     python tools/demo_corpus.py --deb .train/python3.11-doc_3.11.2-6+deb12u8_all.deb \
         --stdlib-deb .train/libpython3.11-minimal_3.11.2-6+deb12u8_amd64.deb \
-        --stdlib-deb .train/libpython3.11-stdlib_3.11.2-6+deb12u8_amd64.deb --out .train/corpus.jsonl.gz
+        --stdlib-deb .train/libpython3.11-stdlib_3.11.2-6+deb12u8_amd64.deb --out .train/corpus.jsonl.gz \
+        --words-out tests/unit/demo_corpus_words.txt
 """
 
 from __future__ import annotations
@@ -391,7 +392,25 @@ def docstring_records(module: str, source: str) -> list[dict]:
     return out
 
 
-def build(deb_path: Path, stdlib_debs: list[Path], out_path: Path) -> dict[str, int]:
+def write_words(records: list[dict], out_path: Path, min_count: int = 2) -> None:
+    """The corpus vocabulary (lower-case words seen at least `min_count` times), one per line.
+
+    Tests use it to check that the models continue prompts with words of the language they learnt.
+    """
+    counts: dict[str, int] = {}
+    for rec in records:
+        parts = [rec["text"]] if "text" in rec else [m["content"] for m in rec["messages"]]
+        for part in parts:
+            for word in re.findall(r"[a-z]+", part.lower()):
+                counts[word] = counts.get(word, 0) + 1
+    words = sorted(w for w, n in counts.items() if n >= min_count)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text("\n".join(words) + "\n")
+
+
+def build(
+    deb_path: Path, stdlib_debs: list[Path], out_path: Path, words_out: Path | None = None
+) -> dict[str, int]:
     sources = read_sources(deb_path)
     if not sources:
         raise ValueError(f"--deb {deb_path}: no documentation sources found under {SOURCES_PREFIX}")
@@ -404,6 +423,8 @@ def build(deb_path: Path, stdlib_debs: list[Path], out_path: Path) -> dict[str, 
     payload = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
     with open(out_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
         gz.write(payload.encode("utf-8"))
+    if words_out is not None:
+        write_words(records, words_out)
     n_text = sum("text" in r for r in records)
     return {
         "doc_files": len(sources),
@@ -426,8 +447,9 @@ def main() -> None:
         help=f"libpython3.11-minimal / libpython3.11-stdlib {DEB_VERSION} .deb (docstrings); repeatable",
     )
     ap.add_argument("--out", type=Path, default=Path(".train/corpus.jsonl.gz"))
+    ap.add_argument("--words-out", type=Path, default=None, help="also write the corpus vocabulary here")
     args = ap.parse_args()
-    stats = build(args.deb, args.stdlib_deb, args.out)
+    stats = build(args.deb, args.stdlib_deb, args.out, args.words_out)
     stats["sha256"] = f"{stats['sha256']:012x}"
     print(json.dumps(stats))
 
