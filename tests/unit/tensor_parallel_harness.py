@@ -35,26 +35,32 @@ class Case:
     mapping: dict[str, int]  # Mapping fields besides world_size
     moe: dict[str, Any] = dataclasses.field(default_factory=dict)  # MoEOptions fields
     record: bool = False  # record the expert distribution (saved next to the logits)
+    rebalance_after: int | None = None  # live EPLB rebalance after this step (needs record)
 
 
-def run_steps(model, config, recorder=None) -> list[torch.Tensor]:
-    """Logits of every step of a fixed schedule (greedy tokens fed back)."""
+def run_steps(model, config, recorder=None, between=None) -> list[torch.Tensor]:
+    """Logits of every step of a fixed schedule (greedy tokens fed back); `between(i)` after step i."""
     from tests.tiny_models import PagedHarness
 
     harness = PagedHarness(model, config)
     seqs = {rid: list(ids) for rid, ids in PROMPTS.items()}
     out = []
-    logits = harness.step([(rid, ids[:-4] if rid == "c" else ids) for rid, ids in seqs.items()], recorder)
-    out.append(logits)
-    logits = harness.step([("a", [int(logits[0].argmax())]), ("c", seqs["c"][-4:])], recorder)
-    out.append(logits)
+
+    def step(items):
+        logits = harness.step(items, recorder)
+        if recorder is not None:
+            recorder.end_pass()
+        out.append(logits)
+        if between is not None:
+            between(len(out) - 1)
+        return logits
+
+    logits = step([(rid, ids[:-4] if rid == "c" else ids) for rid, ids in seqs.items()])
+    logits = step([("a", [int(logits[0].argmax())]), ("c", seqs["c"][-4:])])
     nxt = {"a": int(logits[0].argmax()), "c": int(logits[1].argmax())}
     for _ in range(NUM_DECODES):
-        logits = harness.step([(rid, [tok]) for rid, tok in nxt.items()], recorder)
-        out.append(logits)
+        logits = step([(rid, [tok]) for rid, tok in nxt.items()])
         nxt = {rid: int(logits[i].argmax()) for i, rid in enumerate(nxt)}
-    if recorder is not None:
-        recorder.end_pass()
     return out
 
 
@@ -87,8 +93,20 @@ def _run_case(case: Case, rank: int, world_size: int, out_dir: Path) -> None:
     if case.record:
         slots = pm.expert_state.location.num_physical if pm.expert_state else config.num_experts
         recorder = ExpertDistributionRecorder("stat", config.num_layers, slots, always_on=True)
+    manager, rebalances = None, []
+    if case.rebalance_after is not None:
+        from tokenspeed.runtime.moe.eplb_manager import EPLBManager
+
+        manager = EPLBManager(pm.expert_state, recorder, case.moe.get("num_redundant_experts", 0))
+        phy2log_before = pm.expert_state.location.placement.phy2log.clone()
+
+    def between(i: int) -> None:
+        if manager is not None and i == case.rebalance_after:
+            counts = recorder.window_counts()
+            rebalances.append({"result": manager.rebalance(), "counts": counts, "before": phy2log_before})
+
     with torch.no_grad():
-        logits = run_steps(pm.model, local, recorder)
+        logits = run_steps(pm.model, local, recorder, between)
     if groups.attn_tp.is_first:
         # every attention-DP replica ran the same steps: each group's first rank must match
         torch.save(logits, out_dir / f"{case.name}.rank{rank}.logits.pt")
@@ -97,6 +115,7 @@ def _run_case(case: Case, rank: int, world_size: int, out_dir: Path) -> None:
         if recorder is not None:
             result["counts"] = recorder.window_counts()
             result["phy2log"] = pm.expert_state.location.placement.phy2log if pm.expert_state else None
+        result["rebalances"] = [{**r, "result": dataclasses.asdict(r["result"])} for r in rebalances]
         torch.save(result, out_dir / f"{case.name}.pt")
 
 

@@ -55,6 +55,22 @@ def all_cases(paths, counts_file):
             {"num_redundant_experts": 4, "init_expert_location": counts_file, "dispatch_algorithm": "static"},
             record=True,
         ),
+        Case(
+            "moe_ep2_r2_rebalance_static",
+            moe,
+            EP2,
+            {"num_redundant_experts": 2, "dispatch_algorithm": "static"},
+            record=True,
+            rebalance_after=1,
+        ),
+        Case(
+            "moe_ep4_r4_rebalance_dynamic",
+            moe,
+            EP4,
+            {"num_redundant_experts": 4, "dispatch_algorithm": "dynamic"},
+            record=True,
+            rebalance_after=2,
+        ),
         Case("qwen3_tp4_replicated_kv", paths["qwen3"], TP4),
         Case("moe_ep4_r4_dynamic", moe, EP4, {"num_redundant_experts": 4, "dispatch_algorithm": "dynamic"}),
     ]
@@ -77,6 +93,8 @@ ALL_CASES = [
     ("moe_ep2_static", "qwen3_moe"),
     ("moe_ep2_r2_dynamic", "qwen3_moe"),
     ("moe_ep2_r4_file_static", "qwen3_moe"),
+    ("moe_ep2_r2_rebalance_static", "qwen3_moe"),
+    ("moe_ep4_r4_rebalance_dynamic", "qwen3_moe"),
     ("qwen3_tp4_replicated_kv", "qwen3"),
     ("moe_ep4_r4_dynamic", "qwen3_moe"),
 ]
@@ -119,3 +137,33 @@ def test_recorded_load_is_the_same_routing_under_every_placement(results):
     r = torch.load(out / "moe_ep2_r4_file_static.pt")
     hot_slots = (r["phy2log"][0] == 5).nonzero().flatten()
     assert len(hot_slots) > 1
+
+
+@pytest.mark.parametrize("case", ["moe_ep2_r2_rebalance_static", "moe_ep4_r4_rebalance_dynamic"])
+def test_live_rebalance_moves_experts_and_balances_the_recorded_load(results, case):
+    """The rebalance mid-run changed the placement (the logits test above shows outputs did not change)."""
+    from tokenspeed.runtime.moe.eplb_algorithm import balancedness
+    from tokenspeed.runtime.moe.eplb_manager import logical_counts
+
+    out, _, _ = results
+    r = torch.load(out / f"{case}.pt")
+    (reb,) = r["rebalances"]
+    before, after = reb["before"], r["phy2log"]
+    assert not torch.equal(before, after), "the placement did not change"
+    assert reb["result"]["moved_slots"] > 0
+    # every logical expert still has a slot, and the recorded tokens were the routed ones
+    for layer in range(after.shape[0]):
+        assert set(after[layer].tolist()) == set(range(8))
+    counts = reb["counts"]
+    assert int(counts.sum()) > 0
+    ep = 2 if "ep2" in case else 4
+    logical = logical_counts(counts, before, 8)
+
+    def per_rank(phy2log):
+        cnt = torch.zeros_like(logical)
+        cnt.scatter_add_(1, phy2log, torch.ones_like(phy2log, dtype=cnt.dtype))
+        per_slot = (logical / cnt).gather(1, phy2log)
+        return per_slot.view(per_slot.shape[0], ep, -1).sum(-1)
+
+    assert (balancedness(per_rank(after)) >= balancedness(per_rank(before)) - 1e-6).all()
+    assert reb["result"]["balancedness_after"] == [round(float(x), 4) for x in balancedness(per_rank(after))]

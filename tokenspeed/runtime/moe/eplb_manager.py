@@ -1,0 +1,199 @@
+"""Live EPLB: every N steps, re-place the experts for the recorded load and move their weights.
+
+Runs between two forward passes, on every rank of the EP group at the same step (rank 0 of the TP group
+puts "rebalance" in the batch decision its peers follow), so no request sees a half-moved layer:
+
+1. the recorder's window gives tokens per (layer, physical slot), summed per logical expert;
+2. the EP group's first rank runs the EPLB algorithm and broadcasts the new physical -> logical map
+   (every rank must apply the same one);
+3. per MoE layer, each slot whose expert changes gets its new weights: from a slot of the same rank that
+   held that expert, else from the first rank that held it (point-to-point send/recv, matched because
+   every rank lists the transfers in the same order); old weights are read from a copy so a slot can be
+   both a source and a destination;
+4. the new location takes effect and the recorder window restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from tokenspeed.runtime.distributed.comm import broadcast_object
+from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState
+from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
+from tokenspeed.runtime.moe.eplb_algorithm import balancedness, rank_loads
+from tokenspeed.runtime.moe.expert_location import ExpertLocation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    layer: int
+    dst_rank: int  # index in the EP group
+    dst_local: int
+    src_rank: int
+    src_local: int
+
+
+@dataclass
+class RebalanceResult:
+    balancedness_before: list[float]
+    balancedness_after: list[float]
+    moved_slots: int
+    seconds: float
+
+
+@dataclass
+class EPLBStats:
+    rebalances: int = 0
+    last: RebalanceResult | None = None
+    history: list[RebalanceResult] = field(default_factory=list)
+
+
+def logical_counts(physical: torch.Tensor, phy2log: torch.Tensor, num_logical: int) -> torch.Tensor:
+    """Tokens per (layer, logical expert) from tokens per (layer, physical slot)."""
+    out = torch.zeros((physical.shape[0], num_logical), dtype=torch.float64)
+    out.scatter_add_(1, phy2log.to(torch.int64), physical.to(torch.float64))
+    return out
+
+
+def plan_transfers(
+    old: torch.Tensor, new: torch.Tensor, slots_per_rank: int, layers: list[int]
+) -> list[Transfer]:
+    """Moves that turn placement `old` into `new` ([layers, physical] maps), the same list on every rank."""
+    out = []
+    for layer in layers:
+        before, after = old[layer].tolist(), new[layer].tolist()
+        for slot, expert in enumerate(after):
+            if before[slot] == expert:
+                continue
+            dst_rank, dst_local = divmod(slot, slots_per_rank)
+            holders = [s for s, e in enumerate(before) if e == expert]
+            if not holders:
+                raise RuntimeError(f"layer {layer}: no slot holds expert {expert} before the rebalance")
+            same_rank = [s for s in holders if s // slots_per_rank == dst_rank]
+            src = (same_rank or holders)[0]
+            out.append(Transfer(layer, dst_rank, dst_local, *divmod(src, slots_per_rank)))
+    return out
+
+
+def apply_transfers(state: ExpertParallelState, transfers: list[Transfer]) -> None:
+    """Copy or send/receive the expert weights of every transfer (collective over the EP group)."""
+    group = state.group
+    me = group.rank_in_group
+    by_layer: dict[int, list[Transfer]] = {}
+    for t in transfers:
+        by_layer.setdefault(t.layer, []).append(t)
+    for layer, moves in by_layer.items():
+        experts = state.layers[layer]
+        old = [experts.w13.detach().clone(), experts.w2.detach().clone()]
+        ops = []
+        for i, t in enumerate(moves):
+            for j, (param, source) in enumerate(zip((experts.w13, experts.w2), old, strict=True)):
+                tag = 2 * i + j
+                if t.dst_rank == me and t.src_rank == me:
+                    param.data[t.dst_local].copy_(source[t.src_local])
+                elif t.dst_rank == me:
+                    peer = group.global_rank(t.src_rank)
+                    ops.append(dist.P2POp(dist.irecv, param.data[t.dst_local], peer, group.device_group, tag))
+                elif t.src_rank == me:
+                    peer = group.global_rank(t.dst_rank)
+                    ops.append(dist.P2POp(dist.isend, source[t.src_local], peer, group.device_group, tag))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+
+
+class EPLBManager:
+    """Rebalances one model's expert placement from its recorder, on demand or every N steps."""
+
+    def __init__(
+        self,
+        state: ExpertParallelState,
+        recorder: ExpertDistributionRecorder,
+        num_redundant: int,
+        rebalance_num_iterations: int = 1000,
+        algorithm: str = "auto",
+        num_nodes: int = 1,
+    ):
+        if rebalance_num_iterations < 1:
+            raise ValueError(f"--eplb-rebalance-num-iterations must be >= 1, got {rebalance_num_iterations}")
+        if recorder.num_experts != state.location.num_physical:
+            raise ValueError("the expert recorder must count physical slots of the expert location")
+        self.state = state
+        self.recorder = recorder
+        self.num_redundant = num_redundant
+        self.interval = rebalance_num_iterations
+        self.algorithm = algorithm
+        self.num_nodes = num_nodes
+        self.steps = 0
+        self.stats = EPLBStats()
+        self.recorder.state.recording = True
+
+    def step_done(self) -> bool:
+        """Count a forward pass; True when the next one should be preceded by a rebalance."""
+        self.steps += 1
+        return self.steps % self.interval == 0
+
+    def _moe_layers(self) -> list[int]:
+        return sorted(self.state.layers)
+
+    def new_location(self, counts: torch.Tensor) -> ExpertLocation:
+        """The EPLB placement for `counts` [layers, logical]; computed on the first rank, broadcast."""
+        state = self.state
+        loc = state.location
+        phy2log = None
+        if state.group.is_first:
+            placed = ExpertLocation.from_counts(
+                counts.float(), self.num_redundant, loc.ep_size, self.num_nodes, self.algorithm
+            )
+            phy2log = placed.placement.phy2log
+            # layers without experts keep their rows (their counts are all zero)
+            keep = torch.ones(phy2log.shape[0], dtype=torch.bool)
+            keep[self._moe_layers()] = False
+            phy2log[keep] = loc.placement.phy2log[keep]
+            phy2log = phy2log.tolist()
+        phy2log = broadcast_object(phy2log, state.group)
+        return ExpertLocation.from_phy2log(
+            torch.tensor(phy2log, dtype=torch.int64), loc.num_logical, loc.ep_size
+        )
+
+    def rebalance(self) -> RebalanceResult:
+        start = time.perf_counter()
+        state = self.state
+        old = state.location
+        counts = logical_counts(self.recorder.window_counts(), old.placement.phy2log, old.num_logical)
+        new = self.new_location(counts)
+        transfers = plan_transfers(
+            old.placement.phy2log, new.placement.phy2log, old.slots_per_rank, self._moe_layers()
+        )
+        apply_transfers(state, transfers)
+        state.location = new
+        state.version += 1
+        layers = self._moe_layers()
+        before = balancedness(rank_loads(counts, old.placement, old.ep_size))[layers]
+        after = balancedness(rank_loads(counts, new.placement, new.ep_size))[layers]
+        self.recorder.reset()
+        result = RebalanceResult(
+            balancedness_before=[round(float(x), 4) for x in before],
+            balancedness_after=[round(float(x), 4) for x in after],
+            moved_slots=len(transfers),
+            seconds=time.perf_counter() - start,
+        )
+        self.stats.rebalances += 1
+        self.stats.last = result
+        self.stats.history = (self.stats.history + [result])[-16:]
+        logger.info(
+            "EPLB rebalance %d: moved %d expert slots in %.3fs, balancedness %.3f -> %.3f",
+            self.stats.rebalances,
+            result.moved_slots,
+            result.seconds,
+            float(before.mean()) if len(layers) else 1.0,
+            float(after.mean()) if len(layers) else 1.0,
+        )
+        return result
