@@ -178,6 +178,10 @@ def plan_server(
     max_len = int(args.max_model_len or shape.max_position)
     block = int(args.block_size or 1)
     kv_tokens = max(int(kv_gib * GIB // per_token) // block * block, 0) if kv_gib > 0 else 0
+    # Each attention-DP rank has its own KV cache and serves its own sequences.
+    dp = mapping.attn.dp_size
+    if dp > 1:
+        notes.append(f"KV tokens are per attention-DP rank; {dp} ranks serve sequences side by side")
     plan = dict(
         base,
         weights_gib=per_gpu_weights / GIB,
@@ -186,7 +190,7 @@ def plan_server(
         kv_bytes_per_token=per_token,
         kv_tokens=kv_tokens,
         max_model_len=max_len,
-        concurrent_seqs=kv_tokens // max_len if max_len else None,
+        concurrent_seqs=(kv_tokens // max_len) * dp if max_len else None,
         notes=notes,
     )
     if kv_gib <= 0:

@@ -58,18 +58,22 @@ def locate(path: Path, table: str, key: str) -> int | None:
         return None
     current = ""
     header_line = None
+    own_header = f"{table}.{key}" if table else key  # the key may itself be a table: [fleet.health]
+    own_line = None
     leaf = key.split(".")[-1]
     key_re = re.compile(rf"^\s*(?:[\w\-]+\.)*[\"']?{re.escape(leaf)}[\"']?\s*=")
     for number, text in enumerate(lines, 1):
         match = _TABLE.match(text)
         if match:
             current = match.group(1).replace('"', "").replace(" ", "")
-            if current == table:
+            if current == table and header_line is None:
                 header_line = number
+            if current == own_header and own_line is None:
+                own_line = number
             continue
         if current == table and key_re.match(text):
             return number
-    return header_line
+    return own_line or header_line
 
 
 def _parse(path: Path) -> dict:
