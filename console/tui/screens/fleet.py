@@ -207,7 +207,7 @@ class FleetScreen(ConsoleScreen):
                 old = self._cells.get(name)
                 for i, cell in enumerate(rows[name]):
                     if old is None or old[i] != cell:
-                        table.update_cell(name, COLUMN_KEYS[i], cell)
+                        table.update_cell(name, COLUMN_KEYS[i], cell, update_width=True)
         self._cells = rows
         if names and (self.console.selected not in names):
             self.console.selected = names[table.cursor_row if 0 <= table.cursor_row < len(names) else 0]
