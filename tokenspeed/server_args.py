@@ -121,6 +121,7 @@ class ServerArgs:
     expert_distribution_recorder_buffer_size: int | None = None
     enable_expert_distribution_metrics: bool = False
     enable_eplb: bool = False
+    eplb_rebalance_num_iterations: int = 1000
 
     # MoE backend
     moe_backend: str = "auto"

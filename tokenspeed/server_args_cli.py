@@ -276,6 +276,12 @@ def _add_parallel_args(g: Any) -> None:
     )
     switch(g, "--enable-expert-distribution-metrics", help="Export expert-load balance metrics.")
     switch(g, "--enable-eplb", help="Rebalance expert placement from recorded load while serving.")
+    option(
+        g,
+        "--eplb-rebalance-num-iterations",
+        type=int,
+        help="Forward passes between two live expert rebalances (--enable-eplb).",
+    )
     option(g, "--moe-backend", type=str, help="MoE kernel backend: auto, triton, gluon, flashinfer_trtllm.")
     option(
         g, "--draft-moe-backend", type=str, help="MoE backend of the draft model; defaults to --moe-backend."

@@ -130,6 +130,7 @@ SEED_FLAG_TABLE = [
     (["--expert-distribution-recorder-buffer-size", "7"], "expert_distribution_recorder_buffer_size", 7),
     (["--enable-expert-distribution-metrics"], "enable_expert_distribution_metrics", True),
     (["--enable-eplb"], "enable_eplb", True),
+    (["--eplb-rebalance-num-iterations", "50"], "eplb_rebalance_num_iterations", 50),
     (["--moe-backend", "text"], "moe_backend", "text"),
     (["--draft-moe-backend", "text"], "draft_moe_backend", "text"),
     (["--all2all-backend", "text"], "all2all_backend", "text"),
