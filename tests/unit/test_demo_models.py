@@ -167,3 +167,18 @@ def test_moe_routes_tokens_to_many_experts():
         share = float(counts.max()) / float(counts.sum())
         assert used >= 6, f"layer {layer}: only {used} experts used: {counts.tolist()}"
         assert share < 0.5, f"layer {layer}: one expert takes {share:.0%}: {counts.tolist()}"
+
+
+def test_engine_greedy_matches_transformers(loaded):
+    from tokenspeed import Engine
+
+    name, model, tok = loaded
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    expected = [greedy(model, tok, ids, max_new_tokens=16) for ids in prompts]
+    engine = Engine(resolve_model_path(name), device="cpu")
+    try:
+        results = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 16})
+    finally:
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
+    assert [r["output_ids"] for r in results] == expected
