@@ -21,13 +21,19 @@ def model_path(tmp_path_factory):
     return make_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3"))
 
 
-@pytest.fixture(scope="module")
-def engine(model_path):
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread; more only spin against each other on a busy 2-core box."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
     with Engine(model=model_path, block_size=4, max_total_tokens=1024, max_model_len=256) as e:
         yield e
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)
@@ -140,7 +146,6 @@ def test_non_streaming_core_requests_report_once(engine):
 
 
 def test_shared_prefix_workload_hits_the_cache_and_computes_less(model_path):
-    torch.set_num_threads(1)
     system = list(range(20, 84))  # a 64-token shared system prompt
     prompts = [system + [100 + i, 200 + i, 300 - i] for i in range(8)]
     results, computed, hits = {}, {}, {}

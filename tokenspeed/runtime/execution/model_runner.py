@@ -51,6 +51,8 @@ class ModelRunner:
             dtype=model_config.dtype,
             block_size=bs,
         )
+        # Allocated before the pool is sized, so the free memory measured already excludes it.
+        self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
         from tokenspeed.runtime.execution import cuda_graph
         from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
 
@@ -68,7 +70,6 @@ class ModelRunner:
             bs,
             num_pages * bs * self.spec.bytes_per_token() / (1 << 20),
         )
-        self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
         attn_opts = {}
         if attn_name == "triton" and getattr(server_args, "triton_attention_reduce_in_fp32", False):
             attn_opts["reduce_in_fp32"] = True

@@ -1,0 +1,146 @@
+"""Offline throughput on the CPU: the TokenSpeed Engine against transformers generate(), same model, same run.
+
+A random Llama-shaped model (no download) and a batch of prompts of random lengths; both sides generate a
+fixed number of tokens per prompt (EOS ignored) and are timed after a warm-up. transformers runs the whole
+batch in one left-padded generate() call, its fastest offline mode. Prints a table and writes
+benchmarks/results/cpu_engine.json.
+
+    python benchmarks/cpu_engine.py [--num-prompts 32] [--output-len 64] [--preset small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.tiny_models import PAD_ID, load_hf_model, make_tiny_model  # noqa: E402
+from tokenspeed import Engine  # noqa: E402
+
+PRESETS = {
+    # The model of the engine tests.
+    "tiny": {},
+    # Wider and deeper, still seconds on two cores.
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=1024,
+    ),
+}
+
+
+def make_prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(5, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def run_engine(engine: Engine, prompts: list[list[int]], output_len: int) -> tuple[float, int]:
+    params = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
+    start = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(len(o["output_ids"]) for o in outs)
+
+
+def run_transformers(model, prompts: list[list[int]], output_len: int) -> tuple[float, int]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=output_len,
+            min_new_tokens=output_len,
+            do_sample=False,
+            pad_token_id=PAD_ID,
+        )
+    elapsed = time.perf_counter() - start
+    return elapsed, int((out.shape[1] - width) * out.shape[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--input-len", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX"))
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cpu_engine.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_tiny_model("llama", tmp, **PRESETS[args.preset])
+        hf = load_hf_model(path)
+        prompts = make_prompts(args.num_prompts, *args.input_len, hf.config.vocab_size, args.seed)
+        warm = prompts[:2]
+
+        run_transformers(hf, warm, 4)
+        hf_s, hf_tokens = run_transformers(hf, prompts, args.output_len)
+        del hf
+
+        with Engine(
+            model=path, device="cpu", dtype="float32", block_size=16, max_total_tokens=32768
+        ) as engine:
+            run_engine(engine, warm, 4)
+            engine.flush_cache()
+            ts_s, ts_tokens = run_engine(engine, prompts, args.output_len)
+
+    result = {
+        "benchmark": "cpu_engine",
+        "model": {"arch": "llama", "preset": args.preset, **PRESETS[args.preset]},
+        "num_prompts": args.num_prompts,
+        "input_len": list(args.input_len),
+        "output_len": args.output_len,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "tokenspeed": {
+            "seconds": round(ts_s, 3),
+            "output_tokens": ts_tokens,
+            "tokens_per_s": round(ts_tokens / ts_s, 1),
+        },
+        "transformers": {
+            "seconds": round(hf_s, 3),
+            "output_tokens": hf_tokens,
+            "tokens_per_s": round(hf_tokens / hf_s, 1),
+        },
+    }
+    result["speedup"] = round(
+        result["tokenspeed"]["tokens_per_s"] / result["transformers"]["tokens_per_s"], 2
+    )
+    print(f"{'':14}{'seconds':>10}{'tokens':>10}{'tokens/s':>12}")
+    for name in ("tokenspeed", "transformers"):
+        r = result[name]
+        print(f"{name:14}{r['seconds']:>10.2f}{r['output_tokens']:>10}{r['tokens_per_s']:>12.1f}")
+    print(
+        f"speedup {result['speedup']}x  ({args.num_prompts} prompts, output {args.output_len}, {args.threads} threads)"
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
