@@ -7,7 +7,7 @@ safetensors, tokenizer with a ChatML chat template, generation config). Training
 is fixed because the command has a hard time limit; the learning-rate schedule follows elapsed time.
 
     python tools/train_demo_model.py --corpus .train/corpus.jsonl.gz --out /tmp/demo-out \\
-        --dense-seconds 40 --moe-seconds 60
+        --dense-seconds 45 --moe-seconds 70
 
 A CPU smoke run: add `--max-steps 3 --batch-size 2`.
 """
@@ -312,8 +312,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--dense-seconds", type=float, default=40.0)
-    ap.add_argument("--moe-seconds", type=float, default=60.0)
+    ap.add_argument("--dense-seconds", type=float, default=45.0)
+    ap.add_argument("--moe-seconds", type=float, default=70.0)
     ap.add_argument("--max-steps", type=int, default=1_000_000)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--only", choices=["dense", "moe"], default=None)
