@@ -187,3 +187,21 @@ def test_import_tokenspeed_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "-1"
+
+
+def test_logprobs_of_the_chosen_tokens(engine):
+    out = engine.generate(input_ids=[5, 6, 7], sampling_params={**GREEDY, "logprobs": True})
+    lps = out["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in lps] == out["output_ids"]
+    assert all(lp <= 0.0 for lp, _, _ in lps) and any(lp < 0.0 for lp, _, _ in lps)
+    assert (
+        "output_token_logprobs"
+        not in engine.generate(input_ids=[5, 6, 7], sampling_params=GREEDY)["meta_info"]
+    )
+
+
+def test_stats_report_throughput(engine):
+    engine.generate(input_ids=[[5, 6, 7]] * 4, sampling_params=GREEDY)
+    snap = engine.get_stats()
+    assert snap.gen_throughput > 0 and snap.kv_pages_used == 0 and snap.block_size == 4
+    assert engine.get_stats().gen_throughput > 0  # a rate over recent seconds, not reset by reading it

@@ -33,6 +33,7 @@ from tokenspeed.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _ABORT_REASONS = ("abort", "stop")
+_THROUGHPUT_WINDOW_S = 5.0
 
 
 def resolve_device(server_args: Any, device: torch.device | str | None) -> torch.device:
@@ -45,7 +46,16 @@ def resolve_device(server_args: Any, device: torch.device | str | None) -> torch
 
 
 class EngineCore:
-    def __init__(self, server_args: Any, *, dp_rank: int = 0, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        server_args: Any,
+        *,
+        dp_rank: int = 0,
+        device: torch.device | str | None = None,
+        rank_runtime: Any = None,
+    ):
+        """`rank_runtime` (tokenspeed.runtime.distributed.rank_runtime): set when this rank has TP/EP peers
+        or manages MoE experts; the runner then loads this rank's shard and follows its hooks."""
         from tokenspeed.runtime.models.model_config import ModelConfig
 
         self.server_args = server_args
@@ -55,7 +65,9 @@ class EngineCore:
             torch.manual_seed(server_args.seed)
         self.model_config = ModelConfig.from_server_args(server_args)
         max_num_seqs = server_args.max_num_seqs or 160
-        self.runner = ModelRunner(server_args, self.model_config, self.device, max_num_reqs=max_num_seqs)
+        self.runner = ModelRunner(
+            server_args, self.model_config, self.device, max_num_reqs=max_num_seqs, rank_runtime=rank_runtime
+        )
         bs = server_args.block_size
         allocator = PageAllocator(self.runner.kv_pool.num_pages)
         prefix_cache = create_prefix_cache(bool(server_args.enable_prefix_caching), allocator, bs)
@@ -67,9 +79,10 @@ class EngineCore:
         self.stream_interval = max(1, int(getattr(server_args, "stream_interval", 1) or 1))
         self._eos = frozenset(self.model_config.eos_token_ids)
         self._vocab_size = self.model_config.vocab_size
-        # Window of the stats snapshot; reset by each stats() call.
-        self._window_start = time.monotonic()
-        self._window_gen_tokens = 0
+        # Generated tokens per step over the last few seconds, so gen_throughput does not depend on how
+        # often stats() is called; iteration_tokens is drained by each stats() call.
+        self._started = time.monotonic()
+        self._gen_events: collections.deque[tuple[float, int]] = collections.deque()
         self._iteration_tokens: collections.deque[int] = collections.deque(maxlen=4096)
         self._num_nan_aborted = 0
 
@@ -124,7 +137,7 @@ class EngineCore:
             result = self.runner.execute(batch)
             self.scheduler.update_from_output(batch, result.token_ids, result.logprobs, result.errors)
             self._iteration_tokens.append(batch.num_tokens)
-            self._window_gen_tokens += sum(1 for it in batch.items if it.sample)
+            self._gen_events.append((time.monotonic(), sum(1 for it in batch.items if it.sample)))
             if result.errors:
                 self._num_nan_aborted += sum(e is not None for e in result.errors)
         outputs = [self._output(req) for req in self.scheduler.pop_outbox()]
@@ -153,7 +166,9 @@ class EngineCore:
     # ---- state --------------------------------------------------------------------------------
     def stats(self) -> StatsSnapshot:
         now = time.monotonic()
-        elapsed = max(now - self._window_start, 1e-6)
+        while self._gen_events and self._gen_events[0][0] < now - _THROUGHPUT_WINDOW_S:
+            self._gen_events.popleft()
+        window = max(min(_THROUGHPUT_WINDOW_S, now - self._started), 1e-3)
         kv = self.kv.stats()
         snap = StatsSnapshot(
             dp_rank=self.dp_rank,
@@ -165,12 +180,11 @@ class EngineCore:
             prefix_cache_hits=self.kv.hit_tokens,
             prefix_cache_queries=self.kv.query_tokens,
             num_preemptions=self.scheduler.num_preemptions,
-            gen_throughput=self._window_gen_tokens / elapsed,
+            gen_throughput=sum(n for _, n in self._gen_events) / window,
             iteration_tokens=list(self._iteration_tokens),
             num_nan_aborted=self._num_nan_aborted,
             timestamp=time.time(),
         )
-        self._window_start, self._window_gen_tokens = now, 0
         self._iteration_tokens.clear()
         return snap
 

@@ -170,7 +170,10 @@ class Engine:
             "finish_reason": _finish_reason(seq),
         }
         if seq.sampling.logprobs:
-            meta["output_token_logprobs"] = list(seq.logprobs)
+            # SGLang's shape: (logprob, token id, token text or None)
+            meta["output_token_logprobs"] = [
+                (lp, t, None) for lp, t in zip(seq.logprobs, seq.output_ids, strict=False)
+            ]
         return meta
 
     def _result(self, seq: _Sequence) -> dict[str, Any]:
