@@ -40,64 +40,22 @@ DEB_VERSION = "3.11.2-6+deb12u8"
 SOURCES_PREFIX = "./usr/share/doc/python3.11/html/_sources/"
 # Sections of the documentation that are mostly prose. The C API and the licence pages are left out:
 # the first is dominated by C identifiers, the second is legal boilerplate.
-KEEP_DIRS = (
-    "tutorial/",
-    "howto/",
-    "faq/",
-    "library/",
-    "reference/",
-    "using/",
-    "whatsnew/",
-    "extending/",
-    "installing/",
-    "distributing/",
+KEEP_DIRS = tuple(
+    f"{d}/"
+    for d in "tutorial howto faq library reference using whatsnew extending installing distributing".split()
 )
 KEEP_FILES = ("glossary.rst.txt", "about.rst.txt", "bugs.rst.txt")
 # Directives whose indented body is code, markup or metadata rather than prose.
-SKIP_BODY_DIRECTIVES = {
-    "code-block",
-    "sourcecode",
-    "code",
-    "doctest",
-    "testcode",
-    "testoutput",
-    "testsetup",
-    "testcleanup",
-    "productionlist",
-    "literalinclude",
-    "toctree",
-    "index",
-    "csv-table",
-    "table",
-    "list-table",
-    "highlight",
-    "raw",
-    "only",
-    "sectionauthor",
-    "moduleauthor",
-    "image",
-    "figure",
-    "include",
-    "opcode",
-    "cmdoption",
-    "option",
-    "audit-event",
-    "impl-detail",
-    "tabularcolumns",
-    "rubric",
-    "math",
-}
+SKIP_BODY_DIRECTIVES = set(
+    """
+    code-block sourcecode code doctest testcode testoutput testsetup testcleanup productionlist
+    literalinclude toctree index csv-table table list-table highlight raw only sectionauthor
+    moduleauthor image figure include opcode cmdoption option audit-event impl-detail tabularcolumns
+    rubric math
+    """.split()
+)
 STDLIB_PREFIX = "./usr/lib/python3.11/"
-SKIP_PACKAGES = {
-    "test",
-    "tests",
-    "idle_test",
-    "lib2to3",
-    "idlelib",
-    "turtledemo",
-    "site-packages",
-    "dist-packages",
-}
+SKIP_PACKAGES = set("test tests idle_test lib2to3 idlelib turtledemo site-packages dist-packages".split())
 HEADING_CHARS = set("=-~^\"*#+'`:.")
 CHAT_QUESTIONS = (
     "What is {t}?",
