@@ -31,6 +31,15 @@ def all_reduce_min(x: torch.Tensor, group: RankGroup) -> torch.Tensor:
     return x
 
 
+def min_over_group(value: int, group: RankGroup) -> int:
+    """The smallest of every rank's `value` (a host integer, over the CPU communicator)."""
+    if group.size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group.cpu_group)
+    return int(t.item())
+
+
 def all_gather(x: torch.Tensor, group: RankGroup, dim: int = -1) -> torch.Tensor:
     """Concatenate every rank's `x` (same shape on all ranks) along `dim`, in rank order."""
     if group.size == 1:

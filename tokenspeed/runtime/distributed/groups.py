@@ -120,11 +120,16 @@ class ParallelGroups:
         mapping = mapping or Mapping(world_size=1)
         if mapping.world_size != 1:
             raise ValueError("single_process groups need a world size of 1")
+        return cls.local_only(mapping, 0)
+
+    @classmethod
+    def local_only(cls, mapping: Mapping, rank: int) -> ParallelGroups:
+        """Every group of one rank: for ranks that never talk (attention DP without any TP)."""
         return cls(
             mapping=mapping,
-            rank=0,
-            world=RankGroup.single("world"),
-            by_kind={kind: RankGroup.single(kind) for kind in GROUP_KINDS},
+            rank=rank,
+            world=RankGroup.single("world", rank),
+            by_kind={kind: RankGroup.single(kind, rank) for kind in GROUP_KINDS},
         )
 
 
@@ -142,6 +147,9 @@ def init_parallel(
     """Join the world at `init_method` (``tcp://host:port``) and build every group of `mapping`."""
     if mapping.world_size == 1:
         return ParallelGroups.single_process(mapping)
+    if mapping.attn_tp_size * mapping.attn_cp_size == 1:
+        # attention-DP replicas of one rank each share nothing: no rendezvous, no communicator
+        return ParallelGroups.local_only(mapping, rank)
     backend = default_backend(device)
     timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
     if not dist.is_initialized():

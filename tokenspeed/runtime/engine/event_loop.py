@@ -78,8 +78,12 @@ def configure_child_logging(server_args: Any, prefix: str) -> None:
     )
 
 
-def build_engine(server_args: Any, info: RankInfo):
-    """The EngineCore of this rank; the device index comes from the rank's placement."""
+def build_engine(server_args: Any, info: RankInfo, nccl_port: int = 0):
+    """The EngineCore of this rank; the device index comes from the rank's placement.
+
+    With TP/EP peers or MoE expert management it is a `RankEngine` (rank 0 of a TP group) or a
+    `PeerEngine` (the others), from tokenspeed.runtime.distributed.rank_engine.
+    """
     from tokenspeed.runtime.engine.engine_core import EngineCore
 
     device = None
@@ -90,6 +94,12 @@ def build_engine(server_args: Any, info: RankInfo):
 
         # Several CPU ranks on one machine would each grab every core and thrash.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.num_local_ranks))
+    from tokenspeed.runtime.distributed.rank_runtime import needs_rank_runtime
+
+    if needs_rank_runtime(server_args):
+        from tokenspeed.runtime.distributed.rank_engine import build_rank_engine
+
+        return build_rank_engine(server_args, info.rank, info.dp_rank, device, nccl_port)
     return EngineCore(server_args, dp_rank=info.dp_rank, device=device)
 
 
@@ -130,7 +140,7 @@ def _serve(
             load.setsockopt(zmq.LINGER, 0)
             load.connect(endpoints.load)
 
-    engine = build_engine(server_args, info)
+    engine = build_engine(server_args, info, endpoints.nccl_port)
     out.send(
         encode(
             ReadyMessage(
@@ -148,6 +158,9 @@ def _serve(
         engine.max_model_len,
         engine.max_req_input_len,
     )
+    if inp is None and hasattr(engine, "follow"):
+        engine.follow()  # a TP peer: runs its rank 0's steps until that rank shuts down
+        return 0
     if inp is None:
         # Non-zero tensor-parallel ranks follow their group's rank 0 inside the engine (parallel issue);
         # here they only stay alive until told to stop.

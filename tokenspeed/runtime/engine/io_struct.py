@@ -77,6 +77,13 @@ class StatsSnapshot:
     iteration_tokens: list[int] = field(default_factory=list)  # tokens per step since the last snapshot
     num_nan_aborted: int = 0
     timestamp: float = 0.0
+    # MoE expert load over the recorder window (tokenspeed.runtime.moe.expert_stats); None without a
+    # MoE model or with the expert recorder off
+    expert_layers: list[int] | None = None
+    expert_load: list[list[int]] | None = None  # [moe layer][logical expert] tokens
+    expert_rank_load: list[list[int]] | None = None  # [moe layer][EP rank] tokens
+    eplb_balancedness: list[float] | None = None  # [moe layer] mean / max tokens per EP rank
+    eplb_rebalances: int = 0
 
     @property
     def kv_usage(self) -> float:

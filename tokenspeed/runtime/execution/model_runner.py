@@ -34,19 +34,37 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, server_args: Any, model_config: Any, device: torch.device, max_num_reqs: int):
+    def __init__(
+        self,
+        server_args: Any,
+        model_config: Any,
+        device: torch.device,
+        max_num_reqs: int,
+        rank_runtime: Any = None,
+    ):
         from tokenspeed.runtime.layers.attention import create_attention_backend
         from tokenspeed.runtime.models.loader import load_model
 
         self.device = device
         self.model_config = model_config
-        self.model = load_model(model_config, server_args.load_format, device, server_args.seed)
+        # With TP/EP peers (tokenspeed.runtime.distributed.rank_runtime) the model is this rank's shard and
+        # the KV cache and attention see this rank's heads (`kv_config`).
+        self.rank_runtime = rank_runtime
+        kv_config = model_config
+        if rank_runtime is not None:
+            self.model = rank_runtime.load_model(
+                model_config, server_args.load_format, device, server_args.seed
+            )
+            kv_config = rank_runtime.local_model_config(model_config)
+        else:
+            self.model = load_model(model_config, server_args.load_format, device, server_args.seed)
+        self.expert_recorder = None if rank_runtime is None else rank_runtime.recorder
         bs = server_args.block_size
         if bs < 1:
             raise ValueError(f"--block-size must be >= 1, got {bs}")
         self.spec = KVPoolSpec(
             num_layers=model_config.num_layers,
-            num_kv_heads=model_config.num_kv_heads,
+            num_kv_heads=kv_config.num_kv_heads,
             head_dim=model_config.head_dim,
             dtype=model_config.dtype,
             block_size=bs,
@@ -63,6 +81,8 @@ class ModelRunner:
             cuda_graph.decode_graph_reserve(model_config, graph_sizes, attn_name), device
         ):
             num_pages = plan_num_pages(server_args, self.spec, device, model_config.max_model_len)
+        if rank_runtime is not None:
+            num_pages = rank_runtime.agree_num_pages(num_pages)
         self.kv_pool = KVPool(self.spec, num_pages, device)
         logger.info(
             "KV cache: %d pages of %d tokens (%.1f MiB)",
@@ -73,9 +93,7 @@ class ModelRunner:
         attn_opts = {}
         if attn_name == "triton" and getattr(server_args, "triton_attention_reduce_in_fp32", False):
             attn_opts["reduce_in_fp32"] = True
-        self.attn_backend = create_attention_backend(
-            attn_name, model_config, self.kv_pool, device, **attn_opts
-        )
+        self.attn_backend = create_attention_backend(attn_name, kv_config, self.kv_pool, device, **attn_opts)
         self.sampler = create_sampler(
             server_args.sampling_backend or "torch", device, bool(server_args.enable_nan_detection)
         )
@@ -126,16 +144,21 @@ class ModelRunner:
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=ext_lens,
             is_decode_only=batch.is_decode_only,
+            expert_recorder=self.expert_recorder,
         )
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepResult:
+        if self.rank_runtime is not None:
+            self.rank_runtime.before_forward(self, batch)  # peers follow this batch
         fb = self.prepare(batch)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             logits = self.graph_runner.replay(fb)
         else:
             self.attn_backend.init_forward_metadata(fb)
             logits = self._forward(fb)
+        if self.rank_runtime is not None:
+            self.rank_runtime.after_forward()
         items = batch.items
         sampled = [i for i, it in enumerate(items) if it.sample]
         result = StepResult(token_ids=[-1] * len(items))

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenspeed.runtime.engine.io_struct import StatsSnapshot
+from tokenspeed.runtime.moe.expert_metrics import ExpertMetrics
 
 PREFIX = "tokenspeed:"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -108,6 +109,8 @@ class ServerMetrics:
         self.e2e = histogram(
             "e2e_request_latency_seconds", "Request latency, arrival to finish.", _E2E_BUCKETS
         )
+        # MoE expert load and EPLB (series appear once a MoE scheduler reports them)
+        self.experts = ExpertMetrics(self.registry, labels)
 
     def _labels(self, dp_rank: int) -> dict[str, str]:
         out = {"model_name": self.model_name, "dp_rank": str(dp_rank)}
@@ -150,6 +153,7 @@ class ServerMetrics:
         hist = self.iteration_tokens.labels(**labels)
         for n in snap.iteration_tokens:
             hist.observe(n)
+        self.experts.observe(snap, labels)
 
     def on_request_received(self, dp_rank: int = 0) -> None:
         self.num_requests.labels(**self._labels(dp_rank)).inc()

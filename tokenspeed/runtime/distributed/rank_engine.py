@@ -1,0 +1,145 @@
+"""The engine of one scheduler rank when it has peers or experts to manage: an `EngineCore` plus its
+`RankRuntime`, with the control calls the HTTP layer reaches through `RpcRequest`.
+
+`build_rank_engine` is what a scheduler process calls: it joins the server's torch.distributed world,
+builds the EngineCore around a runner that shards the model for this rank, and returns
+
+- on rank 0 of a TP group: a `RankEngine` (the EngineCore API, plus `rpc_*` control calls and the
+  expert-load figures in its stats snapshots), which the process's event loop drives as usual;
+- on a peer: a `PeerEngine`, whose `follow()` runs rank 0's decisions until told to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tokenspeed.runtime.distributed.groups import shutdown_parallel
+from tokenspeed.runtime.distributed.rank_runtime import RankRuntime
+
+logger = logging.getLogger(__name__)
+
+
+def _core(server_args: Any, runtime: RankRuntime, dp_rank: int, device: Any):
+    from tokenspeed.runtime.engine.engine_core import EngineCore
+
+    return EngineCore(server_args, dp_rank=dp_rank, device=device, rank_runtime=runtime)
+
+
+class RankEngine:
+    """Rank 0 of a TP group: the EngineCore API, control calls and expert figures."""
+
+    def __init__(self, core: Any, runtime: RankRuntime):
+        self.core = core
+        self.runtime = runtime
+
+    def __getattr__(self, name: str) -> Any:
+        # add_request, abort_request, step, flush_cache, max_total_tokens, ... are the core's
+        return getattr(self.core, name)
+
+    def has_unfinished(self) -> bool:
+        busy = self.core.has_unfinished()
+        if not busy:
+            self.runtime.keepalive()
+        return busy
+
+    def stats(self) -> Any:
+        snap = self.core.stats()
+        experts = self.runtime.expert_snapshot()
+        if experts is not None and hasattr(snap, "expert_layers"):
+            snap.expert_layers = experts.layers
+            snap.expert_load = experts.load
+            snap.expert_rank_load = experts.rank_load
+            snap.eplb_balancedness = experts.balancedness
+            snap.eplb_rebalances = experts.rebalances
+        return snap
+
+    def shutdown(self) -> None:
+        try:
+            self.runtime.stop_peers()
+        finally:
+            self.core.shutdown()
+            shutdown_parallel(self.runtime.groups)
+
+    # ---- control calls (RpcRequest "method" -> rpc_<method>) ---------------------------------------
+    def rpc_start_expert_distribution_record(self, **_: Any) -> dict:
+        self.runtime.recorder_op("start")
+        return {"recording": True}
+
+    def rpc_stop_expert_distribution_record(self, **_: Any) -> dict:
+        self.runtime.recorder_op("stop")
+        return {"recording": False, "passes": self.runtime.recorder.state.passes}
+
+    def rpc_dump_expert_distribution_record(self, dir: str | None = None, **_: Any) -> dict:
+        """Write the recorded distribution (torch.save) and answer its logical counts."""
+        recorder = self.runtime.recorder
+        if recorder is None:
+            self.runtime.recorder_op("dump")  # raises the "not enabled" error
+        folder = Path(dir) if dir else Path(tempfile.gettempdir()) / "tokenspeed-expert-distribution"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        name = f"expert_distribution_dp{self.core.dp_rank}_{int(time.time() * 1000)}_{os.getpid()}.pt"
+        out = recorder.dump(folder / name)
+        snap = self.runtime.expert_snapshot()
+        return {
+            "path": str(folder / name),
+            "mode": out["mode"],
+            "passes": out["passes"],
+            "layers": snap.layers,
+            "logical_count": snap.load,
+            "rank_load": snap.rank_load,
+            "balancedness": snap.balancedness,
+        }
+
+    def rpc_rebalance_experts(self, **_: Any) -> dict:
+        """Rebalance before the next step (or at once when idle)."""
+        self.runtime.request_rebalance()
+        self.runtime.keepalive()
+        last = self.runtime.eplb.stats.last
+        return {
+            "rebalances": self.runtime.eplb.stats.rebalances,
+            "last": None if last is None else vars(last),
+        }
+
+
+class PeerEngine:
+    """A TP peer: the model runner only, driven by rank 0."""
+
+    def __init__(self, core: Any, runtime: RankRuntime):
+        self.core = core
+        self.runtime = runtime
+        self.max_total_tokens = core.max_total_tokens
+        self.max_req_input_len = core.max_req_input_len
+        self.max_model_len = core.max_model_len
+
+    def follow(self) -> None:
+        try:
+            self.runtime.follow(self.core.runner)
+        finally:
+            self.core.runner.shutdown()
+            shutdown_parallel(self.runtime.groups)
+
+
+def build_rank_engine(
+    server_args: Any, rank: int, dp_rank: int, device: torch.device | str | None, nccl_port: int
+) -> RankEngine | PeerEngine:
+    from tokenspeed.runtime.engine.engine_core import resolve_device
+
+    dev = resolve_device(server_args, device)
+    runtime = RankRuntime.start(server_args, rank, dev, nccl_port)
+    core = _core(server_args, runtime, dp_rank, dev)
+    logger.info(
+        "rank %d: attention TP %d/%d, dense TP %d, MoE EP %d, MoE TP %d",
+        rank,
+        runtime.tp.rank_in_group,
+        runtime.tp.size,
+        runtime.groups.dense_tp.size,
+        runtime.groups.moe_ep.size,
+        runtime.groups.moe_tp.size,
+    )
+    return RankEngine(core, runtime) if runtime.is_leader else PeerEngine(core, runtime)
