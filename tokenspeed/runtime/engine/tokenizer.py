@@ -39,8 +39,10 @@ def get_tokenizer(server_args: Any):
         raise ValueError(
             f"--tokenizer-mode {mode} is not available in this build; use one of {list(_SUPPORTED_MODES)}"
         )
+    from tokenspeed.demo_models import resolve_model_path
+
     return load_tokenizer(
-        str(path),
+        resolve_model_path(str(path)),
         use_fast=mode != "slow",
         trust_remote_code=bool(getattr(server_args, "trust_remote_code", False)),
         revision=getattr(server_args, "revision", None),
