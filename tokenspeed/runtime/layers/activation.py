@@ -11,6 +11,10 @@ class SiluAndMul(nn.Module):
     """silu(gate) * up for an input laid out [..., gate | up] (the output of a merged gate/up linear)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from tokenspeed.runtime.kernels.fused_ops import silu_and_mul
+
+            return silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

@@ -23,6 +23,11 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """`forward(x)` returns norm(x); `forward(x, residual)` returns (norm(x + residual), x + residual)."""
+        if x.is_cuda:
+            # One fused launch on the GPU (kernels/fused_ops.py rounds exactly like `_norm`).
+            from tokenspeed.runtime.kernels.fused_ops import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

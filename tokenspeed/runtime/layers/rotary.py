@@ -98,5 +98,9 @@ def apply_rotary(
     cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, heads, head_dim] and k [T, kv_heads, head_dim] by rows of `RotaryEmbedding.cos_sin`."""
+    if q.is_cuda:
+        from tokenspeed.runtime.kernels.fused_ops import apply_rope
+
+        return apply_rope(cos_sin, q, k)
     cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

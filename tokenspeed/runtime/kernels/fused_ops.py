@@ -1,0 +1,211 @@
+"""Fused elementwise kernels of the decoder layer: RMSNorm (+ residual add), SiLU-and-mul, RoPE.
+
+In PyTorch each of these is 3-10 small kernels (casts, pow, mean, rsqrt, chunk, mul, add); a decode step of
+a 32-layer model then spends more time launching kernels than reading weights. Each function here is one
+launch. Every intermediate is rounded to the activation dtype at the same points as the PyTorch reference
+(`layers/norm.py`, `layers/activation.py`, `layers/rotary.py`), so fused and reference results agree to
+the last bit in float32 and within one rounding in bfloat16.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    X,
+    R,
+    W,
+    Y,
+    RO,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_ro,
+    N,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x + r).to(X.dtype.element_ty)
+        tl.store(RO + row * stride_ro + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, 0) / N + eps)
+    y = (xf * inv).to(X.dtype.element_ty).to(Y.dtype.element_ty)
+    w = tl.load(W + offs, mask=mask, other=0.0).to(Y.dtype.element_ty)
+    tl.store(Y + row * stride_y + offs, (y * w).to(Y.dtype.element_ty), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """norm(x), or (norm(x + residual), x + residual); x of any shape whose last dim is the norm's."""
+    shape = x.shape
+    n = shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    y = torch.empty((x2.shape[0], n), dtype=out_dtype, device=x.device)
+    block = triton.next_power_of_2(n)
+    warps = 4 if block <= 1024 else (8 if block <= 4096 else 16)
+    if residual is None:
+        _rmsnorm_kernel[(x2.shape[0],)](
+            x2,
+            x2,
+            weight,
+            y,
+            y,
+            x2.stride(0),
+            0,
+            y.stride(0),
+            0,
+            n,
+            eps,
+            HAS_RES=False,
+            BLOCK=block,
+            num_warps=warps,
+        )
+        return y.view(shape)
+    r2 = residual.reshape(-1, n)
+    if r2.stride(-1) != 1:
+        r2 = r2.contiguous()
+    new_res = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+    _rmsnorm_kernel[(x2.shape[0],)](
+        x2,
+        r2,
+        weight,
+        y,
+        new_res,
+        x2.stride(0),
+        r2.stride(0),
+        y.stride(0),
+        new_res.stride(0),
+        n,
+        eps,
+        HAS_RES=True,
+        BLOCK=block,
+        num_warps=warps,
+    )
+    return y.view(shape), new_res.view(shape)
+
+
+@triton.jit
+def _silu_mul_kernel(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    gate = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
+    up = tl.load(X + row * stride_x + N + offs, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty)
+    tl.store(Y + row * stride_y + offs, (act * up).to(Y.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :n]) * x[..., n:] for x [..., 2n]."""
+    shape = x.shape
+    n = shape[-1] // 2
+    x2 = x.reshape(-1, 2 * n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+    block = min(2048, triton.next_power_of_2(n))
+    _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
+        x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, num_warps=4
+    )
+    return y.view(*shape[:-1], n)
+
+
+@triton.jit
+def _rope_kernel(
+    Q,
+    K,
+    QO,
+    KO,
+    CS,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_qot,
+    stride_qoh,
+    stride_kot,
+    stride_koh,
+    stride_cs,
+    NUM_Q_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
+    cs = CS + t * stride_cs
+    cos1 = tl.load(cs + offs, mask=mask, other=0.0)
+    cos2 = tl.load(cs + HALF + offs, mask=mask, other=0.0)
+    sin1 = tl.load(cs + 2 * HALF + offs, mask=mask, other=0.0)
+    sin2 = tl.load(cs + 3 * HALF + offs, mask=mask, other=0.0)
+    if h < NUM_Q_HEADS:
+        src = Q + t * stride_qt + h * stride_qh
+        dst = QO + t * stride_qot + h * stride_qoh
+    else:
+        src = K + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
+        dst = KO + t * stride_kot + (h - NUM_Q_HEADS) * stride_koh
+    x1 = tl.load(src + offs, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+    dt = x1.dtype
+    # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds.
+    o1 = ((x1 * cos1).to(dt) + (-x2 * sin1).to(dt)).to(dt)
+    o2 = ((x2 * cos2).to(dt) + (x1 * sin2).to(dt)).to(dt)
+    tl.store(dst + offs, o1, mask=mask)
+    tl.store(dst + HALF + offs, o2, mask=mask)
+
+
+def apply_rope(cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style rotation of q [T, H, D] and k [T, KVH, D] by cos|sin rows [T, 2D] (activation dtype)."""
+    t, num_heads, d = q.shape
+    num_kv = k.shape[1]
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if cos_sin.stride(-1) != 1:
+        cos_sin = cos_sin.contiguous()
+    if cos_sin.dtype != q.dtype:
+        cos_sin = cos_sin.to(q.dtype)
+    qo = torch.empty((t, num_heads, d), dtype=q.dtype, device=q.device)
+    ko = torch.empty((t, num_kv, d), dtype=k.dtype, device=k.device)
+    if t == 0:
+        return qo, ko
+    half = d // 2
+    _rope_kernel[(t, num_heads + num_kv)](
+        q,
+        k,
+        qo,
+        ko,
+        cos_sin,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        qo.stride(0),
+        qo.stride(1),
+        ko.stride(0),
+        ko.stride(1),
+        cos_sin.stride(0),
+        NUM_Q_HEADS=num_heads,
+        HALF=half,
+        BLOCK=max(16, triton.next_power_of_2(half)),
+        num_warps=1 if half <= 64 else 2,
+    )
+    return qo, ko
