@@ -1,0 +1,63 @@
+"""Fused RMSNorm / SiLU-and-mul / RoPE kernels against the PyTorch reference paths they replace on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenspeed.runtime.kernels.fused_ops import apply_rope, rms_norm, silu_and_mul
+from tokenspeed.runtime.layers import rotary
+from tokenspeed.runtime.layers.norm import RMSNorm
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    else:  # at most one bf16 rounding apart
+        torch.testing.assert_close(a.float(), b.float(), rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("hidden", [64, 4096, 5120])
+def test_rms_norm(dtype, hidden):
+    norm = RMSNorm(hidden, 1e-5).cuda().to(dtype)
+    norm.weight.data.normal_()
+    x = torch.randn(33, hidden, device="cuda", dtype=dtype)
+    r = torch.randn(33, hidden, device="cuda", dtype=dtype)
+    _close(rms_norm(x, norm.weight, 1e-5), norm._norm(x), dtype)
+    y, res = rms_norm(x, norm.weight, 1e-5, r)
+    assert torch.equal(res, x + r)
+    _close(y, norm._norm(x + r), dtype)
+    heads = torch.randn(7, 8, hidden, device="cuda", dtype=dtype)  # per-head q/k norm shape
+    _close(rms_norm(heads, norm.weight, 1e-5), norm._norm(heads), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_silu_and_mul(dtype):
+    x = torch.randn(17, 2 * 14336, device="cuda", dtype=dtype)
+    gate, up = x.chunk(2, dim=-1)
+    _close(silu_and_mul(x), torch.nn.functional.silu(gate) * up, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+def test_rope(dtype, head_dim):
+    t, h, kvh = 19, 8, 2
+    qkv = torch.randn(t, (h + 2 * kvh) * head_dim, device="cuda", dtype=dtype)
+    q, k, _ = qkv.split([h * head_dim, kvh * head_dim, kvh * head_dim], dim=-1)
+    q, k = q.reshape(t, h, head_dim), k.reshape(t, kvh, head_dim)  # strided views, as in the model
+    emb = rotary.RotaryEmbedding(head_dim, 512, {"rope_theta": 10000.0, "rope_type": "default"}).cuda()
+    emb.init_buffers()
+    cos_sin = emb.cos_sin(torch.randint(0, 512, (t,), device="cuda"), dtype)
+    cos, sin = cos_sin.unsqueeze(1).chunk(2, dim=-1)
+    ref_q = q * cos + rotary._rotate_half(q) * sin
+    ref_k = k * cos + rotary._rotate_half(k) * sin
+    got_q, got_k = apply_rope(cos_sin, q, k)
+    _close(got_q, ref_q, dtype)
+    _close(got_k, ref_k, dtype)
