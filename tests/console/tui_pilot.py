@@ -7,7 +7,7 @@ import time
 
 from rich.console import Console
 from rich.text import Text
-from textual.widgets import DataTable, RichLog, Static
+from textual.widgets import RichLog, Static
 
 from console.tui.app import ConsoleApp
 
@@ -37,21 +37,15 @@ def log_lines(app: ConsoleApp) -> list[str]:
 
 
 def table_rows(app: ConsoleApp) -> dict[str, list[str]]:
-    """Fleet table rows by server name, each cell as plain text."""
-    table = app.screen.query_one("#fleet-table", DataTable)
-    rows = {}
-    for row_key in table.rows:
-        cells = table.get_row(row_key)
-        rows[row_key.value] = [c.plain if isinstance(c, Text) else str(c) for c in cells]
-    return rows
+    """Fleet table rows by server name, each cell as the plain text shown."""
+    return {name: [c.plain for c in cells] for name, cells in app.screen.cells.items()}
 
 
 def row_order(app: ConsoleApp) -> list[str]:
-    table = app.screen.query_one("#fleet-table", DataTable)
-    return [table.coordinate_to_cell_key((i, 0)).row_key.value for i in range(table.row_count)]
+    return list(app.screen.query_one("#fleet-table").names)
 
 
-async def wait_for(pilot, condition, timeout: float = 15.0, what: str = "condition"):
+async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition"):
     """Let the app run until `condition()` is truthy; its last value is returned."""
     deadline = time.monotonic() + timeout
     last_error = None

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import DataTable, Input, Static
+from textual.events import Click
+from textual.widgets import Input, Static
 
 from console.tui import fmt
 from console.tui.model import Fleet, Server, Snapshot
 from console.tui.screens.base import ConsoleScreen
+from console.tui.widgets.server_table import ServerTable
 
 HEALTH_STYLE = {"ok": "green", "warn": "yellow", "bad": "bold red", "off": "dim"}
 
@@ -102,7 +104,6 @@ class FleetScreen(ConsoleScreen):
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear", show=False),
         Binding("space", "mark", "Mark"),
-        Binding("enter", "open('server')", "Detail"),
         Binding("l", "open('logs')", "Logs", show=False),
         Binding("e", "open('experts')", "Experts", show=False),
         Binding("o", "sort_next", "Sort"),
@@ -114,24 +115,25 @@ class FleetScreen(ConsoleScreen):
         self.sort_key = "node"
         self.sort_reverse = False
         self.filter_text = ""
-        self._rows: tuple[str, ...] = ()
-        self._cells: dict[str, tuple] = {}
+        self.cells: dict[str, tuple[Text, ...]] = {}  # what each visible row shows, by server
 
     def compose(self):
         yield from self.compose_header()
         with Vertical(id="fleet-body"):
-            table = DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
-            yield table
+            yield Static("", id="fleet-header")
+            yield ServerTable(id="fleet-table")
             yield Static("", id="fleet-detail", classes="detail")
             yield Static("", id="fleet-nodes", classes="detail")
             yield Input(placeholder="filter: regex over name, node, state; !x inverts", id="fleet-filter")
         yield from self.compose_footer()
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        self._label_sort_column(table)
         self.query_one("#fleet-filter", Input).display = False
-        table.focus()
+        self.query_one(ServerTable).focus()
+
+    @property
+    def table(self) -> ServerTable:
+        return self.query_one(ServerTable)
 
     # ------------------------------------------------------------------ drawing
 
@@ -154,7 +156,7 @@ class FleetScreen(ConsoleScreen):
         servers = [s for s in fleet.servers if keep(s)]
         return sorted(servers, key=column.sort, reverse=self.sort_reverse)
 
-    def _row(self, server: Server) -> tuple:
+    def _cells(self, server: Server) -> tuple[Text, ...]:
         style = HEALTH_STYLE.get(server.health, "")
         marked = server.name in self.console.marked
         cells = []
@@ -172,51 +174,36 @@ class FleetScreen(ConsoleScreen):
             cells.append(Text(text, style=cell_style))
         return tuple(cells)
 
-    def _label_sort_column(self, table: DataTable) -> None:
-        """Mark the sort column in the header (DataTable has no relabelling, so the columns are re-added)."""
+    def _labels(self) -> list[str]:
         arrow = " ▼" if self.sort_reverse else " ▲"
-        labels = [c.label + (arrow if c.key == self.sort_key else "") for c in COLUMNS]
-        if [c.label.plain for c in table.columns.values()] == labels:
-            return
-        table.clear(columns=True)
-        for column, label in zip(COLUMNS, labels, strict=True):
-            table.add_column(label, key=column.key)
-        self._rows = ()
+        return [c.label + (arrow if c.key == self.sort_key else "") for c in COLUMNS]
 
     def _draw(self, fleet: Fleet) -> None:
-        table = self.query_one(DataTable)
-        self._label_sort_column(table)
         servers = self._visible(fleet)
-        names = tuple(s.name for s in servers)
-        rows = {s.name: self._row(s) for s in servers}
-        if names != self._rows:
-            # Membership or order changed: rebuild, keeping the cursor on the same server.
-            keep = self.console.selected
-            table.clear()
-            for name in names:
-                table.add_row(*rows[name], key=name)
-            self._rows = names
-            if keep in names:
-                table.move_cursor(row=names.index(keep), animate=False)
-            # DataTable measures new rows on idle but keeps lines it drew before that cached with the
-            # old column widths; touching one cell afterwards invalidates them (static data: replay).
-            self.set_timer(0.05, self._touch_table)
-        else:
-            # Same rows: touch only the cells whose text changed (cheap with 64 servers at 1 Hz).
-            for name in names:
-                old = self._cells.get(name)
-                for i, cell in enumerate(rows[name]):
-                    if old is None or old[i] != cell:
-                        table.update_cell(name, COLUMN_KEYS[i], cell, update_width=True)
-        self._cells = rows
-        if names and (self.console.selected not in names):
-            self.console.selected = names[table.cursor_row if 0 <= table.cursor_row < len(names) else 0]
+        self.cells = {s.name: self._cells(s) for s in servers}
+        labels = self._labels()
+        # Column widths from the texts themselves: len() is all it costs, nothing is measured twice.
+        widths = [len(label) for label in labels]
+        for cells in self.cells.values():
+            widths = [max(w, c.cell_len) for w, c in zip(widths, cells, strict=True)]
+        header = Text(" ", style="bold")
+        for column, label, width in zip(COLUMNS, labels, widths, strict=True):
+            header.append(
+                label.ljust(width + 2), style="bold reverse" if column.key == self.sort_key else "bold"
+            )
+        self.query_one("#fleet-header", Static).update(header)
+        rows = []
+        for name, cells in self.cells.items():
+            line = Text(" ")
+            for cell, width in zip(cells, widths, strict=True):
+                line.append_text(cell)
+                line.append(" " * (width - cell.cell_len + 2))
+            rows.append((name, line))
+        table = self.table
+        table.set_rows(rows, width=sum(widths) + 2 * len(widths) + 1, keep=self.console.selected)
+        if table.current is not None and table.current != self.console.selected:
+            self.console.selected = table.current
         self._draw_detail(fleet, len(servers))
-
-    def _touch_table(self) -> None:
-        table = self.query_one(DataTable)
-        if table.row_count:
-            table.update_cell_at((0, 0), table.get_cell_at((0, 0)), update_width=True)
 
     def _draw_detail(self, fleet: Fleet, shown: int) -> None:
         server = fleet.server(self.console.selected)
@@ -245,24 +232,33 @@ class FleetScreen(ConsoleScreen):
 
     # ------------------------------------------------------------------ events and actions
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.row_key is not None and event.row_key.value is not None:
-            self.console.selected = event.row_key.value
-            snapshot = self.console.snapshot
-            if snapshot is not None and snapshot.fleet is not None:
-                self._draw_detail(snapshot.fleet, len(self._rows))
+    def on_server_table_highlighted(self, event: ServerTable.Highlighted) -> None:
+        self.console.selected = event.name
+        snapshot = self.console.snapshot
+        if snapshot is not None and snapshot.fleet is not None:
+            self._draw_detail(snapshot.fleet, len(self.table.names))
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key is not None and event.row_key.value is not None:
-            self.console.open_server(event.row_key.value)
+    def on_server_table_selected(self, event: ServerTable.Selected) -> None:
+        self.console.open_server(event.name)
 
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
-        key = event.column_key.value
-        if key == self.sort_key:
-            self.sort_reverse = not self.sort_reverse
-        else:
-            self.sort_key, self.sort_reverse = key, False
-        self.redraw()
+    def on_click(self, event: Click) -> None:
+        # A click on a column title sorts by it (again: reverses).
+        if event.widget is not self.query_one("#fleet-header", Static):
+            return
+        x = event.x - 1
+        for column, label in zip(COLUMNS, self._labels(), strict=True):
+            width = max(
+                [len(label)]
+                + [cells[COLUMN_KEYS.index(column.key)].cell_len for cells in self.cells.values()]
+            )
+            if x < width + 2:
+                if column.key == self.sort_key:
+                    self.sort_reverse = not self.sort_reverse
+                else:
+                    self.sort_key, self.sort_reverse = column.key, False
+                self.redraw()
+                return
+            x -= width + 2
 
     def action_open(self, mode: str) -> None:
         if self.console.selected:
@@ -275,9 +271,7 @@ class FleetScreen(ConsoleScreen):
         self.console.marked.symmetric_difference_update({name})
         self.redraw()
         self.console.refresh_status()
-        table = self.query_one(DataTable)
-        if table.cursor_row < table.row_count - 1:
-            table.move_cursor(row=table.cursor_row + 1)
+        self.table.action_move(1)
 
     def action_sort_next(self) -> None:
         index = COLUMN_KEYS.index(self.sort_key)
@@ -300,7 +294,7 @@ class FleetScreen(ConsoleScreen):
         box.value = ""
         box.display = False
         self.filter_text = ""
-        self.query_one(DataTable).focus()
+        self.table.focus()
         self.redraw()
         self.console.refresh_status()
 
@@ -309,6 +303,6 @@ class FleetScreen(ConsoleScreen):
         self.redraw()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.query_one(DataTable).focus()
+        self.table.focus()
         if not self.filter_text:
             event.input.display = False

@@ -1,0 +1,239 @@
+"""What `tokenspeed console` costs: CPU at 1 Hz over a 64-server fleet, start-up time, key latency.
+
+    python benchmarks/console_cost.py [--servers 64] [--seconds 30] [--out benchmarks/results/console_cost.json]
+
+A real supervisor runs N lightweight metrics endpoints (tests/console/metrics_endpoint.py: real HTTP
+processes exporting the scheduler, KV, latency-histogram and expert-load families) and scrapes them at
+1 Hz. The console runs in a real terminal (tmux) attached to that supervisor. Measured:
+  start-up   launch -> every server's row on screen
+  CPU        console process CPU time / wall time while it polls at 1 Hz (fleet screen, server screen)
+  keys       screen switch latency: key sent -> the new screen on the terminal
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from console.client import SupervisorClient  # noqa: E402
+from console.tui.launch import start_supervisor  # noqa: E402
+
+ENDPOINT = REPO / "tests" / "console" / "metrics_endpoint.py"
+
+
+def free_ports(count: int) -> int:
+    """A base port with `count` consecutive free ports."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65000:
+            continue
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range")
+
+
+def write_profile(root: Path, servers: int) -> Path:
+    path = root / "bench.toml"
+    path.write_text(
+        f"""[server]
+model = "tiny"
+device = "cpu"
+
+[fleet]
+name = "bench"
+replicas = {servers}
+base_port = {free_ports(servers)}
+port_stride = 1
+command = ["{sys.executable}", "{ENDPOINT}"]
+metrics_interval_s = 1.0
+
+[fleet.health]
+interval_s = 2.0
+"""
+    )
+    return path
+
+
+class Terminal:
+    def __init__(self, command: str, width: int = 200, height: int = 80) -> None:
+        self.name = f"bench-{uuid.uuid4().hex[:8]}"
+        wrapped = f"env -u COLUMNS -u LINES {command}; sleep 600"
+        subprocess.run(
+            ["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), wrapped],
+            check=True,
+        )
+
+    def screen(self) -> str:
+        return subprocess.run(
+            ["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True
+        ).stdout
+
+    def send(self, key: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
+
+    def wait_for(self, predicate, timeout: float = 120.0, step: float = 0.02) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if predicate(self.screen()):
+                return time.monotonic() - start
+            time.sleep(step)
+        raise TimeoutError(f"screen never matched; last screen:\n{self.screen()}")
+
+    def console_process(self) -> psutil.Process:
+        pane = subprocess.run(
+            ["tmux", "display", "-p", "-t", self.name, "#{pane_pid}"], capture_output=True, text=True
+        ).stdout.strip()
+        for proc in psutil.Process(int(pane)).children(recursive=True):
+            if "console" in " ".join(proc.cmdline()):
+                return proc
+        raise RuntimeError("console process not found")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+def cpu_share(proc: psutil.Process, seconds: float) -> float:
+    """Percent of one core the process used over `seconds` of wall time."""
+    before = proc.cpu_times()
+    start = time.monotonic()
+    time.sleep(seconds)
+    after = proc.cpu_times()
+    used = (after.user - before.user) + (after.system - before.system)
+    return 100.0 * used / (time.monotonic() - start)
+
+
+def rows_on_screen(screen: str, servers: int) -> bool:
+    return f"{servers} servers" in screen and all(f"bench-{i} " in screen for i in (0, servers - 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--servers", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=30.0, help="CPU measurement window per screen")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "console_cost.json"))
+    args = parser.parse_args(argv)
+    if shutil.which("tmux") is None:
+        print("console_cost: tmux is needed (apt-get install tmux)", file=sys.stderr)
+        return 2
+
+    root = Path(tempfile.mkdtemp(prefix="tsb-"))
+    state_dir = root / "state"
+    profile = write_profile(root, args.servers)
+    client = SupervisorClient(state_dir, timeout=5.0)
+    terminals: list[Terminal] = []
+    try:
+        t0 = time.monotonic()
+        start_supervisor(profile, state_dir, timeout=60)
+        while True:
+            servers = client.fleet()["servers"]
+            if all(s["state"] == "READY" and s["metrics"] for s in servers):
+                break
+            if time.monotonic() - t0 > 300:
+                raise TimeoutError("fleet not READY")
+            time.sleep(0.5)
+        fleet_ready_s = time.monotonic() - t0
+        print(f"fleet of {args.servers} endpoints READY in {fleet_ready_s:.1f}s")
+
+        # Start-up: three cold launches, median.
+        startups = []
+        for _ in range(3):
+            term = Terminal(f"{sys.executable} -m tokenspeed console --state-dir {state_dir}")
+            terminals.append(term)
+            startups.append(term.wait_for(lambda s: rows_on_screen(s, args.servers)))
+            if len(startups) < 3:
+                term.close()
+                terminals.remove(term)
+        print(f"start-up to {args.servers} rows on screen: {[round(s, 2) for s in startups]} s")
+
+        term = terminals[-1]
+        proc = term.console_process()
+        time.sleep(3.0)
+        cpu_fleet = cpu_share(proc, args.seconds)
+        print(f"CPU on the fleet screen at 1 Hz: {cpu_fleet:.1f}% of one core")
+
+        key_ms = []
+        for _ in range(5):
+            term.send("2")
+            key_ms.append(1000 * term.wait_for(lambda s: "ServerArgs (resolved)" in s))
+            term.send("1")
+            key_ms.append(1000 * term.wait_for(lambda s: "RUN/WAIT" in s and rows_on_screen(s, args.servers)))
+        print(
+            f"screen switch latency (key -> new screen in the terminal): median {statistics.median(key_ms):.0f} ms"
+        )
+
+        term.send("2")
+        term.wait_for(lambda s: "ServerArgs (resolved)" in s)
+        time.sleep(2.0)
+        cpu_server = cpu_share(proc, args.seconds / 2)
+        print(f"CPU on the server screen at 1 Hz: {cpu_server:.1f}% of one core")
+        rss_mb = proc.memory_info().rss / 2**20
+
+        result = {
+            "benchmark": "console_cost",
+            "servers": args.servers,
+            "interval_s": 1.0,
+            "window_s": args.seconds,
+            "startup_s": {"median": statistics.median(startups), "runs": startups},
+            "cpu_percent_one_core": {"fleet_screen": cpu_fleet, "server_screen": cpu_server},
+            "screen_switch_ms": {"median": statistics.median(key_ms), "max": max(key_ms)},
+            "console_rss_mib": rss_mb,
+            "fleet_ready_s": fleet_ready_s,
+            "terminal": "tmux 200x80",
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "load_avg_1m": os.getloadavg()[0],
+            },
+            "textual": __import__("textual").__version__,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+        return 0
+    finally:
+        for term in terminals:
+            term.close()
+        try:
+            client.shutdown()
+            deadline = time.monotonic() + 60
+            while client.alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        except Exception as exc:  # the fleet may already be gone; report, never hide a leftover
+            print(f"console_cost: shutdown: {exc}", file=sys.stderr)
+        client.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
