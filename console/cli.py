@@ -81,14 +81,48 @@ def bench(args: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("target", required=False)
+@click.option("--fleet", "fleet", help="Attach to the running fleet NAME.")
 @click.option("--state-dir", type=click.Path(file_okay=False), help="Supervisor state directory.")
-@click.option("--readonly", is_flag=True, help="Watch only: no restart, stop or flush.")
-@click.option("--refresh", type=float, default=1.0, show_default=True, help="Seconds between polls.")
-def console(target: str | None, state_dir: str | None, readonly: bool, refresh: float) -> None:
-    """Open the operator console on a running fleet (TARGET: a fleet name or a profile)."""
+@click.option("--readonly", is_flag=True, help="Watch only: no restart, stop, flush or launch.")
+@click.option(
+    "--replay",
+    type=click.Path(exists=True, file_okay=False),
+    help="Show a fleet's recorded history (its state directory) instead of a live fleet.",
+)
+@click.option(
+    "--at", "at", help="With --replay: when to look (unix seconds, ISO time, HH:MM:SS, or -5m from the end)."
+)
+@click.option(
+    "--interval",
+    "--refresh",
+    "interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls.",
+)
+def console(target, fleet, state_dir, readonly, replay, at, interval) -> None:
+    """Open the operator console (TARGET: a profile, started if not running, or a fleet name)."""
+    from console.client import SupervisorError, SupervisorUnavailable
     from console.tui.app import run
 
-    sys.exit(run(target=target, state_dir=state_dir, readonly=readonly, refresh=refresh) or 0)
+    try:
+        code = run(
+            target=target,
+            fleet=fleet,
+            state_dir=state_dir,
+            readonly=readonly,
+            replay=replay,
+            at=at,
+            interval=interval,
+        )
+    except SupervisorUnavailable as exc:
+        click.echo(f"tokenspeed console: {exc}", err=True)
+        sys.exit(EXIT_NO_FLEET)
+    except (ValueError, SupervisorError) as exc:
+        click.echo(f"tokenspeed console: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    sys.exit(code or 0)
 
 
 # ---------------------------------------------------------------- fleet

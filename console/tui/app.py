@@ -334,10 +334,16 @@ def run(
     target = legacy.pop("target", None)
     if legacy:
         raise TypeError(f"unexpected arguments: {sorted(legacy)}")
-    if target is not None and profile is None and fleet is None:
-        profile, fleet = (target, None) if Path(target).suffix == ".toml" else (None, target)
+    if target is not None:
+        if profile is not None or fleet is not None:
+            raise ValueError("give a PROFILE (or fleet name) or --fleet, not both")
+        # A TARGET that is a file (or looks like one) is a profile; anything else names a fleet.
+        is_profile = Path(target).is_file() or Path(target).suffix == ".toml"
+        profile, fleet = (target, None) if is_profile else (None, target)
     if interval <= 0:
         raise ValueError("--interval must be > 0 seconds (for example --interval 1)")
+    if replay is not None and (profile is not None or fleet is not None):
+        raise ValueError("--replay shows a recording; it takes no PROFILE or --fleet")
     opened = open_source(profile=profile, fleet=fleet, state_dir=state_dir, replay=replay, at=at)
     app = ConsoleApp(
         opened.source,

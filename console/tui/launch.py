@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from console.client import SupervisorClient, SupervisorError, find_state_dir
+from console.client import SupervisorClient, SupervisorUnavailable, find_state_dir
 from console.supervisor.paths import StatePaths, default_state_dir
 from console.tui.source import DataSource, SourceError
 
@@ -110,10 +110,12 @@ def open_source(
             start_supervisor(profile, directory)
             started = True
     else:
-        try:
-            directory = find_state_dir(fleet, state_dir)
-        except SupervisorError as exc:
-            raise ValueError(str(exc)) from exc
+        directory = find_state_dir(fleet, state_dir)
+        with SupervisorClient(directory, timeout=2.0) as client:
+            if not client.alive():
+                raise SupervisorUnavailable(
+                    f"no supervisor answers in {directory}; start the fleet with `tokenspeed up`"
+                )
     return OpenedSource(
         LiveSource(directory), started_fleet=started, profile_path=profile, state_dir=directory
     )
