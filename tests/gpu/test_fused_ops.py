@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenspeed.runtime.kernels.fused_ops import apply_rope, rms_norm, silu_and_mul
-from tokenspeed.runtime.layers import rotary
-from tokenspeed.runtime.layers.norm import RMSNorm
+pytest.importorskip("triton")
+
+from tokenspeed.runtime.kernels.fused_ops import apply_rope, rms_norm, silu_and_mul  # noqa: E402
+from tokenspeed.runtime.layers import rotary  # noqa: E402
+from tokenspeed.runtime.layers.norm import RMSNorm  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,0 +1,127 @@
+"""Decode step time of a Llama-3.1-8B-shaped model (dummy bf16 weights) against the memory-bandwidth limit.
+
+For each attention backend, batch size and context length, one decode step (CUDA-graph replay of the
+whole model, the attention backend's per-step planning, and the greedy pick) is timed with CUDA events
+(median of 20 after warm-up). The bandwidth limit of a step is the bytes it must read, the weights (all
+but the embedding table) plus every request's K and V, over the device-to-device copy bandwidth measured
+in the same run; `ratio` = limit time / measured time. Writes benchmarks/results/gpu_decode.json.
+
+    python benchmarks/decode.py [--backends flashinfer triton] [--batch-sizes 1 2 ... 256] [--contexts 1024 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import gpu_common as gc  # noqa: E402
+
+DEFAULT_BS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def bench_backend(
+    model_dir: str, backend: str, batch_sizes, contexts, bw: float, max_tokens: int
+) -> list[dict]:
+    core = gc.make_core(
+        model_dir,
+        attention_backend=backend,
+        sampling_backend="greedy",
+        max_num_seqs=max(batch_sizes),
+        cudagraph_capture_sizes=list(batch_sizes),
+        max_total_tokens=max_tokens,
+        max_model_len=max(contexts) + 64,
+    )
+    runner = core.runner
+    gc.fill_kv_random(runner.kv_pool)
+    wbytes = gc.weight_bytes_read(runner.model)
+    per_token_kv = runner.kv_pool.spec.bytes_per_token()
+    rows = []
+    for ctx in contexts:
+        for bs in batch_sizes:
+            try:
+                fb = gc.synthetic_batch(runner, bs, ctx)
+            except ValueError as e:
+                print(f"{backend} ctx={ctx} bs={bs}: skipped ({e})")
+                rows.append(dict(backend=backend, context=ctx, batch=bs, skipped=str(e)))
+                continue
+
+            def step(fb=fb):
+                torch.argmax(runner.graph_runner.replay(fb), dim=-1)
+
+            with torch.inference_mode():
+                t = gc.time_cuda(step, iters=20, warmup=3)
+            kv_bytes = bs * (ctx + 1) * per_token_kv
+            limit = (wbytes + kv_bytes) / bw
+            row = dict(
+                backend=backend,
+                context=ctx,
+                batch=bs,
+                step_ms=round(t * 1e3, 4),
+                tokens_per_s=round(bs / t, 1),
+                weight_gb=round(wbytes / 1e9, 3),
+                kv_gb=round(kv_bytes / 1e9, 3),
+                limit_ms=round(limit * 1e3, 4),
+                ratio=round(limit / t, 4),
+            )
+            rows.append(row)
+            print(
+                f"{backend:10s} ctx={ctx:5d} bs={bs:4d} step={t * 1e3:8.3f} ms  tok/s={bs / t:9.0f}  "
+                f"limit={limit * 1e3:7.3f} ms  ratio={limit / t:.3f}"
+            )
+    # The same step without CUDA graphs, at batch 1 and 64 of the shortest context: what graphs buy.
+    for bs in (1, 64):
+        if bs > max(batch_sizes):
+            continue
+        fb = gc.synthetic_batch(runner, bs, contexts[0])
+
+        def eager(fb=fb):
+            runner.attn_backend.init_forward_metadata(fb)
+            torch.argmax(runner._forward(fb), dim=-1)
+
+        with torch.inference_mode():
+            t = gc.time_cuda(eager, iters=10, warmup=2)
+        rows.append(
+            dict(backend=backend, context=contexts[0], batch=bs, eager=True, step_ms=round(t * 1e3, 4))
+        )
+        print(f"{backend:10s} ctx={contexts[0]:5d} bs={bs:4d} eager step={t * 1e3:8.3f} ms")
+    core.shutdown()
+    core = runner = None
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", nargs="+", default=["flashinfer", "triton"])
+    ap.add_argument("--batch-sizes", nargs="+", type=int, default=DEFAULT_BS)
+    ap.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096])
+    ap.add_argument("--max-total-tokens", type=int, default=540_000)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_decode.json"))
+    args = ap.parse_args()
+
+    bw = gc.copy_bandwidth()
+    print(f"device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
+    model_dir = gc.write_config(gc.LLAMA_8B, "llama8b")
+    rows = []
+    for backend in args.backends:
+        rows += bench_backend(model_dir, backend, args.batch_sizes, args.contexts, bw, args.max_total_tokens)
+    gc.save_json(
+        args.out,
+        dict(
+            benchmark="decode",
+            model="Llama-3.1-8B shape, dummy bf16 weights",
+            device=gc.device_info(),
+            copy_bandwidth_tb_s=round(bw / 1e12, 4),
+            rows=rows,
+        ),
+    )
+
+
+if __name__ == "__main__":
+    main()

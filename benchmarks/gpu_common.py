@@ -1,0 +1,212 @@
+"""Shared pieces of the GPU benchmarks: model shapes, device ceilings measured in the same run, and
+hand-built decode / prefill batches driven straight through the engine's ModelRunner.
+
+The ceilings are measured, not taken from a datasheet: bandwidth from a large device-to-device copy
+(bytes read plus bytes written over the time), matmul peak from an 8192^3 bf16 product on random data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LLAMA_8B = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling=dict(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    ),
+    tie_word_embeddings=False,
+    hidden_act="silu",
+    torch_dtype="bfloat16",
+    bos_token_id=128000,
+    eos_token_id=128001,
+    initializer_range=0.02,
+)
+
+QWEN3_30B_A3B = dict(
+    architectures=["Qwen3MoeForCausalLM"],
+    model_type="qwen3_moe",
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+    hidden_act="silu",
+    torch_dtype="bfloat16",
+    bos_token_id=151643,
+    eos_token_id=151645,
+    initializer_range=0.02,
+)
+
+
+def write_config(config: dict[str, Any], name: str) -> str:
+    """A model folder holding only config.json (weights are `--load-format dummy`)."""
+    path = Path(tempfile.mkdtemp(prefix=f"tokenspeed-{name}-"))
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def time_cuda(fn, iters: int = 20, warmup: int = 3) -> float:
+    """Median seconds of `fn()` between CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int = 4 << 30) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    t = time_cuda(lambda: dst.copy_(src), iters=20)
+    src = dst = None
+    torch.cuda.empty_cache()
+    return 2 * nbytes / t
+
+
+def matmul_peak(n: int = 8192) -> float:
+    """FLOP/s of an n^3 bf16 matrix product on random data."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = time_cuda(lambda: a @ b, iters=10)
+    a = b = None
+    torch.cuda.empty_cache()
+    return 2 * n**3 / t
+
+
+def device_info() -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": props.name,
+        "sms": props.multi_processor_count,
+        "memory_gib": round(props.total_memory / (1 << 30), 1),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def make_core(model_dir: str, **server_args: Any):
+    """An EngineCore (model runner, KV pool, graphs) on dummy bf16 weights, without a tokenizer."""
+    from tokenspeed.runtime.engine.engine_core import EngineCore
+    from tokenspeed.server_args import ServerArgs
+
+    args = dict(load_format="dummy", dtype="bfloat16", device="cuda", skip_tokenizer_init=True)
+    args.update(server_args)
+    return EngineCore(ServerArgs(model=model_dir, **args))
+
+
+def weight_bytes_read(model: torch.nn.Module) -> int:
+    """Bytes of parameters a decode step reads: all of them except the embedding table (a step gathers
+    only its batch's rows from it)."""
+    total = 0
+    seen = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen or "embed_tokens" in name:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
+
+
+def fill_kv_random(kv_pool) -> None:
+    """Random K/V everywhere, so attention reads real-looking data (never time on zeros)."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    for layer in range(kv_pool.spec.num_layers):
+        for buf in kv_pool.get_kv(layer):
+            buf.uniform_(-1.0, 1.0, generator=gen)
+
+
+def synthetic_batch(runner, batch_size: int, context: int, new_tokens: int = 1):
+    """A ForwardBatch of `batch_size` requests with `context` cached tokens each and `new_tokens` new
+    ones, occupying contiguous pages from page 1 on (page 0 is the reserved padding page)."""
+    from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+
+    pool = runner.kv_pool
+    bs_tok = pool.block_size
+    seq = context + new_tokens
+    span = -(-seq // bs_tok) * bs_tok
+    need = batch_size * span + bs_tok
+    if need > pool.num_slots:
+        raise ValueError(
+            f"batch {batch_size} x {seq} tokens needs {need} KV slots; the pool has {pool.num_slots}"
+        )
+    table = runner.req_to_token.table
+    if batch_size > table.shape[0] or seq > table.shape[1]:
+        raise ValueError(f"req_to_token is {tuple(table.shape)}; raise --max-num-seqs / --max-model-len")
+    dev = table.device
+    starts = bs_tok + torch.arange(batch_size, device=dev, dtype=torch.int64) * span
+    slots = starts[:, None] + torch.arange(seq, device=dev)[None, :]
+    table[:batch_size, :seq] = slots.to(torch.int32)
+    positions = torch.arange(context, seq, device=dev).repeat(batch_size)
+    out_loc = slots[:, context:].reshape(-1)
+    ext = torch.full((batch_size,), new_tokens, dtype=torch.int32, device=dev)
+    vocab = runner.model_config.vocab_size
+    return ForwardBatch(
+        input_ids=torch.randint(0, vocab, (batch_size * new_tokens,), device=dev),
+        positions=positions,
+        out_cache_loc=out_loc,
+        req_pool_indices=torch.arange(batch_size, dtype=torch.int32, device=dev),
+        seq_lens=torch.full((batch_size,), seq, dtype=torch.int32, device=dev),
+        extend_lens=ext,
+        extend_prefix_lens=torch.full((batch_size,), context, dtype=torch.int32, device=dev),
+        logits_indices=torch.cumsum(ext, 0).long() - 1,
+        req_to_token=table,
+        kv_pool=pool,
+        attn_backend=runner.attn_backend,
+        seq_lens_cpu=[seq] * batch_size,
+        extend_lens_cpu=[new_tokens] * batch_size,
+        is_decode_only=new_tokens == 1,
+    )
+
+
+def save_json(path: str, data: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+    print(f"wrote {path}")
