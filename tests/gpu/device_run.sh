@@ -1,39 +1,37 @@
 #!/usr/bin/env bash
-# One device-tool call: GPU tests and benchmarks, everything tee'd under $OUT.
-#   source .whl/install.sh && bash tests/gpu/device_run.sh [tests|bench|offline|all]...
+# One device-tool call: GPU tests and benchmarks; one log ($OUT/run.log), the results JSON and the
+# FlashInfer JIT cache come back (the tool returns at most 8 files).
+#   source .whl/install.sh && bash tests/gpu/device_run.sh
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-stage() { echo "=== $1 $(date -u +%T)"; }
-for what in "${@:-all}"; do
-  case $what in
-    tests)
-      stage warm-flashinfer
-      for fam in prefill decode sampling; do
-        python3 tests/gpu/warm_flashinfer.py $fam > "$OUT/warm_$fam.log" 2>&1 &
-      done
-      stage tests-triton
-      python3 -m pytest -m gpu tests/gpu -q -x -k "not flashinfer" -p no:cacheprovider --timeout 300 2>&1 \
-        | tee "$OUT/tests_triton.log" | tail -40
-      wait
-      tail -n 3 "$OUT"/warm_*.log
-      stage tests-flashinfer
-      python3 -m pytest -m gpu tests/gpu -q -k "flashinfer" -p no:cacheprovider --timeout 300 2>&1 \
-        | tee "$OUT/tests_flashinfer.log" | tail -40
-      tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer && ls -la "$OUT/flashinfer-cache.tgz"
-      ;;
-    bench)
-      stage decode
-      python3 benchmarks/decode.py --out "$OUT/gpu_decode.json" 2>&1 | tee "$OUT/bench_decode.log" | grep -v "^\s*$" | tail -50
-      stage prefill
-      python3 benchmarks/prefill.py --out "$OUT/gpu_prefill.json" 2>&1 | tee "$OUT/bench_prefill.log" | tail -20
-      ;;
-    offline)
-      stage offline
-      python3 benchmarks/offline_throughput.py --num-requests "${NREQ:-300}" --out "$OUT/gpu_offline_throughput.json" 2>&1 \
-        | tee "$OUT/bench_offline.log" | tail -20
-      ;;
-  esac
+LOG="$OUT/run.log"
+stage() { echo "=== $1 $(date -u +%T)" | tee -a "$LOG"; }
+run() { local t=$1; shift; timeout "$t" "$@" >> "$LOG" 2>&1; echo "--- exit $? ($*)" | tee -a "$LOG"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1
+stage warm-flashinfer
+for fam in prefill decode sampling; do
+  (timeout 240 python3 tests/gpu/warm_flashinfer.py $fam > /tmp/warm_$fam.log 2>&1; tail -n 2 /tmp/warm_$fam.log >> "$LOG") &
 done
+PYT="python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts= --timeout 120"
+stage tests-kernels
+run ${T_KERNELS:-120} $PYT tests/gpu/test_attention_backends.py tests/gpu/test_fused_ops.py tests/gpu/test_gpu_samplers.py -k "not flashinfer"
+stage bench-decode
+run ${T_DECODE:-150} python3 benchmarks/decode.py --backends triton flashinfer --out "$OUT/gpu_decode.json"
+grep -E "bandwidth|ratio=|eager" "$LOG" | tail -45
+stage bench-prefill
+run ${T_PREFILL:-60} python3 benchmarks/prefill.py --out "$OUT/gpu_prefill.json"
+grep -E "peak|share=" "$LOG" | tail -14
+wait
+stage tests-flashinfer
+run ${T_FI:-60} $PYT tests/gpu/test_attention_backends.py tests/gpu/test_gpu_samplers.py -k "flashinfer"
+tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer && ls -la "$OUT/flashinfer-cache.tgz" | tee -a "$LOG"
+stage tests-engine
+run ${T_ENGINE:-100} $PYT tests/gpu/test_engine_gpu.py
+stage bench-offline
+run ${T_OFFLINE:-80} python3 benchmarks/offline_throughput.py --workloads in1024_out256 --num-requests ${NREQ:-200} \
+  --hf-requests 32 --hf-batch 32 --out "$OUT/gpu_offline_throughput.json"
 stage done
+grep -E "passed|failed|error|Error" "$LOG" | tail -30
+grep -E "speedup|transformers \{" "$LOG" | tail -4
