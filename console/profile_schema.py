@@ -51,6 +51,8 @@ class FleetSpec:
     dist_init_port: int = 29500
     # What starts a server process; its arguments follow. Default: this Python's `-m tokenspeed serve`.
     command: tuple[str, ...] | None = None
+    # Ray cluster to join with launcher = "ray" (default: $RAY_ADDRESS, else the local cluster).
+    ray_address: str | None = None
     restart: str = "on-failure"
     max_restarts: int = 5
     restart_window_s: float = 300.0

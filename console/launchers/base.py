@@ -57,7 +57,9 @@ class Launcher(abc.ABC):
         return None
 
 
-def make_launcher(kind: str, command: tuple[str, ...] | None, state_dir: Path) -> Launcher:
+def make_launcher(
+    kind: str, command: tuple[str, ...] | None, state_dir: Path, ray_address: str | None = None
+) -> Launcher:
     if kind == "local":
         from console.launchers.local import LocalLauncher
 
@@ -65,5 +67,5 @@ def make_launcher(kind: str, command: tuple[str, ...] | None, state_dir: Path) -
     if kind == "ray":
         from console.launchers.ray_launcher import RayLauncher
 
-        return RayLauncher(command, state_dir)
+        return RayLauncher(command, state_dir, ray_address)
     raise ValueError(f"unknown launcher {kind!r}: use local or ray in [fleet] launcher")

@@ -42,7 +42,9 @@ class Supervisor:
         self.resolved = resolved
         self.fleet = resolved.profile.fleet
         self.paths = paths
-        self.launcher = make_launcher(self.fleet.launcher, self.fleet.command, paths.root)
+        self.launcher = make_launcher(
+            self.fleet.launcher, self.fleet.command, paths.root, self.fleet.ray_address
+        )
         self.units = {
             spec.name: ServerUnit(spec, self.fleet, self.launcher, paths.log(spec.name))
             for spec in resolved.servers

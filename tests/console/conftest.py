@@ -133,7 +133,16 @@ class Fleet:
         return found
 
 
-def write_profile(path: Path, name: str, base_port: int, control: Path, replicas: int = 2, **fleet) -> None:
+def write_profile(
+    path: Path,
+    name: str,
+    base_port: int,
+    control: Path,
+    replicas: int = 2,
+    server: str = "",
+    model: str = "fake-model",
+    **fleet,
+) -> None:
     settings = {
         "name": name,
         "replicas": replicas,
@@ -146,13 +155,15 @@ def write_profile(path: Path, name: str, base_port: int, control: Path, replicas
         "metrics_interval_s": 0.5,
         **fleet,
     }
-    lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+    # command = None: the real `tokenspeed serve`.
+    lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items() if v is not None]
     path.write_text(
         textwrap.dedent(
             """\
             [server]
-            model = "fake-model"
+            model = "{model}"
             device = "cpu"
+            {server}
 
             [fleet]
             {fleet}
@@ -170,7 +181,7 @@ def write_profile(path: Path, name: str, base_port: int, control: Path, replicas
             [env]
             FAKE_CONTROL_DIR = "{control}"
             """
-        ).format(fleet="\n".join(lines), control=control)
+        ).format(fleet="\n".join(lines), control=control, server=server, model=model)
     )
 
 
@@ -186,13 +197,15 @@ def _kill_all(fleet: Fleet) -> None:
 def make_fleet(tmp_path):
     made: list[Fleet] = []
 
-    def make(replicas: int = 2, name: str = "t", **fleet_settings) -> Fleet:
+    def make(
+        replicas: int = 2, name: str = "t", server: str = "", model: str = "fake-model", **fleet_settings
+    ) -> Fleet:
         root = tmp_path / f"f{len(made)}"
         control = root / "ctl"
         control.mkdir(parents=True)
         base = free_base_port(replicas)
         profile = root / "fleet.toml"
-        write_profile(profile, name, base, control, replicas, **fleet_settings)
+        write_profile(profile, name, base, control, replicas, server, model, **fleet_settings)
         fleet = Fleet(root, profile, root / "state", control, name, base, replicas)
         made.append(fleet)
         return fleet

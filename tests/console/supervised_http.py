@@ -85,9 +85,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--node-rank", type=int, default=0)
     args, _ = parser.parse_known_args()
     with open(CONTROL / f"{NAME}.starts", "a") as f:
-        f.write(f"{os.getpid()}\n")
+        f.write(f"{os.getpid()}:{args.node_rank}\n")
     print(f"{NAME} starting on {args.host}:{args.port}", flush=True)
     if flag("crash"):
         print(f"{NAME} crashing", flush=True)
@@ -96,6 +97,11 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if args.node_rank > 0:
+        # Like a scheduler-only node of a multi-node server: no HTTP, runs until stopped.
+        print(f"{NAME} node rank {args.node_rank} waiting", flush=True)
+        while True:
+            time.sleep(1)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"{NAME} ready", flush=True)
     server.serve_forever()
