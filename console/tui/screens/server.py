@@ -33,7 +33,21 @@ PLOTS = (
 )
 
 # Keys of /get_server_info that are live state, not arguments.
-_LIVE_KEYS = {"mapping", "state", "live", "stats", "version", "internal_states"}
+_LIVE_KEYS = {
+    "mapping",
+    "state",
+    "live",
+    "stats",
+    "version",
+    "internal_states",
+    "status",
+    "uptime_s",
+    "pid",
+    "child_pids",
+    "num_inflight_requests",
+    "max_total_num_tokens",
+    "max_req_input_len",
+}
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,26 @@ def mapping_text(mapping: Any) -> str:
     return str(mapping)
 
 
+def live_text(info: dict[str, Any]) -> str:
+    """The server's own view of itself: status, in-flight requests, KV pages per scheduler rank."""
+    lines = []
+    head = [
+        f"{k}: {info[k]}" for k in ("status", "num_inflight_requests", "max_total_num_tokens") if k in info
+    ]
+    if head:
+        lines.append("  ".join(head))
+    for rank in info.get("internal_states") or []:
+        if not isinstance(rank, dict):
+            continue
+        lines.append(
+            f"dp {rank.get('dp_rank', '?')}: running {rank.get('num_running', '-')} waiting {rank.get('num_waiting', '-')}"
+            f"  KV pages {rank.get('kv_pages_used', '-')}/{rank.get('kv_pages_total', '-')}"
+            f"  prefix hits {rank.get('prefix_cache_hits', '-')}/{rank.get('prefix_cache_queries', '-')}"
+            f"  preemptions {rank.get('num_preemptions', '-')}"
+        )
+    return "\n".join(lines) or "(the server reported no live state)"
+
+
 class ServerScreen(ConsoleScreen):
     MODE = "server"
     NEEDS_SERVER = True
@@ -72,8 +106,7 @@ class ServerScreen(ConsoleScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._info_cache: dict[str, dict[str, Any]] = {}
-        self._args_for: str | None = None
+        self._args_for: tuple[str, dict[str, Any]] | None = None
 
     def compose(self):
         yield from self.compose_header()
@@ -83,6 +116,8 @@ class ServerScreen(ConsoleScreen):
                 for plot_id, title, _key, render in PLOTS:
                     yield MetricPlot(title, render, id=plot_id)
             with Vertical(id="server-side"):
+                yield Static("Live state", classes="section")
+                yield Static("", id="server-live")
                 yield Static("Mapping", classes="section")
                 yield Static("", id="server-mapping")
                 yield Static("ServerArgs (resolved)", classes="section")
@@ -95,17 +130,14 @@ class ServerScreen(ConsoleScreen):
         name = self.console.selected
         if name is None:
             return None
-        cached = self._info_cache.get(name)
 
         def fetch(source: DataSource) -> ServerData:
             history = source.history(name, HISTORY_SECONDS)
-            info, info_error = cached, None
-            if info is None:
-                # Arguments never change while a process lives; ask once per server.
-                try:
-                    info = source.info(name)
-                except SourceError as exc:
-                    info_error = str(exc)
+            info, info_error = None, None
+            try:
+                info = source.info(name)
+            except SourceError as exc:
+                info_error = str(exc)
             return ServerData(name, history, info, info_error)
 
         return fetch
@@ -133,24 +165,19 @@ class ServerScreen(ConsoleScreen):
         for plot_id, _title, key, _render in PLOTS:
             self.query_one(f"#{plot_id}", MetricPlot).update_series(data.history.series(key))
         if data.info is not None:
-            self._info_cache[data.name] = data.info
-            if self._args_for != data.name:
-                self._draw_info(data.info)
-                self._args_for = data.name
+            self.query_one("#server-live", Static).update(live_text(data.info))
+            args, mapping = split_info(data.info)
+            if self._args_for != (data.name, args):
+                # Arguments only change with a new process: redraw the long table only then.
+                self._draw_info(args, mapping)
+                self._args_for = (data.name, args)
         elif data.info_error:
-            self.query_one("#server-mapping", Static).update(Text(f"info: {data.info_error}", style="red"))
+            self.query_one("#server-live", Static).update(Text(f"info: {data.info_error}", style="red"))
 
-    def _draw_info(self, info: dict[str, Any]) -> None:
-        args, mapping = split_info(info)
+    def _draw_info(self, args: dict[str, Any], mapping: Any) -> None:
         self.query_one("#server-mapping", Static).update(mapping_text(mapping))
         table = self.query_one("#server-args", DataTable)
         table.clear()
         for key in sorted(args):
             value = args[key]
             table.add_row(key, json.dumps(value) if not isinstance(value, str) else value)
-
-    def on_screen_resume(self) -> None:
-        # Restarted processes may have new arguments: forget what we knew when the operator comes back.
-        self._info_cache.clear()
-        self._args_for = None
-        super().on_screen_resume()

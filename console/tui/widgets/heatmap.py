@@ -23,6 +23,7 @@ class ExpertLoad:
     rank_of: dict[tuple[int, int], int] = field(default_factory=dict)  # (layer, expert) -> EP rank
     balancedness: dict[int, float] = field(default_factory=dict)  # layer -> mean/max per rank
     rebalances: float | None = None
+    rank_load: dict[int, float] = field(default_factory=dict)  # EP rank -> tokens, when the server exports it
 
     @property
     def layers(self) -> list[int]:
@@ -33,7 +34,9 @@ class ExpertLoad:
         return sorted({e for row in self.load.values() for e in row})
 
     def rank_loads(self, ep_size: int | None) -> dict[int, float]:
-        """Tokens per EP rank over all layers: the label when exported, else contiguous expert blocks."""
+        """Tokens per EP rank over all layers: exported by the server, else from the expert placement."""
+        if self.rank_load:
+            return dict(self.rank_load)
         experts = self.experts
         totals: dict[int, float] = {}
         for layer, row in self.load.items():
@@ -75,10 +78,17 @@ def parse_expert_metrics(text: str) -> ExpertLoad:
             balancedness[layer] = min(value, balancedness.get(layer, value))
     if not balancedness and "eplb_balancedness" in scrape.values and not load:
         balancedness[0] = scrape.values["eplb_balancedness"]
+    rank_load: dict[int, float] = {}
+    for labels, value in scrape.labelled.get("expert_rank_load", []):
+        rank = _int(labels.get("ep_rank"))
+        if rank is not None:
+            rank_load[rank] = rank_load.get(rank, 0.0) + value
     rebalances = scrape.get("eplb_rebalances")
     if rebalances is None:
         rebalances = scrape.get("eplb_rebalances_total")
-    return ExpertLoad(load=load, rank_of=rank_of, balancedness=balancedness, rebalances=rebalances)
+    return ExpertLoad(
+        load=load, rank_of=rank_of, balancedness=balancedness, rebalances=rebalances, rank_load=rank_load
+    )
 
 
 def ramp_colour(fraction: float) -> str:

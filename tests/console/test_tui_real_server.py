@@ -1,0 +1,125 @@
+"""The console over a supervised real `tokenspeed serve` (a tiny random MoE model on CPU), end to end.
+
+The operator turns expert recording on from the console, traffic arrives, and the Experts screen
+draws the load the server's router really produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from console.client import SupervisorClient, SupervisorError
+from console.tui.app import ConsoleApp
+from console.tui.launch import start_supervisor
+from console.tui.live_source import LiveSource
+from tests.console.tui_pilot import log_lines, table_rows, text_of, wait_for
+from tests.console.tui_support import free_base_port
+
+SIZE = (170, 50)
+
+pytest.importorskip("tokenspeed.runtime.entrypoints.serve")
+
+
+@pytest.fixture(scope="module")
+def real_fleet():
+    from tests.tiny_models import make_tiny_model
+
+    root = Path(tempfile.mkdtemp(prefix="tsr-"))
+    model = make_tiny_model("qwen3_moe", root / "models")
+    port = free_base_port(1)
+    profile = root / "real.toml"
+    profile.write_text(
+        f"""[server]
+model = "{model}"
+device = "cpu"
+expert_distribution_recorder_mode = "stat"
+
+[fleet]
+name = "real"
+replicas = 1
+base_port = {port}
+startup_timeout_s = 300
+stop_timeout_s = 10
+
+[fleet.health]
+interval_s = 1.0
+"""
+    )
+    state_dir = root / "state"
+    start_supervisor(profile, state_dir)
+    client = SupervisorClient(state_dir, timeout=5.0)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            server = client.fleet()["servers"][0]
+            if server["state"] == "READY":
+                break
+            assert server["state"] not in ("FATAL", "BACKOFF"), "\n".join(client.logs("real-0", 60)["lines"])
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the real server did not become READY")
+        yield client, f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(SupervisorError):
+            client.shutdown()
+        deadline = time.monotonic() + 30
+        while client.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        client.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def send_traffic(url: str, requests: int = 4) -> None:
+    with httpx.Client(base_url=url, timeout=60, trust_env=False) as http:
+        model = http.get("/v1/models").json()["data"][0]["id"]
+        for i in range(requests):
+            answer = http.post(
+                "/v1/completions",
+                json={"model": model, "prompt": f"tell me about {i} experts", "max_tokens": 12},
+            )
+            assert answer.status_code == 200, answer.text
+
+
+async def test_console_over_a_real_server_shows_its_metrics_args_and_expert_load(real_fleet):
+    client, url = real_fleet
+    app = ConsoleApp(LiveSource(client.state_dir, timeout=5.0), interval=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: table_rows(app)["real-0"][3] == "READY", what="READY row", timeout=60)
+        await pilot.press("x")  # start expert recording through the supervisor
+        send_traffic(url)
+        rows = await wait_for(
+            pilot,
+            lambda: table_rows(app)["real-0"][9] not in ("-", "0.0") and table_rows(app),
+            what="tokens/s",
+        )
+        assert rows["real-0"][2] == "cpu"
+
+        await pilot.press("3")
+        heat = await wait_for(
+            pilot,
+            lambda: "balance" in text_of(app, "#experts-heatmap") and text_of(app, "#experts-heatmap"),
+            what="a heatmap from the real router",
+            timeout=60,
+        )
+        layers = [line for line in heat.splitlines()[1:] if line.strip() and line.split()[0].isdigit()]
+        assert layers, heat
+        assert "rank   0" in text_of(app, "#experts-ranks")
+
+        await pilot.press("2")
+        await wait_for(pilot, lambda: "moe" in text_of(app, "#server-mapping"), what="the Mapping table")
+        assert "status: ready" in text_of(app, "#server-live")
+        args = app.screen.query_one("#server-args")
+        await wait_for(pilot, lambda: args.row_count > 50, what="resolved ServerArgs")
+        values = {args.get_row_at(i)[0]: args.get_row_at(i)[1] for i in range(args.row_count)}
+        assert values["expert_distribution_recorder_mode"] == "stat"
+        assert values["device"] == "cpu"
+
+        await pilot.press("4")
+        await wait_for(pilot, lambda: len(log_lines(app)) > 3, what="the server's log")
