@@ -292,14 +292,21 @@ class ConsoleApp(App):
     def launch_profile(self, path: str) -> str:
         """Start the fleet of a profile unless its supervisor already runs (called from a worker thread)."""
         from console.client import SupervisorClient
-        from console.tui.launch import fleet_state_dir, start_supervisor
+        from console.profiles import load_profile
+        from console.supervisor.paths import default_state_dir
+        from console.tui.launch import start_supervisor
 
-        directory = self.state_dir or str(fleet_state_dir(path))
+        name = load_profile(path).fleet.name
+        watching = self.snapshot.fleet.name if self.snapshot and self.snapshot.fleet else None
+        # This console's own fleet keeps its state directory; another fleet gets its default one.
+        directory = self.state_dir if self.state_dir and name == watching else str(default_state_dir(name))
         with SupervisorClient(directory, timeout=1.0) as client:
             if client.alive():
-                return f"the fleet already runs (supervisor in {directory}); restart servers to apply changes"
+                return (
+                    f"fleet {name} already runs (supervisor in {directory}); restart servers to apply changes"
+                )
         start_supervisor(path, directory)
-        return f"fleet started from {path} (supervisor in {directory})"
+        return f"fleet {name} started from {path} (supervisor in {directory})"
 
     # ------------------------------------------------------------------ leaving
 

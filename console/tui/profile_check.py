@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,15 +29,36 @@ class CheckResult:
         return f"{where}{self.key + ': ' if self.key else ''}{self.message}"
 
 
-def check_profile_text(text: str, path: str | Path) -> CheckResult:
-    from console.profiles import ProfileError, load_and_resolve
-
-    target = Path(path)
+@contextmanager
+def _as_file(text: str, target: Path) -> Iterator[str]:
     directory = target.parent if target.parent.is_dir() else Path(tempfile.gettempdir())
     fd, tmp = tempfile.mkstemp(prefix=".check-", suffix=".toml", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        yield tmp
+    finally:
+        os.unlink(tmp)
+
+
+def plan_profile_text(text: str, path: str | Path) -> dict | str:
+    """The probe's plan for the profile being edited (a dict as `tokenspeed profile plan --json`), or why not."""
+    from console.probe import probe_gpus
+    from console.profile_plan import plan_with_platform
+    from console.profiles import load_and_resolve
+
+    with _as_file(text, Path(path)) as tmp:
+        try:
+            return plan_with_platform(load_and_resolve(tmp), probe_gpus()).to_dict()
+        except (ValueError, OSError) as exc:
+            return f"no plan: {str(exc).replace(tmp, str(path))}"
+
+
+def check_profile_text(text: str, path: str | Path) -> CheckResult:
+    from console.profiles import ProfileError, load_and_resolve
+
+    target = Path(path)
+    with _as_file(text, target) as tmp:
         try:
             resolved = load_and_resolve(tmp)
         except ProfileError as exc:
@@ -46,8 +69,6 @@ def check_profile_text(text: str, path: str | Path) -> CheckResult:
         # Without [fleet] name the fleet is named after the file: name it after the real one.
         names = (n.replace(Path(tmp).stem, target.stem) for n in _server_names(resolved))
         return CheckResult(ok=True, servers=tuple(names))
-    finally:
-        os.unlink(tmp)
 
 
 def _server_names(resolved) -> list[str]:

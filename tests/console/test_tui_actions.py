@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 
 import psutil
 import pytest
 
+from console.client import SupervisorClient
+from console.supervisor.paths import default_state_dir
 from console.tui.app import ConsoleApp
 from console.tui.launch import OpenedSource
 from console.tui.live_source import LiveSource
 from console.tui.screens.modals import ConfirmScreen, LeaveScreen
-from tests.console.tui_pilot import row_order, status, table_rows, wait_for
-from tests.console.tui_support import running_fleet
+from tests.console.tui_pilot import row_order, status, table_rows, text_of, wait_for
+from tests.console.tui_support import free_base_port, running_fleet, write_profile
 
 SIZE = (170, 50)
 
@@ -134,8 +138,6 @@ async def test_killed_server_shows_its_restart(fleet):
         )
         await wait_for(pilot, lambda: table_rows(app)["act-2"][3] == "READY", what="READY again")
         await select(pilot, app, "act-2")
-        from tests.console.tui_pilot import text_of
-
         assert "signal" in text_of(app, "#fleet-detail")  # last exit: signal 9
 
 
@@ -180,3 +182,37 @@ async def test_leaving_a_console_that_only_attached_never_asks(fleet):
         await pilot.press("q")
     assert not app.stop_fleet_on_exit
     assert fleet.client.alive()
+
+
+async def test_profile_screen_launches_a_new_fleet(fleet, tmp_path, monkeypatch):
+    # The new fleet's supervisor lives under XDG_STATE_HOME (a short path: the socket must fit).
+
+    from tests.console.tui_pilot import text_of
+
+    state_home = tempfile.mkdtemp(prefix="tsx-")
+    monkeypatch.setenv("XDG_STATE_HOME", state_home)
+    profile = write_profile(tmp_path, "fresh", replicas=1, base_port=free_base_port(1))
+    app = make_app(fleet, profile_path=str(profile))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        await wait_for(pilot, lambda: "valid, 1 server(s)" in text_of(app, "#profile-errors"))
+        await pilot.press("ctrl+l")
+        client = SupervisorClient(default_state_dir("fresh"), timeout=2.0)
+        try:
+            await wait_for(pilot, client.alive, what="the launched fleet's supervisor", timeout=30)
+            await wait_for(
+                pilot,
+                lambda: client.fleet()["servers"][0]["state"] == "READY",
+                what="fresh-0 READY",
+                timeout=30,
+            )
+            await pilot.press("ctrl+l")  # a second launch finds it running and starts nothing
+            await pilot.pause(0.5)
+            assert len(client.fleet()["servers"]) == 1
+        finally:
+            if client.alive():
+                pid = client.fleet()["servers"][0]["pid"]
+                client.shutdown()
+                psutil.wait_procs([psutil.Process(pid)], timeout=20) if psutil.pid_exists(pid) else None
+            client.close()
+            shutil.rmtree(state_home, ignore_errors=True)

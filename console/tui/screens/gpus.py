@@ -46,6 +46,9 @@ def _cell(key: str, value: Any) -> str:
 
 
 def gpu_table(gpus: list[dict[str, Any]]) -> Table:
+    for gpu in gpus:
+        if "used_mib" not in gpu and isinstance(gpu.get("total_mib"), (int, float)):
+            gpu["used_mib"] = gpu["total_mib"] - float(gpu.get("free_mib") or 0.0)
     keys = [k for k, _ in _GPU_COLUMNS if any(k in g for g in gpus)]
     extra = sorted(
         {k for g in gpus for k, v in g.items() if k not in keys and not isinstance(v, (dict, list))}
@@ -60,24 +63,73 @@ def gpu_table(gpus: list[dict[str, Any]]) -> Table:
 
 
 def other_users(gpus: list[dict[str, Any]]) -> Text:
+    """Memory other processes hold on each GPU (what the planner has to leave them)."""
     text = Text()
     for gpu in gpus:
-        procs = gpu.get("processes") or gpu.get("other_processes") or []
-        for proc in procs if isinstance(procs, list) else []:
-            if isinstance(proc, dict):
-                text.append(
-                    f"GPU {gpu.get('index', '?')}: pid {proc.get('pid', '?')} "
-                    f"{proc.get('name', '')} {fmt.mib(proc.get('used_mib'))}\n"
-                )
+        others = gpu.get("used_by_others_mib")
+        if isinstance(others, (int, float)) and others > 0:
+            text.append(
+                f"GPU {gpu.get('index', '?')}: {fmt.mib(float(others))} used by other processes\n",
+                style="yellow",
+            )
     return text or Text("no other processes on the GPUs", style="dim")
 
 
-def plan_text(plan: Any) -> Text:
+_PLAN_COLUMNS = (
+    ("name", "SERVER"),
+    ("device", "DEVICE"),
+    ("gpus", "GPUS"),
+    ("gpu_memory_utilization", "MEM UTIL"),
+    ("weights_gib", "WEIGHTS GiB"),
+    ("kv_gib", "KV GiB"),
+    ("kv_tokens", "KV TOKENS"),
+    ("concurrent_seqs", "SEQS"),
+    ("max_num_seqs", "MAX SEQS"),
+    ("max_cudagraph_capture_size", "GRAPHS"),
+)
+
+
+def _plan_cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "-"
+    return str(value)
+
+
+def plan_text(plan: Any) -> Table | Text:
+    """The planner's answer: one row per server, then each server's notes and any refusal."""
     if plan is None:
         return Text("no plan reported", style="dim")
     if isinstance(plan, str):
         return Text(plan)
-    return Text(json.dumps(plan, indent=2, sort_keys=True, default=str))
+    servers = plan.get("servers") if isinstance(plan, dict) else None
+    if not isinstance(servers, list):
+        return Text(json.dumps(plan, indent=2, sort_keys=True, default=str))
+    verdict = (
+        "fits" if plan.get("fits", True) else f"REFUSED: {plan.get('reason') or 'see the servers below'}"
+    )
+    table = Table(title=f"fleet {plan.get('fleet', '?')}: {verdict}", expand=True, title_justify="left")
+    for _key, label in _PLAN_COLUMNS:
+        table.add_column(label)
+    table.add_column("FITS")
+    for server in servers:
+        if not isinstance(server, dict):
+            continue
+        fits = Text("yes", style="green") if server.get("fits", True) else Text("no", style="bold red")
+        table.add_row(*(_plan_cell(server.get(k)) for k, _ in _PLAN_COLUMNS), fits)
+    notes = [
+        f"{server.get('name')}: {note}"
+        for server in servers
+        if isinstance(server, dict)
+        for note in [*(server.get("notes") or []), *([server["reason"]] if server.get("reason") else [])]
+    ]
+    if notes:
+        table.caption = "\n".join(notes)
+        table.caption_justify = "left"
+    return table
 
 
 class GpusScreen(ConsoleScreen):
@@ -107,12 +159,21 @@ class GpusScreen(ConsoleScreen):
         if not isinstance(probe, dict):
             return
         gpus = _gpus(probe)
+        reading = probe.get("probe") if isinstance(probe.get("probe"), dict) else probe
+        host = f"{reading.get('hostname', '?')} ({reading.get('kind', '?')})"
         if gpus:
-            self.query_one("#gpus-table", Static).update(gpu_table(gpus))
+            table = gpu_table(gpus)
+            table.title = f"GPUs on {host}"
+            table.title_justify = "left"
+            self.query_one("#gpus-table", Static).update(table)
         else:
-            platform = probe.get("platform") or (probe.get("probe") or {}).get("platform") or "cpu"
+            note = reading.get("note") or "no GPU readings"
             self.query_one("#gpus-table", Static).update(
-                Text(f"no GPU found (platform: {platform}); servers run with --device cpu", style="yellow")
+                Text(f"no GPU found on {host}: {note}; servers run with --device cpu", style="yellow")
             )
         self.query_one("#gpus-others", Static).update(other_users(gpus))
-        self.query_one("#gpus-plan", Static).update(plan_text(probe.get("plan")))
+        plan = probe.get("plan")
+        if plan is None and probe.get("error"):
+            self.query_one("#gpus-plan", Static).update(Text(f"plan: {probe['error']}", style="bold red"))
+        else:
+            self.query_one("#gpus-plan", Static).update(plan_text(plan))

@@ -10,7 +10,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static, TextArea
 
 from console.tui.model import Snapshot
-from console.tui.profile_check import CheckResult, check_profile_text
+from console.tui.profile_check import CheckResult, check_profile_text, plan_profile_text
 from console.tui.screens.base import ConsoleScreen
 from console.tui.screens.gpus import plan_text
 
@@ -37,7 +37,6 @@ class ProfileScreen(ConsoleScreen):
         self.result: CheckResult | None = None
         self._check_timer = None
         self._saved_text: str | None = None
-        self._plan_pending = False
 
     def compose(self):
         yield from self.compose_header()
@@ -72,19 +71,6 @@ class ProfileScreen(ConsoleScreen):
         # Attached with --fleet: the supervisor knows which profile the fleet came from.
         if self.path is None and snapshot.fleet is not None and snapshot.fleet.profile_path:
             self.load(snapshot.fleet.profile_path)
-        if self._plan_pending:
-            self._plan_pending = False
-            if snapshot.extra_error:
-                self.query_one("#profile-plan", Static).update(Text(snapshot.extra_error, style="bold red"))
-            elif isinstance(snapshot.extra, dict):
-                self.query_one("#profile-plan", Static).update(
-                    plan_text(snapshot.extra.get("plan", snapshot.extra))
-                )
-
-    def poll_request(self):
-        if not self._plan_pending:
-            return None
-        return lambda source: source.probe()
 
     def _draw_title(self) -> None:
         text = self.query_one(TextArea).text
@@ -151,9 +137,18 @@ class ProfileScreen(ConsoleScreen):
         return True
 
     def action_plan(self) -> None:
-        self._plan_pending = True
+        """Plan the text in the editor (saved or not) against the GPUs of this machine."""
+        if self.path is None:
+            return
+        text, path = self.query_one(TextArea).text, self.path
         self.query_one("#profile-plan", Static).update(Text("asking the probe...", style="dim"))
-        self.console.poll_now()
+
+        def work() -> None:
+            plan = plan_profile_text(text, path)
+            shown = Text(plan, style="bold red") if isinstance(plan, str) else plan_text(plan)
+            self.app.call_from_thread(self.query_one("#profile-plan", Static).update, shown)
+
+        self.run_worker(work, thread=True, group="profile-plan", exclusive=True, exit_on_error=False)
 
     def action_launch(self) -> None:
         if self.console.readonly:
