@@ -1,4 +1,6 @@
-"""Process life cycle: a dead scheduler takes the server down; SIGTERM drains and exits 0."""
+"""Process life cycle: a dead scheduler takes the server down, a dead server takes its children with it,
+SIGTERM drains and exits 0. The same servers also cover start-up variants (--skip-tokenizer-init,
+--stream-interval with --stream-output, --warmups)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ def two_servers(tiny_model, tmp_path_factory):
     logs = tmp_path_factory.mktemp("lifecycle-logs")
     servers = launch_all(
         [
+            (tiny_model, logs, ("--skip-server-warmup", "--skip-tokenizer-init")),
+            (tiny_model, logs, ("--warmups", "batch,chat", "--stream-interval", "4", "--stream-output")),
             (tiny_model, logs, ("--skip-server-warmup",)),
-            (tiny_model, logs, ("--warmups", "batch,chat")),
         ],
         env={"TOKENSPEED_DRAIN_TIMEOUT": "20"},
     )
@@ -35,6 +38,24 @@ def _children(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def test_skip_tokenizer_init_serves_token_ids(two_servers):
+    srv = two_servers[0]
+    r = httpx.post(f"{srv.url}/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4,
+                   "ignore_eos": True}})  # fmt: skip
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 4 and r.json()["text"] == ""
+    r = httpx.post(f"{srv.url}/generate", json={"text": "hello"})
+    assert r.status_code == 400 and "--skip-tokenizer-init" in r.json()["error"]["message"]
+
+
+def test_stream_interval_batches_stream_chunks(two_servers):
+    srv = two_servers[1]
+    with httpx.stream("POST", f"{srv.url}/generate", timeout=60, json={"text": "count", "stream": True,
+                      "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}}) as r:  # fmt: skip
+        events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    # --stream-output: each event carries only its new ids; --stream-interval 4: four at a time.
+    assert [len(e["output_ids"]) for e in events] == [4, 4, 4]
 
 
 def test_killed_scheduler_takes_the_server_down(two_servers):
@@ -52,6 +73,16 @@ def test_killed_scheduler_takes_the_server_down(two_servers):
     # No child outlives the server.
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_children_die_with_a_killed_server(two_servers):
+    srv = two_servers[2]
+    children = _children(srv.proc.pid)
+    assert len(children) >= 1
+    srv.proc.kill()
+    srv.proc.wait(timeout=10)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not [c for c in alive if c.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_zero(two_servers):
