@@ -134,6 +134,8 @@ def test_health_and_info(http, server):
     assert "api_key" not in sinfo
     assert sinfo["internal_states"][0]["kv_pages_total"] > 0
     assert list(sinfo["child_pids"]) == ["scheduler dp0 tp0"]
+    # --enable-log-request-stats: one line per finished request.
+    assert "request_stats rid=" in server.log()
 
 
 def test_abort_request_ends_a_running_stream(http):
@@ -195,6 +197,7 @@ def test_metrics_parse_and_move(http):
     assert metric(after, "tokenspeed:request_success_total", finished_reason="length", **labels) > 0
     assert metric(after, "tokenspeed:num_requests_running", **labels) == 0
     # Every name the console reads is exported.
+    assert not [n for n, _ in after if n.endswith("_created")]
     names = {n for n, _ in after}
     for required in ("num_requests_waiting", "num_preemptions_total", "gen_throughput", "kv_cache_usage_perc",
                      "kv_cache_used_tokens", "prefix_cache_hits_total", "num_requests_total"):  # fmt: skip
