@@ -19,17 +19,17 @@ from console.tui.widgets.plot import MetricPlot
 
 HISTORY_SECONDS = 300.0
 
-# (widget id, title, metric key, renderer)
+# (widget id, title, metric key, renderer, a 0..1 ratio)
 PLOTS = (
-    ("plot-tps", "tokens/s", "gen_throughput", fmt.rate),
-    ("plot-running", "running", "running", fmt.count),
-    ("plot-waiting", "waiting", "waiting", fmt.count),
-    ("plot-kv", "KV usage", "kv_usage", fmt.percent),
-    ("plot-hit", "prefix hit rate", "prefix_hit_rate", fmt.percent),
-    ("plot-ttft50", "TTFT p50", "ttft_p50", fmt.latency),
-    ("plot-ttft99", "TTFT p99", "ttft_p99", fmt.latency),
-    ("plot-itl50", "ITL p50", "itl_p50", fmt.latency),
-    ("plot-itl99", "ITL p99", "itl_p99", fmt.latency),
+    ("plot-tps", "tokens/s", "gen_throughput", fmt.rate, False),
+    ("plot-running", "running", "running", fmt.count, False),
+    ("plot-waiting", "waiting", "waiting", fmt.count, False),
+    ("plot-kv", "KV usage", "kv_usage", fmt.percent, True),
+    ("plot-hit", "prefix hit rate", "prefix_hit_rate", fmt.percent, True),
+    ("plot-ttft50", "TTFT p50", "ttft_p50", fmt.latency, False),
+    ("plot-ttft99", "TTFT p99", "ttft_p99", fmt.latency, False),
+    ("plot-itl50", "ITL p50", "itl_p50", fmt.latency, False),
+    ("plot-itl99", "ITL p99", "itl_p99", fmt.latency, False),
 )
 
 # Keys of /get_server_info that are live state, not arguments.
@@ -113,8 +113,8 @@ class ServerScreen(ConsoleScreen):
         yield Static("", id="server-title", classes="title")
         with Horizontal(id="server-body"):
             with VerticalScroll(id="server-plots"):
-                for plot_id, title, _key, render in PLOTS:
-                    yield MetricPlot(title, render, id=plot_id)
+                for plot_id, title, _key, render, ratio in PLOTS:
+                    yield MetricPlot(title, render, ratio=ratio, id=plot_id)
             with Vertical(id="server-side"):
                 yield Static("Live state", classes="section")
                 yield Static("", id="server-live")
@@ -162,7 +162,7 @@ class ServerScreen(ConsoleScreen):
         data = snapshot.extra
         if not isinstance(data, ServerData) or data.name != name:
             return
-        for plot_id, _title, key, _render in PLOTS:
+        for plot_id, _title, key, _render, _ratio in PLOTS:
             self.query_one(f"#{plot_id}", MetricPlot).update_series(data.history.series(key))
         if data.info is not None:
             self.query_one("#server-live", Static).update(live_text(data.info))

@@ -1,46 +1,85 @@
-"""A labelled history plot: a title line with now/min/max and a Sparkline that rescales to its data."""
+"""A labelled history plot: a title line with now/min/max and a block-character chart scaled from zero.
+
+Textual's Sparkline stretches min..max to the full height, so a KV usage wobbling between 0.01% and
+0.02% looks like a full cache. These charts start at zero and, for ratios, end at 100%.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from rich.text import Text
-from textual.containers import Vertical
-from textual.widgets import Label, Sparkline
+from textual.widgets import Static
+
+_BLOCKS = " ▁▂▃▄▅▆▇█"
 
 
-class MetricPlot(Vertical):
+def chart_lines(series: Sequence[float], width: int, height: int, top: float | None) -> list[str]:
+    """Rows of block characters, newest sample on the right; columns take the max of their samples."""
+    if width <= 0 or height <= 0:
+        return []
+    values = list(series)
+    if len(values) > width:
+        # Bucket from the right so the newest sample always has a column of its own.
+        size = len(values) / width
+        values = [
+            max(values[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)]) for i in range(width)
+        ]
+    peak = top if top is not None else max(values, default=0.0)
+    levels = height * 8
+    heights = [0 if peak <= 0 else round(min(max(v, 0.0), peak) / peak * levels) for v in values]
+    pad = width - len(heights)
+    rows = []
+    for row in range(height):
+        floor = (height - 1 - row) * 8  # eighths below this row
+        cells = [_BLOCKS[min(max(h - floor, 0), 8)] for h in heights]
+        rows.append(" " * pad + "".join(cells))
+    return rows
+
+
+class MetricPlot(Static):
     """One metric's recent history. `update_series` redraws only when the numbers changed."""
 
     DEFAULT_CSS = """
     MetricPlot { height: 4; margin: 0 1 0 0; }
-    MetricPlot > Label { width: 100%; }
-    MetricPlot > Sparkline { height: 3; }
     """
 
-    def __init__(self, title: str, render: Callable[[float | None], str], *, id: str | None = None) -> None:
-        super().__init__(id=id)
+    def __init__(
+        self,
+        title: str,
+        render: Callable[[float | None], str],
+        *,
+        ratio: bool = False,
+        id: str | None = None,
+    ) -> None:
+        super().__init__("", id=id)
         self.title = title
         self.render_value = render
+        self.ratio = ratio
         self._series: tuple[float, ...] | None = None
-
-    def compose(self):
-        yield Label(Text(self.title, style="bold"))
-        yield Sparkline([], summary_function=max)
 
     def update_series(self, series: Sequence[float]) -> None:
         series = tuple(series)
         if series == self._series:
             return
         self._series = series
-        label = Text(self.title, style="bold")
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        series = self._series or ()
+        text = Text(self.title, style="bold")
         if series:
-            label.append(
+            text.append(
                 f"  now {self.render_value(series[-1])}"
                 f"  min {self.render_value(min(series))}  max {self.render_value(max(series))}"
                 f"  ({len(series)} samples)"
             )
         else:
-            label.append("  no samples", style="dim")
-        self.query_one(Label).update(label)
-        self.query_one(Sparkline).data = list(series) if series else [0.0]
+            text.append("  no samples", style="dim")
+        width = max(self.size.width, 1)
+        for line in chart_lines(series, width, 3, 1.0 if self.ratio else None):
+            text.append("\n" + line, style="cyan")
+        self.update(text)
