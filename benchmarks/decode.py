@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_common as gc  # noqa: E402
+from benchmarks.gpu_common import gc_collect_cuda  # noqa: E402
 
 DEFAULT_BS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
@@ -92,7 +93,7 @@ def bench_backend(
         print(f"{backend:10s} ctx={contexts[0]:5d} bs={bs:4d} eager step={t * 1e3:8.3f} ms")
     core.shutdown()
     core = runner = None
-    torch.cuda.empty_cache()
+    gc_collect_cuda()
     return rows
 
 

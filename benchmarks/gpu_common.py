@@ -205,6 +205,15 @@ def synthetic_batch(runner, batch_size: int, context: int, new_tokens: int = 1):
     )
 
 
+def gc_collect_cuda() -> None:
+    """Free a finished engine's GPU memory: its runner, graphs and backend reference each other, so
+    only the cycle collector releases the KV pool before the next engine is built."""
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def save_json(path: str, data: dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_common as gc  # noqa: E402
+from benchmarks.gpu_common import gc_collect_cuda  # noqa: E402
 
 
 def prefill_flops(cfg: dict, length: int) -> float:
@@ -83,7 +84,7 @@ def main() -> None:
             )
         core.shutdown()
         core = runner = None
-        torch.cuda.empty_cache()
+        gc_collect_cuda()
     gc.save_json(
         args.out,
         dict(

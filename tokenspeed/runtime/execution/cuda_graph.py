@@ -107,6 +107,10 @@ class _Static:
         )
 
 
+class GraphCaptureUnsupported(RuntimeError):
+    """The model's decode forward synchronizes with the host, so it cannot run from a CUDA graph."""
+
+
 class CudaGraphRunner:
     """Captures `forward(fb) -> [bs, vocab]` for decode batch sizes and replays it."""
 
@@ -205,10 +209,20 @@ class CudaGraphRunner:
 
     def _capture_one(self, bs: int, stream: torch.cuda.Stream) -> None:
         fb = self._batch(bs, [1] * bs)
-        # Warm-up outside the graph: compiles kernels and lets backends allocate their scratch.
-        for _ in range(2):
-            self.attn_backend.init_forward_metadata(fb)
+        # Warm-up outside the graph: compiles kernels and lets backends allocate their scratch. The second
+        # run fails fast if the forward waits on the device (e.g. a loop over `unique(ids).tolist()`),
+        # which a graph cannot capture; checked eagerly, the capture never starts in a broken state.
+        self.attn_backend.init_forward_metadata(fb)
+        self.forward(fb)
+        stream.synchronize()
+        self.attn_backend.init_forward_metadata(fb)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
             self.forward(fb)
+        except RuntimeError as e:
+            raise GraphCaptureUnsupported(str(e).splitlines()[0]) from e
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         stream.synchronize()
         self.attn_backend.init_forward_metadata_capture(fb)
         graph = torch.cuda.CUDAGraph()
@@ -301,6 +315,15 @@ def build_graph_runner(
         pad=not getattr(server_args, "disable_cuda_graph_padding", False),
         enable_gc=bool(getattr(server_args, "enable_cudagraph_gc", False)),
     )
-    with torch.inference_mode():
-        runner.capture()
+    try:
+        with torch.inference_mode():
+            runner.capture()
+    except GraphCaptureUnsupported as e:
+        logger.warning(
+            "CUDA graphs are off: the model's decode step waits on the device (%s); decoding eagerly",
+            e,
+        )
+        runner.graphs.clear()
+        torch.cuda.empty_cache()
+        return None
     return runner

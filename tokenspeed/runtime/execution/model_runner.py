@@ -184,6 +184,7 @@ class ModelRunner:
         return self.model.forward(fb)
 
     def shutdown(self) -> None:
+        self.graph_runner = None  # its graphs pin the pool's and the activations' memory
         self.model = None
         self.kv_pool = None
         self.attn_backend = None
