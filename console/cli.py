@@ -81,28 +81,18 @@ def bench(args: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("target", required=False)
-@click.option("--fleet", "fleet", help="Attach to the running fleet NAME.")
+@click.option("--fleet", help="Fleet name (default: the only running fleet).")
 @click.option("--state-dir", type=click.Path(file_okay=False), help="Supervisor state directory.")
-@click.option("--readonly", is_flag=True, help="Watch only: no restart, stop, flush or launch.")
+@click.option("--readonly", is_flag=True, help="Watch only: no restart, stop or flush.")
 @click.option(
-    "--replay",
-    type=click.Path(exists=True, file_okay=False),
-    help="Show a fleet's recorded history (its state directory) instead of a live fleet.",
+    "--replay", type=click.Path(exists=True, file_okay=False), help="Replay a recorded state directory."
 )
+@click.option("--at", help="With --replay: the moment to start from.")
 @click.option(
-    "--at", "at", help="With --replay: when to look (unix seconds, ISO time, HH:MM:SS, or -5m from the end)."
-)
-@click.option(
-    "--interval",
-    "--refresh",
-    "interval",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Seconds between polls.",
+    "--interval", "--refresh", type=float, default=1.0, show_default=True, help="Seconds between polls."
 )
 def console(target, fleet, state_dir, readonly, replay, at, interval) -> None:
-    """Open the operator console (TARGET: a profile, started if not running, or a fleet name)."""
+    """Open the operator console (TARGET: a profile to start, or the name of a running fleet)."""
     from console.client import SupervisorError, SupervisorUnavailable
     from console.tui.app import run
 
@@ -117,10 +107,10 @@ def console(target, fleet, state_dir, readonly, replay, at, interval) -> None:
             interval=interval,
         )
     except SupervisorUnavailable as exc:
-        click.echo(f"tokenspeed console: {exc}", err=True)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_NO_FLEET)
-    except (ValueError, SupervisorError) as exc:
-        click.echo(f"tokenspeed console: {exc}", err=True)
+    except (SupervisorError, ValueError) as exc:
+        click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
     sys.exit(code or 0)
 

@@ -74,6 +74,7 @@ def test_up_serves_a_tiny_model_and_down_leaves_no_process(make_fleet, tmp_path)
     assert down.returncode == 0, down.stderr
     _, alive = psutil.wait_procs(processes, timeout=10)
     assert alive == []
-    # The server exited on its own after SIGTERM (drained), not by SIGKILL.
+    # The server went down on SIGTERM by itself, well inside stop_timeout: no SIGKILL was needed.
     final = json.loads((fleet.state_dir / "state.json").read_text())["servers"][0]
-    assert final["state"] == "STOPPED" and final["last_exit"]["code"] == 0
+    assert final["state"] == "STOPPED" and final["last_exit"]["signal"] is None
+    assert "SIGKILL" not in (fleet.state_dir / "logs" / "e2e-0.log").read_text()

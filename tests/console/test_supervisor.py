@@ -158,3 +158,65 @@ def test_down_without_a_supervisor_still_stops_the_servers(make_fleet):
     assert result.returncode == 0, result.stderr
     _, alive = psutil.wait_procs(processes, timeout=5)
     assert alive == []
+
+
+def test_operator_commands_rolling_restart_follow_logs_ps_and_probe(make_fleet):
+    import subprocess
+    import sys
+
+    from console.client import SupervisorClient
+
+    fleet = make_fleet(replicas=2)
+    assert fleet.up().returncode == 0
+    before = fleet.servers()
+    ps = fleet.cli("ps")
+    assert ps.returncode == 0 and "supervisor" in ps.stdout
+    assert all(str(s["pid"]) in ps.stdout for s in before.values())
+
+    with SupervisorClient(fleet.state_dir) as client:
+        probe = client.probe()
+        assert probe["probe"]["kind"] == "cpu" and probe["plan"]["fits"]
+        assert [s["device"] for s in probe["plan"]["servers"]] == ["cpu", "cpu"]
+
+    unknown = fleet.cli("restart", "nosuch")
+    assert unknown.returncode == 2 and "no server named 'nosuch'" in unknown.stderr
+
+    name = fleet.server(0)
+    follow = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tokenspeed",
+            "logs",
+            name,
+            "-f",
+            "-n",
+            "1",
+            "--state-dir",
+            str(fleet.state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert fleet.cli("restart", "--all", "--rolling").returncode == 0
+        # One at a time: at no moment are both servers down.
+        seen_down = set()
+        deadline = time.monotonic() + 60
+        while True:
+            servers = fleet.servers()
+            down = {n for n, s in servers.items() if s["state"] != "READY"}
+            assert len(down) < 2, servers
+            seen_down |= down
+            if all(s["state"] == "READY" and s["pid"] != before[n]["pid"] for n, s in servers.items()):
+                break
+            assert time.monotonic() < deadline, servers
+            time.sleep(0.05)
+        assert all(s["restarts"] == 0 for s in servers.values())  # operator restarts are not failures
+        lines = []
+        while not any("stopping: SIGTERM" in line for line in lines):
+            lines.append(follow.stdout.readline())
+            assert lines[-1], "logs -f ended"
+    finally:
+        follow.kill()
+        follow.wait()
