@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import sys
@@ -137,6 +138,8 @@ def main() -> None:
         "threads": args.threads,
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews the figures
         "tokenspeed": {
             "seconds": round(ts_s, 3),
             "output_tokens": ts_tokens,
