@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -75,8 +76,6 @@ def build_app(sup: Supervisor) -> Starlette:
         return JSONResponse(sup.fleet_json())
 
     async def server(request: Request):
-        import time
-
         return JSONResponse(sup.server_json(sup.unit(request.path_params["name"]), time.time()))
 
     async def history(request: Request):

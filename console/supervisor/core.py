@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -233,7 +234,7 @@ class Supervisor:
             "profile_path": str(self.resolved.profile.path),
             "state_dir": str(self.paths.root),
             "started_at": self.started_at,
-            "supervisor_pid": __import__("os").getpid(),
+            "supervisor_pid": os.getpid(),
             "shutting_down": self.shutting_down,
             "servers": [self.server_json(u, now) for u in self.units.values()],
         }

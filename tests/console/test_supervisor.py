@@ -220,3 +220,29 @@ def test_operator_commands_rolling_restart_follow_logs_ps_and_probe(make_fleet):
     finally:
         follow.kill()
         follow.wait()
+
+
+def test_foreground_up_shows_states_and_ctrl_c_stops_the_fleet(make_fleet):
+    import signal
+    import subprocess
+    import sys
+
+    fleet = make_fleet(replicas=1)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "tokenspeed", "up", str(fleet.profile), "--state-dir", str(fleet.state_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    while not lines or "Ctrl-C stops the fleet" not in lines[-1]:
+        lines.append(up.stdout.readline())
+        assert lines[-1], "".join(lines)
+    assert any("t-0=STARTING" in line for line in lines) and any("READY" in line for line in lines)
+    processes = fleet.processes()
+    up.send_signal(signal.SIGINT)
+    rest, _ = up.communicate(timeout=60)
+    assert up.returncode == 0, rest
+    assert "stopped" in rest
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    assert alive == []
