@@ -1,12 +1,20 @@
-"""--data-parallel-size 2 on CPU: both groups serve, under each load-balancing method."""
+"""--data-parallel-size 2 on CPU: both groups serve, under each load-balancing method.
+
+The same servers then die on purpose (the last tests of this file, which run in order): a killed scheduler
+rank ends its server with a non-zero status within 10 s; a killed server takes its controller and
+schedulers with it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import signal
+import time
 
 import httpx
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,7 +47,8 @@ def dp_servers(tiny_model, tmp_path_factory):
     servers = dict(zip(LOAD_BALANCE_METHODS, launch_all(specs), strict=True))
     yield servers
     for s in servers.values():
-        assert s.stop(signal.SIGTERM) == 0, s.log()[-3000:]
+        if s.proc.poll() is None:
+            assert s.stop(signal.SIGTERM) == 0, s.log()[-3000:]
 
 
 async def _burst(url: str) -> list[dict]:
@@ -79,3 +88,32 @@ def test_both_groups_serve(dp_servers, method):
     }
     assert served["0"] > 0 and served["1"] > 0
     assert served["0"] + served["1"] == 2 * N_REQUESTS * 16
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_killed_scheduler_takes_the_server_down(dp_servers):
+    srv = dp_servers["round_robin"]
+    children = psutil.Process(srv.proc.pid).children(recursive=True)
+    victim = srv.server_info()["child_pids"]["scheduler dp1 tp0"]
+    assert victim in [c.pid for c in children]
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    code = srv.proc.wait(timeout=10)
+    assert code != 0
+    assert time.monotonic() - t0 < 10
+    assert "scheduler dp1 tp0" in srv.log() and "exited with code -9" in srv.log()
+    gone, still = psutil.wait_procs(children, timeout=10)
+    assert not _alive(still)
+
+
+def test_children_die_with_a_killed_server(dp_servers):
+    srv = dp_servers["shortest_queue"]
+    children = psutil.Process(srv.proc.pid).children(recursive=True)
+    assert len(children) >= 3  # controller + two schedulers
+    srv.proc.kill()
+    srv.proc.wait(timeout=10)
+    gone, still = psutil.wait_procs(children, timeout=10)
+    assert not _alive(still)

@@ -210,9 +210,9 @@ class AsyncLLM:
         except asyncio.TimeoutError:
             return False
 
-    def abort_all(self, reason: str = "abort") -> None:
+    def abort_all(self, reason: str = "abort", error: str | None = None) -> None:
         for rid in list(self._requests):
-            self.abort(rid, reason)
+            self.abort(rid, reason, error)
 
     # ------------------------------------------------------------------ requests
 
@@ -292,13 +292,13 @@ class AsyncLLM:
                 self.abort(rid)
             self._forget(rid)
 
-    def abort(self, rid: str, reason: str = "abort") -> bool:
+    def abort(self, rid: str, reason: str = "abort", error: str | None = None) -> bool:
         req = self._requests.get(rid)
         if req is None:
             return False
         self._push.send(encode(AbortRequest(rid=rid)))
         if not req.finished:
-            self._finish(req, reason, None, None)
+            self._finish(req, reason, None, error)
         return True
 
     def _forget(self, rid: str) -> None:
@@ -388,7 +388,8 @@ class AsyncLLM:
             if tail:
                 req.text.append(tail)
         req.finished = True
-        req.finish_reason = "error" if error else reason
+        # "unavailable" (the server is going down) stays distinct: the HTTP layer answers 503, not 400.
+        req.finish_reason = reason if reason == "unavailable" else ("error" if error else reason)
         req.matched_stop = matched
         req.error = error
         req.event.set()

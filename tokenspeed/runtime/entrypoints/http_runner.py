@@ -91,7 +91,7 @@ class DrainingServer(uvicorn.Server):
         self.exit_code = EXIT_FAILED
         self.state.status = DRAINING
         self.state.llm.accepting = False
-        self.state.llm.abort_all("error")
+        self.state.llm.abort_all("unavailable", error=f"the server is shutting down: {reason}")
         self.should_exit = self.force_exit = True
         timer = threading.Timer(_FATAL_DEADLINE_S, lambda: os._exit(EXIT_FAILED))
         timer.daemon = True

@@ -212,6 +212,13 @@ def build_app(state: ServerState) -> FastAPI:
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
         answers = await state.llm.rpc("flush_cache")
+        # A scheduler refuses while it still holds requests; one just aborted or finished here may need a
+        # step or two there to be released, so retry briefly when nothing is in flight on this side.
+        for _ in range(10):
+            if all(a.ok for a in answers) or state.llm.num_inflight:
+                break
+            await asyncio.sleep(0.1)
+            answers = await state.llm.rpc("flush_cache")
         if not all(a.ok for a in answers):
             raise bad_request("cannot flush the cache while requests are running; retry when idle")
         return JSONResponse({"flushed": True, "groups": len(answers)})

@@ -22,6 +22,7 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
     merge,
     new_id,
+    output_error,
     sse,
     start_sequences,
     tokenize,
@@ -38,7 +39,7 @@ def finish_reason_obj(out: SequenceOutput) -> dict[str, Any] | None:
         return None
     if out.finish_reason == "length":
         return {"type": "length", "length": out.completion_tokens}
-    if out.finish_reason in ("abort", "error"):
+    if out.finish_reason in ("abort", "error", "unavailable"):
         return {"type": "abort", "message": out.error or "aborted"}
     return {"type": "stop", "matched": out.matched_stop}
 
@@ -149,7 +150,7 @@ async def _collect(gens, started: float) -> list[dict[str, Any]]:
     results = []
     for i, out in enumerate(final):
         if out.error and not ids[i]:
-            raise bad_request(out.error)
+            raise output_error(out)
         results.append(
             {"text": "".join(texts[i]), "output_ids": ids[i], "meta_info": _meta(out, started, lps[i])}
         )
@@ -165,7 +166,7 @@ async def _stream(state: ServerState, gens, started: float):
     try:
         async for i, out in merge(gens):
             if out.error and out.completion_tokens == 0:
-                yield bad_request(out.error).sse()
+                yield output_error(out).sse()
                 continue
             texts[i] += out.text
             ids[i].extend(out.token_ids)

@@ -18,6 +18,7 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     merge,
     new_id,
     now,
+    output_error,
     sse,
     start_sequences,
     translate_errors,
@@ -98,7 +99,7 @@ async def _collect(state, req, model, rid, gens, cache_report) -> dict[str, Any]
     for i, out in enumerate(final):
         assert out is not None  # merge ends only after every sequence finished
         if out.error and not ids[i]:
-            raise bad_request(out.error)
+            raise output_error(out)
         prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
         completion += out.completion_tokens
         choices.append(
@@ -146,7 +147,7 @@ async def _stream(state, req, model, rid, gens, cache_report):
     try:
         async for i, out in merge(gens):
             if out.error and out.completion_tokens == 0:
-                yield bad_request(out.error).sse()
+                yield output_error(out).sse()
                 continue
             completion[i] = out.completion_tokens
             prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)

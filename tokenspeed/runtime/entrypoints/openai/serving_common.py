@@ -79,6 +79,13 @@ def translate_errors(exc: BaseException) -> APIError:
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+def output_error(out: SequenceOutput) -> APIError:
+    """The HTTP error for a sequence that ended with an error before producing any token."""
+    if out.finish_reason == "unavailable":
+        return unavailable(out.error or "the server is shutting down")
+    return bad_request(out.error or "the request failed")
+
+
 def sequence_params(params: SamplingParams, index: int) -> SamplingParams:
     """The params of sequence `index` of an n > 1 request: distinct seeds, or the samples would be equal."""
     if index == 0 or params.seed is None:

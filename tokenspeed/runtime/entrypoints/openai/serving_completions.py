@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
+from tokenspeed.runtime.entrypoints.openai.errors import APIError
 from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, openai_finish_reason, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
@@ -16,6 +16,7 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     merge,
     new_id,
     now,
+    output_error,
     sse,
     start_sequences,
     tokenize,
@@ -105,7 +106,7 @@ async def _collect(ctx: _Ctx, gens) -> dict[str, Any]:
     seen_prompts: set[int] = set()
     for i, out in enumerate(final):
         if out.error and not ids[i]:
-            raise bad_request(out.error)
+            raise output_error(out)
         p = ctx.prompt_of(i)
         if p not in seen_prompts:
             seen_prompts.add(p)
@@ -157,7 +158,7 @@ async def _stream(ctx: _Ctx, gens):
     try:
         async for i, out in merge(gens):
             if out.error and out.completion_tokens == 0:
-                yield bad_request(out.error).sse()
+                yield output_error(out).sse()
                 continue
             p = ctx.prompt_of(i)
             completion[i] = out.completion_tokens
