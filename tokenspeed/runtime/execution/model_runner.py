@@ -59,6 +59,9 @@ class ModelRunner:
         else:
             self.model = load_model(model_config, server_args.load_format, device, server_args.seed)
         self.expert_recorder = None if rank_runtime is None else rank_runtime.recorder
+        from tokenspeed.runtime.layers.moe_backend import apply_moe_backend
+
+        apply_moe_backend(self.model, getattr(server_args, "moe_backend", "auto"), device)
         bs = server_args.block_size
         if bs < 1:
             raise ValueError(f"--block-size must be >= 1, got {bs}")

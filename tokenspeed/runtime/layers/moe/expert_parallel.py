@@ -92,6 +92,8 @@ def _experts_forward(
 
 
 class ExpertParallelExperts(nn.Module):
+    fused_moe = None  # set by --moe-backend triton (kernels/fused_moe.py)
+
     """This rank's physical expert slots, stacked like `TorchExperts` (`w13` [S, 2I, H], `w2` [S, H, I])."""
 
     def __init__(self, full: TorchExperts, layer_id: int, state: ExpertParallelState):
@@ -146,6 +148,8 @@ class ExpertParallelExperts(nn.Module):
         s = self.state.slots_per_rank
         local = physical - self.state.group.rank_in_group * s
         local = torch.where((local >= 0) & (local < s), local, torch.full_like(local, -1))
+        if self.fused_moe is not None and x.is_cuda:
+            return self.fused_moe(x, self.w13, self.w2, topk_weights, local)
         return _experts_forward(x, self.w13, self.w2, topk_weights, local)
 
     def extra_repr(self) -> str:
@@ -155,6 +159,8 @@ class ExpertParallelExperts(nn.Module):
 
 
 class TensorParallelExperts(nn.Module):
+    fused_moe = None  # set by --moe-backend triton (kernels/fused_moe.py)
+
     """Every expert on every rank, each with 1/size of its intermediate dimension (MoE TP)."""
 
     def __init__(self, full: TorchExperts, group: RankGroup):
@@ -196,6 +202,8 @@ class TensorParallelExperts(nn.Module):
         return copy_weight(self.w2, self._slice(tensor, 2), name)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        if self.fused_moe is not None and x.is_cuda:
+            return self.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
         return _experts_forward(x, self.w13, self.w2, topk_weights, topk_ids)
 
 

@@ -44,7 +44,12 @@ class TorchExperts(nn.Module):
             dst = self.w2[expert]
         return copy_weight(dst, tensor, name)
 
+    # Set by `--moe-backend triton` (kernels/fused_moe.enable_fused_moe): the fused experts on CUDA.
+    fused_moe = None
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        if self.fused_moe is not None and x.is_cuda:
+            return self.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
         out = torch.zeros_like(x)
         inter = self.intermediate_size
         for expert in torch.unique(topk_ids).tolist():
