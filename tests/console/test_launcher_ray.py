@@ -94,3 +94,56 @@ def agent_processes() -> list[str]:
         if "NodeAgent" in cmdline:
             found.append(cmdline)
     return found
+
+
+def test_two_node_tiny_model_fleet_on_cpu_through_ray(ray_cluster, make_fleet, tmp_path):
+    import httpx
+
+    from tests.tiny_models import make_tiny_model
+
+    model = make_tiny_model("llama", tmp_path / "models")
+    fleet = make_fleet(
+        replicas=1,
+        name="raytiny",
+        model=model,
+        server="attn_tp_size = 2\nnnodes = 2\nmax_model_len = 256\nmax_num_seqs = 4",
+        command=None,  # the real `tokenspeed serve --node-rank i` on each node
+        launcher="ray",
+        nodes=["127.0.0.1", "127.0.0.1"],
+        ray_address=ray_cluster.address,
+        restart="on-failure",
+        startup_timeout_s=300,
+        stop_timeout_s=30,
+        dist_init_port=fleet_port_hint(),
+    )
+    (fleet.profile).write_text(fleet.profile.read_text() + 'GLOO_SOCKET_IFNAME = "lo"\n')
+    result = fleet.up("--timeout", "360", timeout=400)
+    assert result.returncode == 0, (
+        result.stdout + result.stderr + fleet.cli("logs", "raytiny-0", "-n", "60").stdout
+    )
+    ranks = processes_of(fleet)
+    assert [p["node_rank"] for p in ranks] == [0, 1] and len({p["agent"] for p in ranks}) == 2
+    server = fleet.servers()["raytiny-0"]
+    response = httpx.post(
+        server["url"] + "/v1/completions",
+        json={"model": model, "prompt": "Hello there", "max_tokens": 4, "temperature": 0},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 4
+    # Both ranks' logs arrive in the server's log: node rank 1 reports its tensor-parallel rank.
+    deadline = time.monotonic() + 30
+    while "rank 1: attention TP 1/2" not in fleet.cli("logs", "raytiny-0", "-n", "400").stdout:
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    processes = [psutil.Process(p["pid"]) for p in ranks]
+    family = processes + [c for p in processes for c in p.children(recursive=True)]
+    assert fleet.cli("down", "--timeout", "60", timeout=120).returncode == 0
+    _, alive = psutil.wait_procs(family, timeout=15)
+    assert alive == []
+
+
+def fleet_port_hint() -> int:
+    from tests.console.conftest import free_base_port
+
+    return free_base_port(1) + 5
