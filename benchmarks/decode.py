@@ -1,4 +1,4 @@
-"""Decode step time of a Llama-3.1-8B-shaped model (dummy bf16 weights) against the memory-bandwidth limit.
+"""Decode step time of Llama-3.1-8B / Qwen3-30B-A3B-shaped models (dummy bf16 weights) against the bandwidth limit.
 
 For each attention backend, batch size and context length, one decode step (CUDA-graph replay of the
 whole model, the attention backend's per-step planning, and the greedy pick) is timed with CUDA events
@@ -6,7 +6,10 @@ whole model, the attention backend's per-step planning, and the greedy pick) is 
 but the embedding table) plus every request's K and V, over the device-to-device copy bandwidth measured
 in the same run; `ratio` = limit time / measured time. Writes benchmarks/results/gpu_decode.json.
 
-    python benchmarks/decode.py [--backends flashinfer triton] [--batch-sizes 1 2 ... 256] [--contexts 1024 4096]
+    python benchmarks/decode.py [--model llama8b|qwen3moe] [--backends flashinfer triton] [--batch-sizes 1 ... 256]
+
+For the MoE model the weights counted are the dense ones plus the expected share of experts a batch
+activates (uniform routing), and experts run the fused Triton MoE (`--moe-backend triton`).
 """
 
 from __future__ import annotations
@@ -24,10 +27,14 @@ from benchmarks import gpu_common as gc  # noqa: E402
 from benchmarks.gpu_common import gc_collect_cuda  # noqa: E402
 
 DEFAULT_BS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+MODELS = {
+    "llama8b": (gc.LLAMA_8B, "Llama-3.1-8B shape, dummy bf16 weights"),
+    "qwen3moe": (gc.QWEN3_30B_A3B, "Qwen3-30B-A3B shape, dummy bf16 weights"),
+}
 
 
 def bench_backend(
-    model_dir: str, backend: str, batch_sizes, contexts, bw: float, max_tokens: int
+    model_dir: str, backend: str, batch_sizes, contexts, bw: float, max_tokens: int, model_cfg: dict, **extra
 ) -> list[dict]:
     core = gc.make_core(
         model_dir,
@@ -37,10 +44,11 @@ def bench_backend(
         cudagraph_capture_sizes=list(batch_sizes),
         max_total_tokens=max_tokens,
         max_model_len=max(contexts) + 64,
+        **extra,
     )
     runner = core.runner
     gc.fill_kv_random(runner.kv_pool)
-    wbytes = gc.weight_bytes_read(runner.model)
+    experts = model_cfg.get("num_experts")
     per_token_kv = runner.kv_pool.spec.bytes_per_token()
     rows = []
     for ctx in contexts:
@@ -57,6 +65,10 @@ def bench_backend(
 
             with torch.inference_mode():
                 t = gc.time_cuda(step, iters=20, warmup=3)
+            active = 1.0
+            if experts:
+                active = gc.expected_active_experts(experts, model_cfg["num_experts_per_tok"], bs) / experts
+            wbytes = gc.weight_bytes_read(runner.model, active)
             kv_bytes = bs * (ctx + 1) * per_token_kv
             limit = (wbytes + kv_bytes) / bw
             row = dict(
@@ -66,6 +78,7 @@ def bench_backend(
                 step_ms=round(t * 1e3, 4),
                 tokens_per_s=round(bs / t, 1),
                 weight_gb=round(wbytes / 1e9, 3),
+                active_expert_share=round(active, 4),
                 kv_gb=round(kv_bytes / 1e9, 3),
                 limit_ms=round(limit * 1e3, 4),
                 ratio=round(limit / t, 4),
@@ -103,20 +116,28 @@ def main() -> None:
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=DEFAULT_BS)
     ap.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096])
     ap.add_argument("--max-total-tokens", type=int, default=540_000)
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama8b")
+    ap.add_argument(
+        "--moe-backend", default="triton", help="for the MoE model (the reference cannot be graphed)"
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_decode.json"))
     args = ap.parse_args()
 
     bw = gc.copy_bandwidth()
     print(f"device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
-    model_dir = gc.write_config(gc.LLAMA_8B, "llama8b")
+    model_cfg, label = MODELS[args.model]
+    model_dir = gc.write_config(model_cfg, args.model)
+    extra = {"moe_backend": args.moe_backend} if "num_experts" in model_cfg else {}
     rows = []
     for backend in args.backends:
-        rows += bench_backend(model_dir, backend, args.batch_sizes, args.contexts, bw, args.max_total_tokens)
+        rows += bench_backend(
+            model_dir, backend, args.batch_sizes, args.contexts, bw, args.max_total_tokens, model_cfg, **extra
+        )
     gc.save_json(
         args.out,
         dict(
             benchmark="decode",
-            model="Llama-3.1-8B shape, dummy bf16 weights",
+            model=label,
             device=gc.device_info(),
             copy_bandwidth_tb_s=round(bw / 1e12, 4),
             rows=rows,

@@ -140,17 +140,24 @@ def make_core(model_dir: str, **server_args: Any):
     return EngineCore(ServerArgs(model=model_dir, **args))
 
 
-def weight_bytes_read(model: torch.nn.Module) -> int:
+def expected_active_experts(num_experts: int, top_k: int, batch: int) -> float:
+    """Distinct experts a batch touches per layer under uniform routing: E * (1 - (1 - k/E)^B)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
+
+
+def weight_bytes_read(model: torch.nn.Module, active_fraction: float = 1.0) -> int:
     """Bytes of parameters a decode step reads: all of them except the embedding table (a step gathers
-    only its batch's rows from it)."""
-    total = 0
+    only its batch's rows from it); stacked expert weights (`w13`/`w2`) count only the share of experts
+    the step activates."""
+    total = 0.0
     seen = set()
     for name, p in model.named_parameters():
         if id(p) in seen or "embed_tokens" in name:
             continue
         seen.add(id(p))
-        total += p.numel() * p.element_size()
-    return total
+        share = active_fraction if name.endswith((".w13", ".w2")) else 1.0
+        total += p.numel() * p.element_size() * share
+    return int(total)
 
 
 def fill_kv_random(kv_pool) -> None:

@@ -28,7 +28,10 @@ stage tests-flashinfer
 run ${T_FI:-60} $PYT tests/gpu/test_attention_backends.py tests/gpu/test_gpu_samplers.py -k "flashinfer"
 tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer && ls -la "$OUT/flashinfer-cache.tgz" | tee -a "$LOG"
 stage tests-engine
-run ${T_ENGINE:-100} $PYT tests/gpu/test_engine_gpu.py
+run ${T_ENGINE:-100} $PYT tests/gpu/test_engine_gpu.py tests/gpu/test_fused_moe.py
+stage bench-decode-moe
+run ${T_MOE:-90} python3 benchmarks/decode.py --model qwen3moe --backends triton --contexts 1024 \
+  --batch-sizes 1 4 16 64 256 --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe.json"
 stage bench-offline
 run ${T_OFFLINE:-80} python3 benchmarks/offline_throughput.py --workloads in1024_out256 --num-requests ${NREQ:-200} \
   --hf-requests 32 --hf-batch 32 --out "$OUT/gpu_offline_throughput.json"
