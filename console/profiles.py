@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from console.profile_args import parse_server_args, server_argv
+from console.profile_groups import check_groups, resolve_groups
 from console.profile_schema import (
     LAUNCHERS,
     RESTART_POLICIES,
@@ -28,10 +29,11 @@ from console.profile_schema import (
     ServerSpec,
 )
 from console.profile_toml import ProfileError, RawProfile, did_you_mean, read_profile
+from console.supervisor.load import parse_load
 
 __all__ = ["ProfileError", "ResolvedFleet", "load_profile", "resolve_profile", "load_and_resolve"]
 
-_TOP_LEVEL = {"server", "fleet", "env"}
+_TOP_LEVEL = {"server", "fleet", "env", "groups", "load"}
 _FLEET_EXTRA = {"port_stride"}
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -111,6 +113,8 @@ def load_profile(path: str | Path) -> Profile:
     nested = {"backoff": BackoffSpec, "health": HealthSpec}
     fleet = _build(raw, "fleet", FleetSpec, fleet_table, extra=_FLEET_EXTRA, nested=nested)
     _check_fleet(raw, fleet)
+    check_groups(raw)  # [groups.NAME]: console.profile_groups
+    parse_load(raw)  # [load]: console.supervisor.load
     env = raw.data.get("env", {})
     for key, value in env.items():
         if not isinstance(value, str | int | float) or isinstance(value, bool):
@@ -168,7 +172,15 @@ def _place(
 def resolve_profile(profile: Profile, platform: Any = None) -> ResolvedFleet:
     """Every server of the fleet, each checked by resolving its ServerArgs like `tokenspeed serve` does."""
     raw = read_profile(profile.path)
-    fleet = profile.fleet
+    if raw.data.get("groups"):
+        return resolve_groups(profile, raw, platform)
+    return resolve_servers(profile, raw, profile.fleet, platform)
+
+
+def resolve_servers(
+    profile: Profile, raw: RawProfile, fleet: FleetSpec, platform: Any = None
+) -> ResolvedFleet:
+    """The servers of one group: `fleet` gives their count, name prefix and first port; `raw` their [server]."""
     base = server_argv(raw)
     stride = int(raw.data.get("fleet", {}).get("port_stride", 10))
     server = raw.data.get("server", {})

@@ -36,13 +36,19 @@ def _lock(paths: StatePaths):
 async def _main(paths: StatePaths, resolved) -> None:
     from console.supervisor.api import bind_socket, serve_api
     from console.supervisor.core import Supervisor, remove_socket
+    from console.supervisor.load import for_supervisor
 
     sup = Supervisor(resolved, paths)
     sock = bind_socket(paths.socket)
     api = asyncio.create_task(serve_api(sup, sock))
+    load = for_supervisor(sup)  # the profile's [load] table: requests to READY servers
+    if load is not None:
+        load.start()
     try:
         await sup.run()
     finally:
+        if load is not None:
+            await load.stop()
         # Let a last /fleet or /shutdown answer go out before the socket disappears.
         await asyncio.sleep(0.2)
         api.cancel()

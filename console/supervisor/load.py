@@ -1,0 +1,230 @@
+"""A light built-in load generator, so a demo fleet's graphs move without anyone sending requests.
+
+A profile turns it on with a `[load]` table:
+
+    [load]
+    rate_per_s = 0.5        # new requests per second over the whole fleet (Poisson arrivals)
+    max_tokens = 48         # tokens asked of each request
+    concurrency = 2         # requests in flight at most; an arrival beyond that is skipped, not queued
+    chat_fraction = 0.25    # share of /v1/chat/completions (the rest is /v1/completions)
+    shared_prefix_fraction = 0.5   # share of prompts that start with one shared preamble (prefix cache hits)
+
+It runs inside the supervisor, on its loop, so `tokenspeed up` without a console shows moving metrics
+too. Requests go round-robin to READY servers only; a failed request is counted, never raised; nothing
+waits on a request, so the supervisor's 10 Hz tick is never held up. It stops with the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+log = logging.getLogger("tokenspeed.supervisor.load")
+
+# English prompts on the topics the demo models were trained on (the Python documentation).
+PROMPTS = (
+    "The Python interpreter",
+    "A list is",
+    "To open a file,",
+    "When an exception is raised",
+    "In this tutorial, you will learn",
+    "A dictionary maps",
+    "The for statement",
+    "Regular expressions are",
+    "A generator function",
+    "The json module",
+    "To read a file line by line,",
+    "Classes provide a means of",
+    "The logging module",
+    "A tuple is",
+    "The standard library",
+    "Decorators are",
+)
+CHAT_MESSAGES = (
+    "What is a dictionary?",
+    "How do I read a file?",
+    "What does the function json.dumps do?",
+    "Tell me about exceptions.",
+    "What is a module?",
+    "How do I sort a list?",
+)
+# Sent ahead of some prompts: every server's prefix cache keeps it, so its hit rate is not zero.
+SHARED_PREFIX = (
+    "The following notes come from the Python documentation. They describe the built-in types, the "
+    "statements of the language and the modules of the standard library, with short examples. "
+)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    rate_per_s: float = 0.5
+    max_tokens: int = 48
+    concurrency: int = 2
+    chat_fraction: float = 0.25
+    shared_prefix_fraction: float = 0.5
+    temperature: float = 0.8
+    timeout_s: float = 120.0
+    seed: int = 0
+
+
+_LIMITS = {
+    "rate_per_s": (0.001, 1000.0),
+    "max_tokens": (1, 100_000),
+    "concurrency": (1, 10_000),
+    "chat_fraction": (0.0, 1.0),
+    "shared_prefix_fraction": (0.0, 1.0),
+    "temperature": (0.0, 10.0),
+    "timeout_s": (0.1, 3600.0),
+    "seed": (0, 2**31),
+}
+
+
+def parse_load(raw) -> LoadSpec | None:
+    """The `[load]` table of a raw profile (`console.profile_toml.RawProfile`), checked; None without one."""
+    from console.profile_toml import did_you_mean
+
+    table = raw.data.get("load")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise raw.error("", "load", "must be a table: [load]")
+    fields = {f.name: f for f in dataclasses.fields(LoadSpec)}
+    values = {}
+    for key, value in table.items():
+        if key not in fields:
+            raise raw.error("load", key, f"is not a [load] key{did_you_mean(key, fields)}")
+        wants_int = fields[key].type == "int"
+        ok_type = isinstance(value, int) if wants_int else isinstance(value, int | float)
+        if isinstance(value, bool) or not ok_type:
+            raise raw.error(
+                "load", key, f"expects {'an integer' if wants_int else 'a number'}, got {value!r}"
+            )
+        low, high = _LIMITS[key]
+        if not low <= value <= high:
+            raise raw.error("load", key, f"must be between {low} and {high}, got {value!r}")
+        values[key] = value if wants_int else float(value)
+    return LoadSpec(**values)
+
+
+@dataclass
+class LoadStats:
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    skipped: int = 0  # arrivals dropped because `concurrency` requests were in flight
+    completion_tokens: int = 0
+    last_error: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+
+
+class LoadGenerator:
+    """Poisson arrivals at `rate_per_s`, each a request to the next READY server (`targets()`)."""
+
+    def __init__(self, spec: LoadSpec, targets: Callable[[], list[Target]]):
+        self.spec = spec
+        self.targets = targets
+        self.stats = LoadStats()
+        self._random = random.Random(spec.seed)
+        self._next = 0
+        self._in_flight: set[asyncio.Task] = set()
+        self._task: asyncio.Task | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    def start(self) -> None:
+        self._http = httpx.AsyncClient(trust_env=False, timeout=self.spec.timeout_s)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._task, *self._in_flight) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._http is not None:
+            await self._http.aclose()
+        log.info("load generator stopped: %s", self.stats.to_dict())
+
+    async def _run(self) -> None:
+        log.info("load generator: %s", self.spec)
+        next_report = time.monotonic() + 60.0
+        while True:
+            await asyncio.sleep(self._random.expovariate(self.spec.rate_per_s))
+            self.arrival()
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + 60.0
+                log.info("load: %s", self.stats.to_dict())
+
+    def arrival(self) -> None:
+        """One arrival: start a request to the next READY server, or count it skipped."""
+        targets = self.targets()
+        if not targets:
+            return
+        if len(self._in_flight) >= self.spec.concurrency:
+            self.stats.skipped += 1
+            return
+        target = targets[self._next % len(targets)]
+        self._next += 1
+        task = asyncio.get_running_loop().create_task(self._send(target))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    def request(self) -> tuple[str, dict]:
+        """The next request's path and JSON body."""
+        spec, pick = self.spec, self._random
+        prefix = SHARED_PREFIX if pick.random() < spec.shared_prefix_fraction else ""
+        body: dict = {"max_tokens": spec.max_tokens, "temperature": spec.temperature}
+        if pick.random() < spec.chat_fraction:
+            messages = [{"role": "user", "content": prefix + pick.choice(CHAT_MESSAGES)}]
+            return "/v1/chat/completions", {**body, "messages": messages}
+        return "/v1/completions", {**body, "prompt": prefix + pick.choice(PROMPTS)}
+
+    async def _send(self, target: Target) -> None:
+        if self._http is None:  # stopped
+            return
+        path, body = self.request()
+        self.stats.sent += 1
+        try:
+            response = await self._http.post(target.url + path, json=body)
+            response.raise_for_status()
+            usage = response.json().get("usage") or {}
+            self.stats.completion_tokens += int(usage.get("completion_tokens") or 0)
+            self.stats.ok += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a server going down mid-request is expected in a fleet; count it
+            self.stats.errors += 1
+            self.stats.last_error = f"{target.name}: {type(exc).__name__}: {exc}"[:300]
+
+
+def for_supervisor(sup) -> LoadGenerator | None:
+    """The generator of a supervisor's profile `[load]` table (None without one), aimed at READY servers."""
+    from console.profile_toml import read_profile
+    from console.supervisor.states import State
+
+    spec = parse_load(read_profile(sup.resolved.profile.path))
+    if spec is None:
+        return None
+
+    def targets() -> list[Target]:
+        if sup.shutting_down:
+            return []
+        return [Target(u.spec.name, u.spec.url) for u in sup.units.values() if u.state == State.READY]
+
+    return LoadGenerator(spec, targets)
