@@ -113,6 +113,10 @@ class PortArgs:
             host, base = split_host_port(server_args.dist_init_addr)
         while True:
             ports = _cluster(base, dp_rank)
+            # A worker node (--node-rank > 0) connects to the head's ports, which the head holds: on one
+            # host they look taken, and moving would lose the head.
+            if int(getattr(server_args, "node_rank", 0) or 0) > 0:
+                break
             if all(is_port_available(p) for p in ports.values()):
                 break
             base += _CLUSTER_STEP

@@ -74,7 +74,8 @@ class RankEngine:
 
     def rpc_stop_expert_distribution_record(self, **_: Any) -> dict:
         self.runtime.recorder_op("stop")
-        return {"recording": False, "passes": self.runtime.recorder.state.passes}
+        recorder = self.runtime.recorder
+        return {"recording": recorder.recording, "passes": recorder.state.passes}
 
     def rpc_dump_expert_distribution_record(self, dir: str | None = None, **_: Any) -> dict:
         """Write the recorded distribution (torch.save) and answer its logical counts."""
@@ -86,6 +87,7 @@ class RankEngine:
         name = f"expert_distribution_dp{self.core.dp_rank}_{int(time.time() * 1000)}_{os.getpid()}.pt"
         out = recorder.dump(folder / name)
         snap = self.runtime.expert_snapshot()
+        eplb = self.runtime.eplb
         return {
             "path": str(folder / name),
             "mode": out["mode"],
@@ -94,12 +96,14 @@ class RankEngine:
             "logical_count": snap.load,
             "rank_load": snap.rank_load,
             "balancedness": snap.balancedness,
+            "num_rebalances": 0 if eplb is None else eplb.stats.rebalances,
+            "rebalances": [] if eplb is None else [vars(r) for r in eplb.stats.history],
         }
 
     def rpc_rebalance_experts(self, **_: Any) -> dict:
         """Rebalance before the next step (or at once when idle)."""
         self.runtime.request_rebalance()
-        self.runtime.keepalive()
+        self.runtime.keepalive(rebalance=True)
         last = self.runtime.eplb.stats.last
         return {
             "rebalances": self.runtime.eplb.stats.rebalances,

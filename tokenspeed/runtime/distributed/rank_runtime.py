@@ -72,6 +72,7 @@ class RankRuntime:
         self.eplb: EPLBManager | None = None
         self.moe_layers: list[int] = []
         self.num_logical_experts = 0
+        self.recorder_always_on = False
         self.mirror: PageMirror | None = None
         self._pending: list[list[Any]] = []
         self._rebalance_due = False
@@ -135,14 +136,18 @@ class RankRuntime:
             self._rebalance_due = True
 
     # ---- rank 0 between steps ------------------------------------------------------------------
-    def keepalive(self) -> None:
-        """Rank 0, idle: flush pending control operations, and keep waiting peers from timing out."""
+    def keepalive(self, rebalance: bool = False) -> None:
+        """Rank 0, idle: flush pending control operations, and keep waiting peers from timing out.
+
+        A rebalance that falls due by step count waits for the next step (the load it would serve);
+        `rebalance=True` (an explicit request) runs it now.
+        """
         if self.tp.size == 1 or not self.is_leader:
-            if self._pending or self._rebalance_due:
-                self._apply_ops(self._take_ops())
+            if self._pending or rebalance:
+                self._apply_ops(self._take_ops(rebalance))
             return
-        if self._pending or self._rebalance_due or time.monotonic() - self._last_sent > KEEPALIVE_S:
-            ops = self._take_ops()
+        if self._pending or rebalance or time.monotonic() - self._last_sent > KEEPALIVE_S:
+            ops = self._take_ops(rebalance)
             broadcast_object({"ops": ops}, self.tp)
             self._last_sent = time.monotonic()
             self._apply_ops(ops)
@@ -166,9 +171,9 @@ class RankRuntime:
             raise ValueError("expert rebalancing is not enabled: start the server with --enable-eplb")
         self._rebalance_due = True
 
-    def _take_ops(self) -> list[list[Any]]:
+    def _take_ops(self, rebalance: bool = True) -> list[list[Any]]:
         ops, self._pending = self._pending, []
-        if self._rebalance_due:
+        if self._rebalance_due and rebalance:
             ops.append(["rebalance"])
             self._rebalance_due = False
         return ops
@@ -186,7 +191,9 @@ class RankRuntime:
         if op == "start":
             self.recorder.start()
         elif op == "stop":
-            self.recorder.stop()
+            # metrics and EPLB keep reading the recorder: "stop" then only ends the user's session
+            if not self.recorder_always_on:
+                self.recorder.stop()
         else:
             self.recorder.reset()
 
@@ -230,6 +237,7 @@ class RankRuntime:
         state = self.expert_state
         slots = state.location.num_physical if state is not None else self.num_logical_experts
         always_on = bool(args.enable_expert_distribution_metrics or args.enable_eplb)
+        self.recorder_always_on = always_on
         self.recorder = ExpertDistributionRecorder(
             args.expert_distribution_recorder_mode or "stat",
             model_config.num_layers,
