@@ -11,6 +11,7 @@ builds the EngineCore around a runner that shards the model for this rank, and r
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import tempfile
@@ -129,12 +130,28 @@ class PeerEngine:
             shutdown_parallel(self.runtime.groups)
 
 
+def _moves_experts(server_args: Any) -> bool:
+    return (
+        server_args.mapping.moe_ep_size > 1
+        or int(server_args.ep_num_redundant_experts or 0) > 0
+        or bool(server_args.expert_distribution_recorder_mode)
+        or bool(server_args.enable_expert_distribution_metrics)
+        or bool(server_args.enable_eplb)
+    )
+
+
 def build_rank_engine(
     server_args: Any, rank: int, dp_rank: int, device: torch.device | str | None, nccl_port: int
 ) -> RankEngine | PeerEngine:
     from tokenspeed.runtime.engine.engine_core import resolve_device
 
     dev = resolve_device(server_args, device)
+    if dev.type == "cuda" and _moves_experts(server_args) and not server_args.enforce_eager:
+        # expert-parallel layers pick their experts on the host each step, and the recorder's on/off
+        # state would be frozen into a captured graph: these steps run eagerly
+        logger.info("expert parallelism / expert recording: CUDA graphs off (as with --enforce-eager)")
+        server_args = copy.copy(server_args)
+        server_args.enforce_eager = True
     runtime = RankRuntime.start(server_args, rank, dev, nccl_port)
     core = _core(server_args, runtime, dp_rank, dev)
     logger.info(
