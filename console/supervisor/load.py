@@ -59,7 +59,9 @@ CHAT_MESSAGES = (
 # Sent ahead of some prompts: every server's prefix cache keeps it, so its hit rate is not zero.
 SHARED_PREFIX = (
     "The following notes come from the Python documentation. They describe the built-in types, the "
-    "statements of the language and the modules of the standard library, with short examples. "
+    "statements of the language and the modules of the standard library. Each note starts with what a "
+    "feature is for, then shows how to use it, and ends with the details that matter when a program "
+    "grows: errors, performance and the differences between versions of Python.\n\n"
 )
 
 
