@@ -84,12 +84,14 @@ async def test_replay_moves_through_time(recording):
         await pilot.press("right_square_bracket")  # +10 s, clamped at the end
         assert source.now == pytest.approx(min(start + 11.2, source.end))
         await pilot.press("left_square_bracket", "left_square_bracket")
-        assert source.now == pytest.approx(start)  # clamped at the start
-        await pilot.press("enter")
-        assert app.current_mode == "server"
+        assert source.now == pytest.approx(source.start)  # clamped at the start of the recording
+        await pilot.press("right_square_bracket", "enter")
+        assert app.current_mode == "server" and app.selected == "rep-0"
+        recorded = [t for t, _ in history if t <= source.now]
+        assert recorded
         plot = app.screen.query_one("#plot-kv", MetricPlot)
-        await wait_for(pilot, lambda: plot._series is not None, what="replayed history")
-        assert len(plot._series) == 1  # only what was recorded up to the replay time
+        # Only what was recorded up to the replay time, not the rest of the recording.
+        await wait_for(pilot, lambda: plot._series is not None and len(plot._series) == len(recorded))
         await pilot.press("4")
         await wait_for(
             pilot,

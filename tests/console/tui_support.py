@@ -133,7 +133,7 @@ def running_fleet(name: str = "tui", replicas: int = 3, extra_fleet: str = "") -
     root = Path(tempfile.mkdtemp(prefix="tsc-"))
     state_dir = root / "state"
     profile = write_profile(root, name, replicas, free_base_port(replicas), extra_fleet)
-    start_supervisor(profile, state_dir)
+    start_supervisor(profile, state_dir, timeout=90)  # generous: CI machines can be busy
     fleet = RunningFleet(name, profile, state_dir, SupervisorClient(state_dir, timeout=3.0))
     pids: set[int] = set()
     try:

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from console.tui.model import Snapshot
 from console.tui.source import DataSource
+from console.tui.widgets.key_hints import KeyHints
 
 if TYPE_CHECKING:
     from console.tui.app import ConsoleApp
@@ -45,7 +46,7 @@ class ConsoleScreen(Screen):
         yield Static("", id="status", classes="status")
 
     def compose_footer(self):
-        yield Footer()
+        yield KeyHints(id="keys")
 
     def poll_request(self) -> PollRequest | None:
         """What to fetch for this screen on each poll, besides the fleet. Runs in a worker thread."""
