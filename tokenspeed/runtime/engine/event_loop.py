@@ -89,11 +89,13 @@ def build_engine(server_args: Any, info: RankInfo, nccl_port: int = 0):
     device = None
     if str(getattr(server_args, "device", "cpu")).startswith("cuda"):
         device = f"cuda:{info.gpu_id}"
-    elif getattr(server_args, "device", "cpu") == "cpu" and info.num_local_ranks > 1:
+    elif getattr(server_args, "device", "cpu") == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         import torch
 
-        # Several CPU ranks on one machine would each grab every core and thrash.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.num_local_ranks))
+        # The HTTP process needs a core of its own, and several CPU ranks must not each grab every core:
+        # an OpenMP team that spans busy cores spin-waits (on 2 cores, 2 threads made decode ~15x slower
+        # than 1 under load).
+        torch.set_num_threads(max(1, ((os.cpu_count() or 1) - 1) // info.num_local_ranks))
     from tokenspeed.runtime.distributed.rank_runtime import needs_rank_runtime
 
     if needs_rank_runtime(server_args):
