@@ -14,6 +14,8 @@ import argparse
 import asyncio
 import json
 import math
+import os
+import platform
 import random
 import statistics
 import time
@@ -240,6 +242,13 @@ def _sweep(args) -> list[tuple[float, int | None]]:
     return [(r, None) for r in rates]
 
 
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -257,13 +266,17 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(run_load(args, model, specs[: args.warmup_requests], float("inf"), None))
     runs = []
     for rate, conc in sweep:
+        load_before = _loadavg()
         run = asyncio.run(run_load(args, model, specs, rate, conc))
+        # On a shared machine the figures mean little without the load they were taken under.
+        run["loadavg_1m"] = {"before": load_before, "after": _loadavg()}
         print_run(run)
         runs.append(run)
     out = Path(args.output or f"benchmarks/results/serving_{time.strftime('%Y%m%d_%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "api_key"}
-    out.write_text(json.dumps({"model": model, "config": config, "runs": runs}, indent=2))
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    out.write_text(json.dumps({"model": model, "config": config, "machine": machine, "runs": runs}, indent=2))
     print(f"wrote {out}")
     return 0 if all(r["failed"] == 0 for r in runs) else 1
 
