@@ -216,3 +216,23 @@ async def test_profile_screen_launches_a_new_fleet(fleet, tmp_path, monkeypatch)
                 psutil.wait_procs([psutil.Process(pid)], timeout=20) if psutil.pid_exists(pid) else None
             client.close()
             shutil.rmtree(state_home, ignore_errors=True)
+
+
+async def test_a_frozen_server_is_shown_failing_and_the_rest_keep_updating(fleet):
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        pid = pid_of(fleet, "act-1")
+        os.kill(pid, signal.SIGSTOP)  # alive but answering nothing: health checks time out
+        try:
+            await wait_for(
+                pilot, lambda: table_rows(app)["act-1"][3].startswith("UNHEALTHY"), what="UNHEALTHY row"
+            )
+            assert "1 failing" in status(app)
+            polls = app.poller.state.polls
+            await wait_for(pilot, lambda: app.poller.state.polls > polls + 2, what="polling goes on")
+            assert table_rows(app)["act-0"][3] == "READY"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        fleet.wait_ready()
+        await wait_for(pilot, lambda: "failing" not in status(app), what="recovered")
