@@ -61,6 +61,11 @@ class Supervisor:
         self.scraped_at: dict[str, float | None] = dict.fromkeys(self.units)
         self.raw_metrics: dict[str, str] = dict.fromkeys(self.units, "")
         self.http = httpx.AsyncClient(trust_env=False)
+        # Servers started with an api_key want it on every route but /health (metrics, info, admin).
+        self.auth = {
+            spec.name: {"Authorization": f"Bearer {args.api_key}"} if getattr(args, "api_key", None) else {}
+            for spec, args in zip(resolved.servers, resolved.server_args, strict=True)
+        }
         self._tasks: set[asyncio.Task] = set()
         self._rolling: asyncio.Task | None = None
 
@@ -182,7 +187,9 @@ class Supervisor:
         name = unit.spec.name
         try:
             response = await self.http.get(
-                unit.spec.url + "/metrics", timeout=min(self.fleet.metrics_interval_s, 2.0)
+                unit.spec.url + "/metrics",
+                timeout=min(self.fleet.metrics_interval_s, 2.0),
+                headers=self.auth[name],
             )
             response.raise_for_status()
         except httpx.HTTPError:
@@ -277,7 +284,7 @@ class Supervisor:
 
     async def proxy(self, name: str, method: str, path: str) -> httpx.Response:
         unit = self.unit(name)
-        return await self.http.request(method, unit.spec.url + path, timeout=10.0)
+        return await self.http.request(method, unit.spec.url + path, timeout=10.0, headers=self.auth[name])
 
     def rolling_in_progress(self) -> bool:
         return self._rolling is not None and not self._rolling.done()

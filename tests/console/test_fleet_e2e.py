@@ -18,7 +18,8 @@ def test_up_serves_a_tiny_model_and_down_leaves_no_process(make_fleet, tmp_path)
         replicas=1,
         name="e2e",
         model=model,
-        server="max_model_len = 256\nmax_num_seqs = 4",
+        # With an API key every route but /health needs it: the supervisor's scrapes and proxies send it.
+        server='max_model_len = 256\nmax_num_seqs = 4\napi_key = "fleet-key"',
         command=None,  # the real `tokenspeed serve`
         restart="on-failure",
         startup_timeout_s=300,
@@ -45,10 +46,12 @@ def test_up_serves_a_tiny_model_and_down_leaves_no_process(make_fleet, tmp_path)
     response = httpx.post(
         server["url"] + "/v1/completions",
         json={"model": model, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0},
+        headers={"Authorization": "Bearer fleet-key"},
         timeout=120,
     )
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 4
+    assert httpx.get(server["url"] + "/metrics").status_code == 401
 
     with SupervisorClient(fleet.state_dir) as client:
         # The supervisor's 1 Hz scrape sees the request in the server's own metrics.
