@@ -218,12 +218,15 @@ def plan_server(
 def plan_fleet(resolved, probe: Probe, config: dict | None = None) -> FleetPlan:
     """Plan every server of a resolved profile against `probe` (readings of each node, assumed alike)."""
     args0 = resolved.server_args[0]
-    if config is None:
-        config = find_config(args0.model)
-    shape = model_shape(config) if config else None
-    weights = weights_bytes(args0.model, shape) if shape else None
+    given = config
+    models: dict[str, tuple] = {}  # a fleet of server groups may run several models
     servers = []
     for spec, args in zip(resolved.servers, resolved.server_args, strict=False):
+        if args.model not in models:
+            found = given if given is not None and args.model == args0.model else find_config(args.model)
+            shape = model_shape(found) if found else None
+            models[args.model] = (shape, weights_bytes(args.model, shape) if shape else None)
+        shape, weights = models[args.model]
         servers.append(plan_server(spec.name, list(spec.gpus), args, shape, weights, probe))
     return FleetPlan(resolved.profile.fleet.name, probe, servers)
 
