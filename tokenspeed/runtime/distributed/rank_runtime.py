@@ -77,6 +77,9 @@ class RankRuntime:
         self._pending: list[list[Any]] = []
         self._rebalance_due = False
         self._last_sent = time.monotonic()
+        timeout = getattr(server_args, "distributed_timeout_seconds", None)
+        # well inside the communicator's timeout, however short the user set it
+        self.keepalive_s = min(KEEPALIVE_S, timeout / 3) if timeout else KEEPALIVE_S
 
     @classmethod
     def start(cls, server_args: Any, rank: int, device: torch.device | str, nccl_port: int) -> RankRuntime:
@@ -146,7 +149,7 @@ class RankRuntime:
             if self._pending or rebalance:
                 self._apply_ops(self._take_ops(rebalance))
             return
-        if self._pending or rebalance or time.monotonic() - self._last_sent > KEEPALIVE_S:
+        if self._pending or rebalance or time.monotonic() - self._last_sent > self.keepalive_s:
             ops = self._take_ops(rebalance)
             broadcast_object({"ops": ops}, self.tp)
             self._last_sent = time.monotonic()
