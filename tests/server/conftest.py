@@ -35,6 +35,8 @@ def server(tiny_model, tmp_path_factory) -> ServerProc:
         "--enable-cache-report",
         "--enable-output-logprobs",
         "--enable-log-request-stats",
+        "--enable-log-requests",
+        "--log-requests-level", "1",
         "--preferred-sampling-params", '{"top_k": 50}',
         "--max-num-seqs", "256",
         api_key=API_KEY,

@@ -136,6 +136,8 @@ def test_health_and_info(http, server):
     assert list(sinfo["child_pids"]) == ["scheduler dp0 tp0"]
     # --enable-log-request-stats: one line per finished request.
     assert "request_stats rid=" in server.log()
+    # --enable-log-requests --log-requests-level 1: arrivals with their sampling parameters.
+    assert "request rid=" in server.log() and "sampling={" in server.log()
 
 
 def test_abort_request_ends_a_running_stream(http):

@@ -81,6 +81,22 @@ def test_chat_stream_matches_non_stream(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
 
 
+def test_chat_stream_with_n_sequences(client):
+    stream = client.chat.completions.create(
+        model=SERVED_NAME, messages=MESSAGES, max_tokens=6, temperature=1.0, seed=3, n=2, stream=True,
+        extra_body=NO_EOS,
+    )  # fmt: skip
+    texts: dict[int, str] = {0: "", 1: ""}
+    finished = set()
+    for chunk in stream:
+        for ch in chunk.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finished.add(ch.index)
+    assert finished == {0, 1}
+    assert texts[0] and texts[1]
+
+
 def test_completions_stream_and_not(client):
     ref = client.completions.create(
         model=SERVED_NAME, prompt="The quick brown fox", max_tokens=10, temperature=0, extra_body=NO_EOS
