@@ -108,16 +108,6 @@ failures = 2
     return path
 
 
-def fleet_processes(state_dir: Path) -> list[psutil.Process]:
-    """Every live process started from this state directory's profile (supervisor and servers)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if str(state_dir) in cmdline or (str(ENDPOINT) in cmdline and f"{state_dir.name}" in cmdline):
-            found.append(proc)
-    return found
-
-
 def shutdown(fleet: RunningFleet, timeout: float = 20.0) -> None:
     with contextlib.suppress(SupervisorError):
         fleet.client.shutdown()
