@@ -9,8 +9,6 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from console.metrics_math import parse
-
 # Cold to hot; loads are bucketed by their fraction of the maximum.
 _RAMP = ("#1d2b53", "#1f5f8b", "#1a936f", "#88d498", "#f3e37c", "#f7a440", "#e4572e", "#ff1f1f")
 
@@ -59,6 +57,9 @@ def _int(value: str | None) -> int | None:
 
 
 def parse_expert_metrics(text: str) -> ExpertLoad:
+    # Imported here: the Prometheus parser is only needed once the Experts screen is open.
+    from console.metrics_math import parse
+
     scrape = parse(text, 0.0)
     load: dict[int, dict[int, float]] = {}
     rank_of: dict[tuple[int, int], int] = {}
