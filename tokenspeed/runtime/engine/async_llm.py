@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -34,6 +33,7 @@ from tokenspeed.runtime.engine.io_struct import (
     encode,
 )
 from tokenspeed.runtime.engine.request_log import RequestLogger
+from tokenspeed.runtime.engine.request_state import ModelLimits, SequenceOutput, TrackedRequest
 from tokenspeed.runtime.metrics.collector import FinishedRequestStats, ServerMetrics
 from tokenspeed.sampling_params import SamplingParams
 
@@ -46,78 +46,6 @@ class ServerUnavailable(RuntimeError):
 
 class PromptTooLong(ValueError):
     """The prompt does not fit the context: the HTTP layer answers 400 (context_length_exceeded)."""
-
-
-@dataclass
-class SequenceOutput:
-    """What `generate()` yields: the deltas since the previous yield, and totals."""
-
-    rid: str
-    text: str
-    token_ids: list[int]
-    logprobs: list[float] | None
-    finished: bool
-    finish_reason: str | None
-    matched_stop: str | int | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    dp_rank: int
-    error: str | None = None
-
-
-@dataclass
-class _Request:
-    rid: str
-    input_ids: list[int]
-    sampling: SamplingParams
-    detok: IncrementalDetokenizer
-    wake_every: int  # tokens between wake-ups; 0 = only at the end
-    arrival: float
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    text: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None
-    sent_any: bool = False
-    finished: bool = False
-    finish_reason: str | None = None
-    matched_stop: str | int | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    dp_rank: int = 0
-    rank_known: bool = False
-    first_token: float | None = None
-    last_token: float | None = None
-    itl: list[float] = field(default_factory=list)
-
-    def take(self) -> SequenceOutput:
-        out = SequenceOutput(
-            rid=self.rid,
-            text="".join(self.text),
-            token_ids=self.ids,
-            logprobs=self.logprobs,
-            finished=self.finished,
-            finish_reason=self.finish_reason,
-            matched_stop=self.matched_stop,
-            prompt_tokens=self.prompt_tokens or len(self.input_ids),
-            completion_tokens=len(self.detok.output_ids),
-            cached_tokens=self.cached_tokens,
-            dp_rank=self.dp_rank,
-            error=self.error,
-        )
-        self.text, self.ids = [], []
-        self.logprobs = [] if self.logprobs is not None else None
-        return out
-
-
-@dataclass
-class ModelLimits:
-    """From the schedulers' ready messages (the tightest over every rank)."""
-
-    max_total_tokens: int
-    max_req_input_len: int
-    max_model_len: int
 
 
 class AsyncLLM:
@@ -141,7 +69,7 @@ class AsyncLLM:
         self.limits: ModelLimits | None = None
         self.rank_stats: dict[int, StatsSnapshot] = {}
         self.accepting = False
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, TrackedRequest] = {}
         self._rpc: dict[str, tuple[asyncio.Future, list[RpcResponse]]] = {}
         self._log = RequestLogger.from_server_args(server_args, tokenizer)
         self._ctx = zmq.asyncio.Context(io_threads=1)
@@ -207,7 +135,7 @@ class AsyncLLM:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     def abort_all(self, reason: str = "abort", error: str | None = None) -> None:
@@ -253,7 +181,7 @@ class AsyncLLM:
         rid = rid or uuid.uuid4().hex
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use; send a unique rid")
-        req = _Request(
+        req = TrackedRequest(
             rid=rid,
             input_ids=input_ids,
             sampling=sampling,
@@ -382,7 +310,7 @@ class AsyncLLM:
             req.sent_any = True
             req.event.set()
 
-    def _finish(self, req: _Request, reason: str, matched: str | int | None, error: str | None) -> None:
+    def _finish(self, req: TrackedRequest, reason: str, matched: str | int | None, error: str | None) -> None:
         if not req.detok.stopped:
             tail = req.detok.flush()
             if tail:

@@ -157,7 +157,7 @@ def build_app(state: ServerState) -> FastAPI:
 
         try:
             await asyncio.wait_for(one(), timeout=20)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise unavailable("a one-token generation did not finish within 20 s") from exc
         return JSONResponse({"status": "ok"})
 
