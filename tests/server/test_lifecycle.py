@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -71,7 +72,9 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(srv):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and srv.server_info()["num_inflight_requests"] == 0:
         time.sleep(0.02)
-    srv.proc.send_signal(signal.SIGTERM)
+    # SIGTERM to the whole process group, as the supervisor stops a server (and as Ctrl-C in a terminal
+    # reaches every process): the schedulers must keep serving until the main process has drained.
+    os.killpg(os.getpgid(srv.proc.pid), signal.SIGTERM)
     # While draining, new work is refused with 503 (once the listener closes there is no answer at all).
     time.sleep(0.2)
     try:

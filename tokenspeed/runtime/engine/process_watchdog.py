@@ -42,14 +42,25 @@ def parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
+# The parent's "stop now" to its children. Not SIGTERM: a supervisor (or a shell's Ctrl-C) signals the
+# whole process group, and a scheduler that stopped on that signal would vanish while the main process
+# still drains its in-flight requests, which the watchdog would then report as a crash.
+CHILD_STOP_SIGNAL = signal.SIGUSR1
+
+
 class StopFlag:
-    """Set by SIGTERM in a child so its loop can exit cleanly; SIGINT is ignored (the parent decides)."""
+    """Set by the parent's CHILD_STOP_SIGNAL so a child's loop exits cleanly.
+
+    SIGTERM and SIGINT are ignored in children: the main process owns shutdown, drains, and then stops
+    its children itself.
+    """
 
     def __init__(self) -> None:
         self._event = threading.Event()
 
     def install(self) -> StopFlag:
-        signal.signal(signal.SIGTERM, lambda *_: self._event.set())
+        signal.signal(CHILD_STOP_SIGNAL, lambda *_: self._event.set())
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return self
 
@@ -103,16 +114,19 @@ class ChildWatchdog:
 
 
 def terminate_children(children: list[ChildProcess], timeout: float = 10.0) -> None:
-    """SIGTERM every child, wait up to `timeout` s in total, then SIGKILL the stragglers."""
+    """Send every child CHILD_STOP_SIGNAL, wait up to `timeout` s in total, then SIGKILL the stragglers."""
     import time
 
     for c in children:
-        if c.process.is_alive():
-            c.process.terminate()
+        if c.process.is_alive() and c.process.pid is not None:
+            try:
+                os.kill(c.process.pid, CHILD_STOP_SIGNAL)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + timeout
     for c in children:
         c.process.join(timeout=max(0.0, deadline - time.monotonic()))
         if c.process.is_alive():
-            logger.warning("%s (pid %s) ignored SIGTERM; killing it", c.name, c.process.pid)
+            logger.warning("%s (pid %s) did not stop in time; killing it", c.name, c.process.pid)
             c.process.kill()
             c.process.join(timeout=2)
