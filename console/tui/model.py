@@ -9,21 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
+# The metric keys of the control API: one list, shared with the supervisor that fills them.
+from console.metrics_math import METRIC_KEYS
 
-METRIC_KEYS = (
-    "running",
-    "waiting",
-    "kv_usage",
-    "prefix_hit_rate",
-    "gen_throughput",
-    "ttft_p50",
-    "ttft_p99",
-    "itl_p50",
-    "itl_p99",
-    "requests_total",
-    "errors_total",
-)
+STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
 
 
 def _num(value: Any) -> float | None:
