@@ -30,8 +30,11 @@ async def test_fleet_screen_shows_every_server_with_its_metrics(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
         rows = await wait_for(pilot, lambda: len(table_rows(app)) == 3 and table_rows(app), what="3 rows")
+        # KV usage shows from the first scrape; percentiles need two (they come from bucket deltas).
         rows = await wait_for(
-            pilot, lambda: all("%" in r[7] for r in table_rows(app).values()) and table_rows(app)
+            pilot,
+            lambda: all("%" in r[7] and "ms/" in r[10] for r in table_rows(app).values()) and table_rows(app),
+            what="KV usage and TTFT percentiles on every row",
         )
         assert sorted(rows) == ["scr-0", "scr-1", "scr-2"]
         for name, cells in rows.items():
