@@ -326,9 +326,29 @@ class ServerArgs:
         return f"http://{host}:{self.port}"
 
 
+class _ServeArgumentParser(argparse.ArgumentParser):
+    """argparse, plus a "did you mean" for a mistyped flag (there are more than 150 of them)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        if message.startswith("unrecognized arguments:"):
+            import difflib
+
+            known = [opt for action in self._actions for opt in action.option_strings]
+            hints = []
+            for word in message.split(":", 1)[1].split():
+                if word.startswith("--"):
+                    flag = word.split("=", 1)[0]
+                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+                    if close:
+                        hints.append(f"{flag}: did you mean {close[0]}?")
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
+        super().error(message)
+
+
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """A parser with every ``tokenspeed serve`` flag."""
-    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+    parser = _ServeArgumentParser(prog=prog, allow_abbrev=False)
     ServerArgs.add_cli_args(parser)
     return parser
 
