@@ -21,7 +21,7 @@ from console.launchers.base import make_launcher
 from console.launchers.local import find_process, signal_group
 from console.profiles import ResolvedFleet
 from console.supervisor import statefile
-from console.supervisor.history import MetricsHistory
+from console.supervisor.history import MetricsHistory, ServerStatus
 from console.supervisor.logfile import rotate_if_needed, tail
 from console.supervisor.paths import StatePaths
 from console.supervisor.states import State
@@ -179,11 +179,28 @@ class Supervisor:
         while True:
             started = time.monotonic()
             live = [u for u in self.units.values() if u.state in (State.READY, State.UNHEALTHY)]
-            await asyncio.gather(*(self._scrape(u) for u in live), return_exceptions=True)
+            scraped = await asyncio.gather(*(self._scrape(u) for u in live), return_exceptions=True)
+            # Every server gets a status row each round, so a crash loop without metrics is replayable.
+            done = {u.spec.name for u, ok in zip(live, scraped, strict=True) if ok is True}
+            now = time.time()
+            for unit in self.units.values():
+                if unit.spec.name not in done:
+                    self.history.add_status(unit.spec.name, now, self._status(unit))
             # The next scrape is scheduled only after this one finished: scrapes never pile up.
             await asyncio.sleep(max(self.fleet.metrics_interval_s - (time.monotonic() - started), 0.05))
 
-    async def _scrape(self, unit: ServerUnit) -> None:
+    @staticmethod
+    def _status(unit: ServerUnit) -> ServerStatus:
+        running = unit.state.has_process and unit.started_at is not None
+        return ServerStatus(
+            state=unit.state.value,
+            restarts=unit.restarts,
+            pid=unit.handles[0].pid if unit.handles else None,
+            started_at=unit.started_at if running else None,
+        )
+
+    async def _scrape(self, unit: ServerUnit) -> bool:
+        """One scrape; True when it recorded a sample (with the server's status) in the history."""
         name = unit.spec.name
         try:
             response = await self.http.get(
@@ -193,12 +210,12 @@ class Supervisor:
             )
             response.raise_for_status()
         except httpx.HTTPError:
-            return
+            return False
         now = time.time()
         try:
             scrape = metrics_math.parse(response.text, now)
         except ValueError:
-            return
+            return False
         window = self.scrapes[name]
         window.append(scrape)
         oldest = next((s for s in window if now - s.t <= WINDOW_S and s is not scrape), None)
@@ -206,7 +223,8 @@ class Supervisor:
         self.raw_metrics[name] = response.text
         self.metrics[name] = summary
         self.scraped_at[name] = now
-        self.history.add(name, now, summary)
+        self.history.add(name, now, summary, self._status(unit))
+        return True
 
     # ------------------------------------------------------------ what the API shows
 

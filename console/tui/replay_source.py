@@ -63,7 +63,16 @@ class ReplaySource(DataSource):
         self._lock = threading.Lock()
         self._db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, check_same_thread=False)
         try:
-            start, end = self._db.execute("SELECT MIN(t), MAX(t) FROM samples").fetchone()
+            # Histories written before the supervisor recorded process states have no `statuses` table.
+            self._has_statuses = bool(
+                self._db.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'statuses'"
+                ).fetchone()
+            )
+            start, end = self._db.execute(
+                "SELECT MIN(t), MAX(t) FROM (SELECT t FROM samples"
+                + (" UNION ALL SELECT t FROM statuses)" if self._has_statuses else ")")
+            ).fetchone()
         except sqlite3.DatabaseError as exc:
             raise ValueError(f"--replay {state_dir}: history.sqlite is unreadable: {exc}") from exc
         if start is None:
@@ -128,14 +137,22 @@ class ReplaySource(DataSource):
     def fleet(self) -> Fleet:
         at = self._at
         layout = self._servers
-        names = [r[0] for r in self._rows("SELECT DISTINCT server FROM samples ORDER BY server", ())]
+        names = {r[0] for r in self._rows("SELECT DISTINCT server FROM samples", ())}
+        if self._has_statuses:
+            names |= {r[0] for r in self._rows("SELECT DISTINCT server FROM statuses", ())}
         servers = []
-        for name in sorted(set(names) | set(layout)):
+        for name in sorted(names | set(layout)):
             row = self._rows(
                 "SELECT t, metrics FROM samples WHERE server = ? AND t <= ? ORDER BY t DESC LIMIT 1",
                 (name, at),
             )
-            servers.append(self._server_at(name, layout.get(name, {}), row[0] if row else None, at))
+            status = self._status_at(name, at)
+            if status is None:
+                servers.append(self._server_at(name, layout.get(name, {}), row[0] if row else None, at))
+            else:
+                servers.append(
+                    self._server_with_status(name, layout.get(name, {}), row[0] if row else None, status, at)
+                )
         return Fleet(
             name=str(self._layout.get("fleet") or self._layout.get("name") or self.root.name),
             profile_path=self._layout.get("profile_path"),
@@ -156,12 +173,50 @@ class ReplaySource(DataSource):
             data.update(state="STOPPED", healthy=False, metrics=None, error="no sample at this time")
             return data
         t, blob = row
-        metrics = json.loads(blob)
-        data.update(state="READY", healthy=True, metrics=metrics, scraped_at=t)
-        # Samples may carry the process state the supervisor saw at scrape time; prefer it.
-        for key in ("state", "healthy", "restarts", "pid", "error", "uptime_s"):
-            if key in metrics:
-                data[key] = metrics[key]
+        data.update(state="READY", healthy=True, metrics=json.loads(blob), scraped_at=t)
+        return data
+
+    def _status_at(self, name: str, at: float) -> tuple | None:
+        """The last recorded process status of `name` at or before `at`.
+
+        None for older recordings, and before the first status of a history that a newer supervisor
+        carried on: those moments are shown from the metrics samples alone, as they always were.
+        """
+        if not self._has_statuses:
+            return None
+        rows = self._rows(
+            "SELECT t, state, restarts, pid, started_at FROM statuses "
+            "WHERE server = ? AND t <= ? ORDER BY t DESC LIMIT 1",
+            (name, at),
+        )
+        return rows[0] if rows else None
+
+    @staticmethod
+    def _server_with_status(
+        name: str, layout: dict[str, Any], row: tuple | None, status: tuple, at: float
+    ) -> dict[str, Any]:
+        """A server at `at` from the supervisor's own record of its state, restarts and process."""
+        keep = ("name", "replica", "node", "gpus", "host", "port", "url", "last_exit")
+        data = {k: layout[k] for k in keep if k in layout}
+        data["name"] = name
+        t, state, restarts, pid, started_at = status
+        if at - t > STALE_AFTER_S:
+            # No status this close: the supervisor itself was not running at this time.
+            data.update(
+                state="STOPPED",
+                healthy=False,
+                metrics=None,
+                restarts=restarts,
+                error="no sample at this time",
+            )
+            return data
+        data.update(state=state, healthy=state == "READY", restarts=restarts, pid=pid, metrics=None)
+        if started_at is not None and started_at <= at:
+            data["started_at"] = started_at
+            data["uptime_s"] = at - started_at
+        # Metrics only from a scrape within the same moment: a BACKOFF server shows none.
+        if row is not None and at - row[0] <= STALE_AFTER_S and row[0] >= t - 1e-6:
+            data.update(metrics=json.loads(row[1]), scraped_at=row[0])
         return data
 
     def history(self, server: str, seconds: float) -> History:
