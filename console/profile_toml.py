@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import difflib
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-
-import tomllib
 
 _TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\s*(#.*)?$")
 _TOML_POS = re.compile(r"\(at line (\d+), column \d+\)")

@@ -16,7 +16,7 @@ import signal
 from dataclasses import asdict, dataclass
 
 
-class State(str, enum.Enum):
+class State(str, enum.Enum):  # noqa: UP042 - str() keeps the Enum form the state file and logs were written with
     STARTING = "STARTING"
     READY = "READY"
     UNHEALTHY = "UNHEALTHY"

@@ -109,7 +109,7 @@ def test_parse_at_forms():
     assert parse_at("-5m", start, end) == end - 300
     assert parse_at("-30", start, end) == end - 30
     assert parse_at("1000100.5", start, end) == 1_000_100.5
-    iso = dt.datetime(2026, 1, 31, 10, 30, tzinfo=dt.timezone.utc)
+    iso = dt.datetime(2026, 1, 31, 10, 30, tzinfo=dt.UTC)
     assert parse_at(iso.isoformat(), start, end) == iso.timestamp()
     day = dt.datetime.fromtimestamp(end).date()
     assert parse_at("10:30:00", start, end) == dt.datetime.combine(day, dt.time(10, 30)).timestamp()

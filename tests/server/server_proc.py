@@ -83,7 +83,9 @@ def launch(
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     with open(log_path, "wb") as log:
         # Its own process group, as under the supervisor, so a test can signal the whole group.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
     return ServerProc(proc=proc, port=port, log_path=log_path, api_key=api_key)
 
 
