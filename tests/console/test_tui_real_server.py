@@ -123,3 +123,30 @@ async def test_console_over_a_real_server_shows_its_metrics_args_and_expert_load
 
         await pilot.press("4")
         await wait_for(pilot, lambda: len(log_lines(app)) > 3, what="the server's log")
+
+
+async def test_restart_from_the_console_replaces_the_real_server(real_fleet):
+    """`R` then `y` on a real server: the supervisor stops it (drain, exit), starts a new process, and
+    the console shows it READY again; the new process answers requests."""
+    import psutil
+
+    from console.tui.screens.modals import ConfirmScreen
+
+    client, url = real_fleet
+    before = client.fleet()["servers"][0]["pid"]
+    app = ConsoleApp(LiveSource(client.state_dir, timeout=5.0), interval=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: table_rows(app)["real-0"][3] == "READY", what="READY row", timeout=60)
+        await pilot.press("R")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "Restart real-0?" in app.screen.question
+        await pilot.press("y")
+
+        def replaced_and_ready():
+            server = client.fleet()["servers"][0]
+            return server["pid"] not in (before, None) and server["state"] == "READY"
+
+        await wait_for(pilot, replaced_and_ready, what="a new READY process", timeout=300)
+        await wait_for(pilot, lambda: table_rows(app)["real-0"][3] == "READY", what="READY on screen")
+    assert not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE
+    send_traffic(url, requests=1)
