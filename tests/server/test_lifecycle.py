@@ -53,8 +53,10 @@ def test_stream_interval_batches_stream_chunks(srv):
     with httpx.stream("POST", f"{srv.url}/generate", timeout=60, json={"input_ids": [1, 5, 9], "stream": True,
                       "sampling_params": {"max_new_tokens": 12, "ignore_eos": True}}) as r:  # fmt: skip
         events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
-    # --stream-output: each event carries only its new ids; --stream-interval 4: four at a time.
-    assert [len(e["output_ids"]) for e in events] == [4, 4, 4]
+    # --stream-output: each event carries only its new ids; --stream-interval 4: four at a time. Outputs
+    # that reach the HTTP layer together are sent as one event, so a slow reader may see 8 at once.
+    sizes = [len(e["output_ids"]) for e in events]
+    assert sum(sizes) == 12 and all(n % 4 == 0 for n in sizes), sizes
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_zero(srv):
