@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import stat
 import time
 
@@ -199,6 +200,8 @@ def test_operator_commands_rolling_restart_follow_logs_ps_and_probe(make_fleet):
         text=True,
     )
     try:
+        # Attached before the restart (its `-n 1` tail line is out), so no line of the restart can be missed.
+        assert follow.stdout.readline(), "logs -f printed nothing"
         assert fleet.cli("restart", "--all", "--rolling").returncode == 0
         # One at a time: at no moment are both servers down.
         seen_down = set()
@@ -214,7 +217,10 @@ def test_operator_commands_rolling_restart_follow_logs_ps_and_probe(make_fleet):
             time.sleep(0.05)
         assert all(s["restarts"] == 0 for s in servers.values())  # operator restarts are not failures
         lines = []
+        deadline = time.monotonic() + 30
         while not any("stopping: SIGTERM" in line for line in lines):
+            ready, _, _ = select.select([follow.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"logs -f showed no stop line within 30 s: {lines}"
             lines.append(follow.stdout.readline())
             assert lines[-1], "logs -f ended"
     finally:
