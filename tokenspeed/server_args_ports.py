@@ -113,9 +113,11 @@ class PortArgs:
             host, base = split_host_port(server_args.dist_init_addr)
         while True:
             ports = _cluster(base, dp_rank)
-            # A worker node (--node-rank > 0) connects to the head's ports, which the head holds: on one
-            # host they look taken, and moving would lose the head.
-            if int(getattr(server_args, "node_rank", 0) or 0) > 0:
+            if mapping.nnodes > 1:
+                # Worker nodes find the head's sockets at fixed offsets from --dist-init-addr, so the head
+                # must never move them: a head that moved would leave its workers talking to nobody.
+                if int(getattr(server_args, "node_rank", 0) or 0) == 0:
+                    _require_free(ports, server_args.dist_init_addr)
                 break
             if all(is_port_available(p) for p in ports.values()):
                 break
@@ -166,6 +168,16 @@ def _cluster(base: int, dp_rank: int | None) -> dict[str, int]:
         "scheduler_input": base + 5 if dp_rank is None else base + 6 + dp_rank,
     }
     return ports
+
+
+def _require_free(ports: dict[str, int], dist_init_addr: str) -> None:
+    taken = [f"{port} ({name})" for name, port in ports.items() if not is_port_available(port)]
+    if taken:
+        raise ValueError(
+            f"--dist-init-addr {dist_init_addr}: port(s) {', '.join(taken)} already in use on the head node; "
+            "every node derives its addresses from that port, so pass another --dist-init-addr port (the "
+            "same on every node) whose next few ports are free on the head"
+        )
 
 
 def _url_host(host: str) -> str:

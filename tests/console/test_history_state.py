@@ -31,11 +31,12 @@ def crashed(make_fleet):
     )
     time.sleep(1.2)  # a few READY samples of both servers
     fleet.flag(bad, "crash")
+    killed_at = time.time()
     os.kill(first[bad]["pid"], signal.SIGKILL)
     fleet.wait_for(lambda s: s[bad]["state"] == "FATAL", what="the crash loop to go FATAL")
     time.sleep(1.2)  # a few FATAL status rows
     assert fleet.cli("down", "--timeout", "10").returncode == 0
-    return fleet, bad, good, first
+    return fleet, bad, good, first, killed_at
 
 
 def statuses(state_dir, server: str) -> list:
@@ -51,7 +52,7 @@ def first_time(rows: list, state: str) -> float:
 
 
 def test_crash_loop_states_are_recorded_and_replayed(crashed):
-    fleet, bad, good, first = crashed
+    fleet, bad, good, first, killed_at = crashed
     rows = statuses(fleet.state_dir, bad)
     states = [status.state for _, status in rows]
     assert {"READY", "BACKOFF", "FATAL"} <= set(states), states
@@ -64,7 +65,9 @@ def test_crash_loop_states_are_recorded_and_replayed(crashed):
     assert all(s.pid is None and s.started_at is None and s.restarts == 2 for s in fatal)
     assert len(fatal) >= 2  # recorded at every round while FATAL, not only at the change
 
-    t_ready = max(t for t, status in rows if status.state == "READY")
+    # The round right after the kill may still say READY (the exit is not reaped yet) with a failed
+    # scrape; replay must show that moment as it was, so the READY-with-metrics check uses one before it.
+    t_ready = max(t for t, status in rows if status.state == "READY" and t < killed_at)
     t_backoff = first_time(rows, "BACKOFF")
     t_fatal = first_time(rows, "FATAL") + 0.5
 
@@ -94,7 +97,7 @@ def test_crash_loop_states_are_recorded_and_replayed(crashed):
 
 
 def test_history_without_the_state_table_still_replays(crashed, tmp_path):
-    fleet, bad, good, _ = crashed
+    fleet, bad, good, _, _ = crashed
     t_fatal = first_time(statuses(fleet.state_dir, bad), "FATAL") + 0.5
     old = tmp_path / "old"
     shutil.copytree(fleet.state_dir, old, ignore=shutil.ignore_patterns("*.sock"))

@@ -22,6 +22,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_block(span: int = 16) -> int:
+    """A port P with P..P+span-1 free, below the kernel's ephemeral range.
+
+    A multi-node server's addresses sit at fixed offsets from --dist-init-addr; picking them outside the
+    range the kernel hands to outgoing connections keeps another test's client socket off them.
+    """
+    import random
+
+    from tokenspeed.server_args import is_port_available
+
+    low = 20000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    high = max(low + 1000, ephemeral) - span
+    for _ in range(1000):
+        base = random.randrange(low, high)
+        if all(is_port_available(p) for p in range(base, base + span)):
+            return base
+    raise RuntimeError(f"no {span} free ports in a row between {low} and {high}")
+
+
 @dataclass
 class ServerProc:
     proc: subprocess.Popen

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.server_proc import free_port, launch
+from tests.server.server_proc import free_port_block, launch
 from tests.tiny_models import make_tiny_model
 
 ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
@@ -43,7 +43,7 @@ def servers(tmp_path_factory):
     }
     logs = root / "logs"
     logs.mkdir()
-    dist = f"127.0.0.1:{free_port()}"
+    dist = f"127.0.0.1:{free_port_block()}"
     procs = {
         "node0": launch(
             models["llama"], logs, "--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", dist,
@@ -63,7 +63,13 @@ def servers(tmp_path_factory):
     }  # fmt: skip
     try:
         for name in ("node0", "moe"):
-            procs[name].wait_ready()
+            try:
+                procs[name].wait_ready()
+            except (RuntimeError, TimeoutError) as exc:
+                # The head waits on the second node's rank: its log says why that rank did not come up.
+                raise RuntimeError(
+                    f"{exc}\n--- second node's log ---\n{procs['node1'].log()[-3000:]}"
+                ) from exc
         yield models, procs
     finally:
         for name in ("node0", "moe", "node1"):

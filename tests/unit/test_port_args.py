@@ -85,6 +85,22 @@ def test_taken_port_moves_the_whole_cluster():
     assert tcp_ports(port_args) == [base + 11, base + 15, base + 13, base + 14]
 
 
+def test_multi_node_head_refuses_a_taken_port_instead_of_moving():
+    # Workers compute the same fixed offsets, so a head that moved would never hear from them.
+    base = free_base()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 3))
+        taken.listen(1)
+        head = args("--tp", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{base}")
+        with pytest.raises(ValueError, match=rf"--dist-init-addr .*{base + 3} \(rpc\)"):
+            PortArgs.init_new(head)
+        worker = args(
+            "--tp", "2", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", f"127.0.0.1:{base}"
+        )
+        assert tcp_ports(PortArgs.init_new(worker)) == [base + 1, base + 5, base + 3, base + 4]
+    assert tcp_ports(PortArgs.init_new(head)) == [base + 1, base + 5, base + 3, base + 4]
+
+
 def test_remote_head_host_is_used():
     base = free_base()
     port_args = PortArgs.init_new(

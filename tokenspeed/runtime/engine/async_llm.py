@@ -40,6 +40,9 @@ from tokenspeed.sampling_params import SamplingParams
 logger = logging.getLogger("tokenspeed.async_llm")
 
 
+_READY_NOTE_INTERVAL_S = 30.0
+
+
 class ServerUnavailable(RuntimeError):
     """The server is starting or draining: the HTTP layer answers 503."""
 
@@ -76,6 +79,7 @@ class AsyncLLM:
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 0)
         self._pull.bind(output_addr)
+        self._output_addr = output_addr
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.SNDHWM, 0)
         self._push.setsockopt(zmq.LINGER, 0)
@@ -89,8 +93,18 @@ class AsyncLLM:
     async def wait_ready(self, expected: int, check_children) -> list[ReadyMessage]:
         """Collect one ReadyMessage per scheduler rank; `check_children()` raises if one died meanwhile."""
         ready: list[ReadyMessage] = []
+        started = last_note = time.monotonic()
         while len(ready) < expected:
             check_children()
+            if time.monotonic() - last_note >= _READY_NOTE_INTERVAL_S:
+                # Ranks on other nodes only show up here; say what is missing rather than wait in silence.
+                last_note = time.monotonic()
+                logger.warning(
+                    "still waiting for %d of %d scheduler rank(s) after %.0f s (ready: %s); ranks on other "
+                    "nodes must reach %s",
+                    expected - len(ready), expected, last_note - started,
+                    ", ".join(f"dp{m.dp_rank} tp{m.tp_rank}" for m in ready) or "none", self._output_addr,
+                )  # fmt: skip
             if not await self._pull.poll(200):
                 continue
             msg = decode(await self._pull.recv())
