@@ -9,8 +9,15 @@ import argparse
 import dataclasses
 from typing import Any
 
-from tokenspeed.server_args_cli_runtime import add_runtime_args
-from tokenspeed.server_args_flags import nullable_str, option, switch, toggle
+from tokenspeed.server_args_cli_runtime import (
+    DISAGGREGATION_FLAGS,
+    KERNEL_FLAGS,
+    PARALLEL_SIZE_FLAGS,
+    RUNTIME_OPTION_FLAGS,
+    SPECULATIVE_FLAGS,
+)
+from tokenspeed.server_args_flag_table import FlagRow, Opt, Switch, Toggle, add_groups
+from tokenspeed.server_args_flags import nullable_str
 
 # Namespace attributes that are spellings of a field rather than fields themselves.
 CLI_ALIAS_DESTS = {
@@ -23,292 +30,250 @@ CLI_ALIAS_DESTS = {
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     # Prefix matching would make adding a flag a breaking change for scripts using an abbreviation.
     parser.allow_abbrev = False
-    _add_model_args(parser.add_argument_group("model and tokenizer"))
-    _add_memory_args(parser.add_argument_group("memory and scheduling"))
-    _add_cache_args(parser.add_argument_group("kvstore and mamba caches"))
-    _add_logging_args(parser.add_argument_group("logging, metrics and API"))
-    _add_parallel_args(parser.add_argument_group("parallelism and multi-node"))
-    add_runtime_args(parser)
+    add_groups(parser, _GROUPS)
 
 
-def _add_model_args(g: Any) -> None:
-    g.add_argument(
-        "model_path",
-        nargs="?",
-        metavar="model",
-        default=None,
-        help="Model to serve: a local directory or a Hugging Face repo id (same as --model).",
-    )
-    option(g, "--model", "--model-path", metavar="MODEL", type=str, help="Model directory or repo id.")
-    option(g, "--tokenizer", metavar="TOKENIZER", type=str, help="Tokenizer path; defaults to the model.")
-    option(g, "--host", type=str, help="Address the HTTP server binds (loopback unless you widen it).")
-    option(g, "--port", type=int, help="HTTP port.")
-    option(
-        g,
+@dataclasses.dataclass(frozen=True)
+class _ModelPositional:
+    """``tokenspeed serve MODEL``: the model may be given without ``--model``."""
+
+    def add(self, group: Any) -> None:
+        group.add_argument(
+            "model_path",
+            nargs="?",
+            metavar="model",
+            default=None,
+            help="Model to serve: a local directory or a Hugging Face repo id (same as --model).",
+        )
+
+
+_MODEL_FLAGS: tuple[FlagRow, ...] = (
+    _ModelPositional(),
+    Opt("--model", str, "Model directory or repo id.", aliases=("--model-path",), metavar="MODEL"),
+    Opt("--tokenizer", str, "Tokenizer path; defaults to the model.", metavar="TOKENIZER"),
+    Opt("--host", str, "Address the HTTP server binds (loopback unless you widen it)."),
+    Opt("--port", int, "HTTP port."),
+    Opt(
         "--tokenizer-mode",
-        type=str,
-        help="'auto' prefers the fast tokenizer (plus model-specific hooks); 'slow' forces the Python one.",
-    )
-    toggle(g, "--skip-tokenizer-init", help="Do not load a tokenizer; requests must carry input_ids.")
-    switch(
-        g,
+        str,
+        "'auto' prefers the fast tokenizer (plus model-specific hooks); 'slow' forces the Python one.",
+    ),
+    Toggle("--skip-tokenizer-init", "Do not load a tokenizer; requests must carry input_ids."),
+    Switch(
         "--language-model-only",
-        help="Serve only the text model of a multimodal checkpoint; image/audio requests are refused.",
-    )
-    option(
-        g, "--ext-yaml", type=str, help="YAML describing an extensible model (with --load-format extensible)."
-    )
-    option(
-        g,
+        "Serve only the text model of a multimodal checkpoint; image/audio requests are refused.",
+    ),
+    Opt("--ext-yaml", str, "YAML describing an extensible model (with --load-format extensible)."),
+    Opt(
         "--load-format",
-        type=str,
-        help="Weight format: 'auto' tries safetensors then .bin; 'pt' .bin only; 'safetensors' only; "
+        str,
+        "Weight format: 'auto' tries safetensors then .bin; 'pt' .bin only; 'safetensors' only; "
         "'npcache' .bin cached as numpy; 'dummy' random weights (benchmarks, tests).",
-    )
-    toggle(
-        g,
+    ),
+    Toggle(
         "--trust-remote-code",
-        help="Run Python code shipped with the checkpoint (custom architectures). Off by default.",
-    )
-    option(
-        g,
+        "Run Python code shipped with the checkpoint (custom architectures). Off by default.",
+    ),
+    Opt(
         "--dtype",
-        type=str,
-        help="Weight and activation dtype; 'auto' keeps BF16 checkpoints in BF16 and runs FP32/FP16 ones "
+        str,
+        "Weight and activation dtype; 'auto' keeps BF16 checkpoints in BF16 and runs FP32/FP16 ones "
         "in FP16. 'half' = 'float16', 'float' = 'float32'.",
-    )
-    option(
-        g, "--kv-cache-dtype", type=str, help="KV cache dtype; 'auto' follows the model, 'fp8' = 'fp8_e4m3'."
-    )
-    option(g, "--kv-cache-quant-method", type=str, help="How KV cache values are scaled when quantized.")
-    option(g, "--quantization", type=str, help="Weight quantization method of the checkpoint.")
-    option(
-        g,
+    ),
+    Opt("--kv-cache-dtype", str, "KV cache dtype; 'auto' follows the model, 'fp8' = 'fp8_e4m3'."),
+    Opt("--kv-cache-quant-method", str, "How KV cache values are scaled when quantized."),
+    Opt("--quantization", str, "Weight quantization method of the checkpoint."),
+    Opt(
         "--quantization-param-path",
-        type=nullable_str,
-        help="JSON file of KV cache scales; without it FP8 KV scales are 1.0, which can cost accuracy.",
-    )
-    option(
-        g,
+        nullable_str,
+        "JSON file of KV cache scales; without it FP8 KV scales are 1.0, which can cost accuracy.",
+    ),
+    Opt(
         "--max-model-len",
+        int,
+        "Longest context served; defaults to the model config's limit.",
         metavar="MAX_MODEL_LEN",
-        type=int,
-        help="Longest context served; defaults to the model config's limit.",
-    )
-    option(
-        g, "--device", type=str, help="Where the model runs; 'cpu' needs no GPU (torch kernels, no graphs)."
-    )
-    option(
-        g, "--served-model-name", type=str, help="Model name reported by /v1/models; defaults to the model."
-    )
-    option(g, "--revision", type=str, help="Branch, tag or commit of the model repository.")
+    ),
+    Opt("--device", str, "Where the model runs; 'cpu' needs no GPU (torch kernels, no graphs)."),
+    Opt("--served-model-name", str, "Model name reported by /v1/models; defaults to the model."),
+    Opt("--revision", str, "Branch, tag or commit of the model repository."),
+)
 
 
-def _add_memory_args(g: Any) -> None:
-    option(
-        g,
+_MEMORY_FLAGS: tuple[FlagRow, ...] = (
+    Opt(
         "--gpu-memory-utilization",
-        metavar="GPU_MEMORY_UTILIZATION",
-        type=float,
-        help="Fraction of GPU memory for weights plus KV cache; default depends on the world size. "
+        float,
+        "Fraction of GPU memory for weights plus KV cache; default depends on the world size. "
         "Lower it after an out-of-memory error.",
-    )
-    option(g, "--max-num-seqs", metavar="MAX_NUM_SEQS", type=int, help="Most requests running at once.")
-    option(
-        g,
-        "--max-total-tokens",
-        type=int,
-        help="KV pool size in tokens, instead of sizing it from free memory.",
-    )
-    option(
-        g,
+        metavar="GPU_MEMORY_UTILIZATION",
+    ),
+    Opt("--max-num-seqs", int, "Most requests running at once.", metavar="MAX_NUM_SEQS"),
+    Opt("--max-total-tokens", int, "KV pool size in tokens, instead of sizing it from free memory."),
+    Opt(
         "--cpu-kv-cache-memory-gb",
-        type=float,
-        help="With --device cpu and no --max-total-tokens: GiB of host memory for the KV pool.",
-    )
-    option(
-        g,
+        float,
+        "With --device cpu and no --max-total-tokens: GiB of host memory for the KV pool.",
+    ),
+    Opt(
         "--chunked-prefill-size",
+        int,
+        "Token budget of one scheduler step (prefill chunks plus decodes); -1 turns chunking off.",
         metavar="CHUNKED_PREFILL_SIZE",
-        type=int,
-        help="Token budget of one scheduler step (prefill chunks plus decodes); -1 turns chunking off.",
-    )
-    switch(g, "--enable-mixed-batch", help="Let prefill chunks and decodes share one step.")
-    option(g, "--block-size", metavar="BLOCK_SIZE", type=int, help="Tokens per KV cache page.")
-    option(
-        g,
+    ),
+    Switch("--enable-mixed-batch", "Let prefill chunks and decodes share one step."),
+    Opt("--block-size", int, "Tokens per KV cache page.", metavar="BLOCK_SIZE"),
+    Opt(
         "--max-prefill-tokens",
+        int,
+        "Prefill token budget when chunked prefill is off; per-step budgets use --chunked-prefill-size.",
         metavar="MAX_PREFILL_TOKENS",
-        type=int,
-        help="Prefill token budget when chunked prefill is off; per-step budgets use --chunked-prefill-size.",
-    )
+    ),
+)
 
 
-def _add_cache_args(g: Any) -> None:
-    switch(g, "--disable-kvstore", help="Turn off the host-memory KVStore tier.")
-    option(g, "--kvstore-ratio", type=float, help="KVStore host pool size as a multiple of the device pool.")
-    option(g, "--kvstore-size", type=int, help="KVStore host pool size in GB; overrides --kvstore-ratio.")
-    option(g, "--kvstore-io-backend", type=str, help="How KVStore pages move between host and device.")
-    option(g, "--kvstore-mem-layout", type=str, help="Memory layout of the KVStore host pool.")
-    option(
-        g,
+_CACHE_FLAGS: tuple[FlagRow, ...] = (
+    Switch("--disable-kvstore", "Turn off the host-memory KVStore tier."),
+    Opt("--kvstore-ratio", float, "KVStore host pool size as a multiple of the device pool."),
+    Opt("--kvstore-size", int, "KVStore host pool size in GB; overrides --kvstore-ratio."),
+    Opt("--kvstore-io-backend", str, "How KVStore pages move between host and device."),
+    Opt("--kvstore-mem-layout", str, "Memory layout of the KVStore host pool."),
+    Opt(
         "--kvstore-storage-backend",
-        type=str,
-        help="Storage tier behind the KVStore (built in: mooncake). Custom backends are described with "
+        str,
+        "Storage tier behind the KVStore (built in: mooncake). Custom backends are described with "
         "--kvstore-storage-backend-extra-config (backend_name, module_path, class_name).",
-    )
-    option(
-        g, "--kvstore-storage-backend-extra-config", type=str, help="JSON object of storage backend options."
-    )
-    switch(g, "--enable-mla-l1-5-cache", help="Use the MLA L1.5 cache on disaggregated paths.")
-    option(g, "--mamba-ssm-dtype", type=str, help="Dtype of Mamba SSM states.")
-    option(g, "--mamba-track-interval", type=int, help="Decode steps between Mamba state snapshots.")
-    option(
-        g,
-        "--max-mamba-cache-size",
-        type=int,
-        help="Number of Mamba cache chunks; unset sizes the pool from free memory.",
-    )
-    option(
-        g,
+    ),
+    Opt("--kvstore-storage-backend-extra-config", str, "JSON object of storage backend options."),
+    Switch("--enable-mla-l1-5-cache", "Use the MLA L1.5 cache on disaggregated paths."),
+    Opt("--mamba-ssm-dtype", str, "Dtype of Mamba SSM states."),
+    Opt("--mamba-track-interval", int, "Decode steps between Mamba state snapshots."),
+    Opt(
+        "--max-mamba-cache-size", int, "Number of Mamba cache chunks; unset sizes the pool from free memory."
+    ),
+    Opt(
         "--mamba-full-memory-ratio",
-        type=float,
-        help="Share of the cache budget given to Mamba state chunks versus full-attention KV.",
-    )
-    switch(g, "--enable-mamba-l2", help="Keep evicted Mamba states in a host-memory L2 cache.")
-    option(
-        g,
+        float,
+        "Share of the cache budget given to Mamba state chunks versus full-attention KV.",
+    ),
+    Switch("--enable-mamba-l2", "Keep evicted Mamba states in a host-memory L2 cache."),
+    Opt(
         "--mamba-l2-host-slots",
-        type=int,
-        help="Host L2 slots; 0 derives them from --mamba-l2-host-gb or --mamba-l2-ratio.",
-    )
-    option(g, "--mamba-l2-ratio", type=float, help="Host L2 slots as a multiple of device Mamba slots.")
-    option(g, "--mamba-l2-layout", type=str, help="Memory layout of the Mamba host L2.")
-    option(g, "--mamba-l2-io-backend", type=str, help="How Mamba states move between host and device.")
-    option(
-        g, "--mamba-l2-host-gb", type=int, help="Host memory (GiB) for the Mamba L2; beats --mamba-l2-ratio."
-    )
+        int,
+        "Host L2 slots; 0 derives them from --mamba-l2-host-gb or --mamba-l2-ratio.",
+    ),
+    Opt("--mamba-l2-ratio", float, "Host L2 slots as a multiple of device Mamba slots."),
+    Opt("--mamba-l2-layout", str, "Memory layout of the Mamba host L2."),
+    Opt("--mamba-l2-io-backend", str, "How Mamba states move between host and device."),
+    Opt("--mamba-l2-host-gb", int, "Host memory (GiB) for the Mamba L2; beats --mamba-l2-ratio."),
+)
 
 
-def _add_logging_args(g: Any) -> None:
-    option(
-        g, "--stream-interval", type=int, help="Tokens per streamed chunk: higher is faster, lower smoother."
-    )
-    switch(g, "--stream-output", help="Stream disjoint text segments instead of cumulative text.")
-    option(g, "--seed", metavar="SEED", type=int, help="Random seed; drawn at random when unset.")
-    option(
-        g,
+_LOGGING_FLAGS: tuple[FlagRow, ...] = (
+    Opt("--stream-interval", int, "Tokens per streamed chunk: higher is faster, lower smoother."),
+    Switch("--stream-output", "Stream disjoint text segments instead of cumulative text."),
+    Opt("--seed", int, "Random seed; drawn at random when unset.", metavar="SEED"),
+    Opt(
         "--distributed-timeout-seconds",
+        int,
+        "Timeout of torch.distributed collectives and initialisation.",
         metavar="DISTRIBUTED_TIMEOUT_SECONDS",
-        type=int,
-        help="Timeout of torch.distributed collectives and initialisation.",
-    )
-    option(g, "--download-dir", type=str, help="Hugging Face download directory.")
-    option(
-        g, "--base-gpu-id", type=int, help="First GPU index this server uses (several servers on one host)."
-    )
-    option(g, "--gpu-id-step", type=int, help="Step between GPU indices: 2 uses GPUs 0, 2, 4, ...")
-    option(g, "--log-level", type=str, help="Log level of every logger.")
-    option(g, "--log-level-http", type=str, help="Log level of the HTTP server; defaults to --log-level.")
-    toggle(g, "--enable-log-requests", help="Log each request; detail set by --log-requests-level.")
-    option(
-        g,
-        "--log-requests-level",
-        type=int,
-        help="0: metadata; 1: metadata and truncated input/output; 2: everything.",
-    )
-    toggle(
-        g,
+    ),
+    Opt("--download-dir", str, "Hugging Face download directory."),
+    Opt("--base-gpu-id", int, "First GPU index this server uses (several servers on one host)."),
+    Opt("--gpu-id-step", int, "Step between GPU indices: 2 uses GPUs 0, 2, 4, ..."),
+    Opt("--log-level", str, "Log level of every logger."),
+    Opt("--log-level-http", str, "Log level of the HTTP server; defaults to --log-level."),
+    Toggle("--enable-log-requests", "Log each request; detail set by --log-requests-level."),
+    Opt("--log-requests-level", int, "0: metadata; 1: metadata and truncated input/output; 2: everything."),
+    Toggle(
         "--enable-log-request-stats",
-        help="Log one summary line per finished or aborted request (timings, token counts, cache hits, "
+        "Log one summary line per finished or aborted request (timings, token counts, cache hits, "
         "decode speed, speculative acceptance); measured on the host, no GPU sync.",
-    )
-    switch(g, "--enable-metrics", help="Export Prometheus metrics at /metrics.")
-    option(
-        g,
+    ),
+    Switch("--enable-metrics", "Export Prometheus metrics at /metrics."),
+    Opt(
         "--metrics-reporters",
+        None,
+        "Metrics reporter (repeatable); defaults to prometheus.",
         action="append",
         default=None,
-        help="Metrics reporter (repeatable); defaults to prometheus.",
-    )
-    option(g, "--app-key", type=str, help="Application key attached to metrics.")
-    option(g, "--decode-log-interval", type=int, help="Decode steps between batch log lines.")
-    option(
-        g, "--api-key", type=str, help="Bearer key required by the HTTP API (OpenAI-compatible routes too)."
-    )
-    switch(g, "--enable-cache-report", help="Report cached prompt tokens in usage.prompt_tokens_details.")
-    option(
-        g,
+    ),
+    Opt("--app-key", str, "Application key attached to metrics."),
+    Opt("--decode-log-interval", int, "Decode steps between batch log lines."),
+    Opt("--api-key", str, "Bearer key required by the HTTP API (OpenAI-compatible routes too)."),
+    Switch("--enable-cache-report", "Report cached prompt tokens in usage.prompt_tokens_details."),
+    Opt(
         "--kv-events-config",
-        type=str,
-        help="JSON config of the KV cache event publisher, e.g. enable_kv_cache_events with a zmq publisher.",
-    )
+        str,
+        "JSON config of the KV cache event publisher, e.g. enable_kv_cache_events with a zmq publisher.",
+    ),
+)
 
 
-def _add_parallel_args(g: Any) -> None:
-    option(
-        g,
+_PARALLEL_FLAGS: tuple[FlagRow, ...] = (
+    Opt(
         "--data-parallel-size",
+        int,
+        "Attention data-parallel replicas; inferred from --world-size and --tp when unset.",
         metavar="DATA_PARALLEL_SIZE",
-        type=int,
-        help="Attention data-parallel replicas; inferred from --world-size and --tp when unset.",
-    )
-    option(g, "--load-balance-method", type=str, help="How requests are spread over data-parallel replicas.")
-    option(g, "--load-watch-interval", type=float, help="Seconds between replica load samples.")
-    option(
-        g,
+    ),
+    Opt("--load-balance-method", str, "How requests are spread over data-parallel replicas."),
+    Opt("--load-watch-interval", float, "Seconds between replica load samples."),
+    Opt(
         "--expert-parallel-size",
-        "--ep-size",
-        type=int,
+        int,
+        "Expert-parallel size of MoE layers (default 1).",
+        aliases=("--ep-size",),
         default=None,
-        help="Expert-parallel size of MoE layers (default 1).",
-    )
-    option(g, "--init-expert-location", type=str, help="Initial placement of experts on EP ranks.")
-    option(g, "--ep-num-redundant-experts", type=int, help="Extra expert replicas to place for load balance.")
-    option(g, "--ep-dispatch-algorithm", type=str, help="How tokens pick among replicas of an expert.")
-    option(g, "--eplb-algorithm", type=str, help="Expert placement (EPLB) algorithm.")
-    option(g, "--expert-distribution-recorder-mode", type=str, help="What the expert-load recorder counts.")
-    option(
-        g,
+    ),
+    Opt("--init-expert-location", str, "Initial placement of experts on EP ranks."),
+    Opt("--ep-num-redundant-experts", int, "Extra expert replicas to place for load balance."),
+    Opt("--ep-dispatch-algorithm", str, "How tokens pick among replicas of an expert."),
+    Opt("--eplb-algorithm", str, "Expert placement (EPLB) algorithm."),
+    Opt("--expert-distribution-recorder-mode", str, "What the expert-load recorder counts."),
+    Opt(
         "--expert-distribution-recorder-buffer-size",
-        type=int,
-        help="Passes kept by the expert-load recorder; -1 keeps all.",
-    )
-    switch(g, "--enable-expert-distribution-metrics", help="Export expert-load balance metrics.")
-    switch(g, "--enable-eplb", help="Rebalance expert placement from recorded load while serving.")
-    option(
-        g,
+        int,
+        "Passes kept by the expert-load recorder; -1 keeps all.",
+    ),
+    Switch("--enable-expert-distribution-metrics", "Export expert-load balance metrics."),
+    Switch("--enable-eplb", "Rebalance expert placement from recorded load while serving."),
+    Opt(
         "--eplb-rebalance-num-iterations",
-        type=int,
-        help="Forward passes between two live expert rebalances (--enable-eplb).",
-    )
-    option(g, "--moe-backend", type=str, help="MoE kernel backend: auto, triton, gluon, flashinfer_trtllm.")
-    option(
-        g, "--draft-moe-backend", type=str, help="MoE backend of the draft model; defaults to --moe-backend."
-    )
-    option(
-        g, "--all2all-backend", metavar="ALL2ALL_BACKEND", type=str, help="MoE all-to-all: none, deepep, ..."
-    )
-    option(
-        g,
+        int,
+        "Forward passes between two live expert rebalances (--enable-eplb).",
+    ),
+    Opt("--moe-backend", str, "MoE kernel backend: auto, triton, gluon, flashinfer_trtllm."),
+    Opt("--draft-moe-backend", str, "MoE backend of the draft model; defaults to --moe-backend."),
+    Opt("--all2all-backend", str, "MoE all-to-all: none, deepep, ...", metavar="ALL2ALL_BACKEND"),
+    Opt(
         "--deepep-mode",
-        type=str,
-        help="DeepEP mode; 'auto' uses low_latency for decode batches and normal for prefill.",
-    )
-    switch(g, "--disable-flashinfer-cutlass-moe-fp4-allgather", help="Skip the FP4 allgather of cutlass MoE.")
-    option(g, "--dist-init-addr", type=str, help="host:port of the head node for distributed init.")
-    option(g, "--nnodes", type=int, help="Number of nodes.")
-    option(g, "--node-rank", type=int, help="Rank of this node (0 is the head).")
-    option(
-        g,
-        "--hf-overrides",
-        metavar="HF_OVERRIDES",
-        type=str,
-        help="JSON object merged into the model config.",
-    )
-    option(
-        g, "--preferred-sampling-params", type=str, help="JSON sampling defaults shown by /get_model_info."
-    )
+        str,
+        "DeepEP mode; 'auto' uses low_latency for decode batches and normal for prefill.",
+    ),
+    Switch("--disable-flashinfer-cutlass-moe-fp4-allgather", "Skip the FP4 allgather of cutlass MoE."),
+    Opt("--dist-init-addr", str, "host:port of the head node for distributed init."),
+    Opt("--nnodes", int, "Number of nodes."),
+    Opt("--node-rank", int, "Rank of this node (0 is the head)."),
+    Opt("--hf-overrides", str, "JSON object merged into the model config.", metavar="HF_OVERRIDES"),
+    Opt("--preferred-sampling-params", str, "JSON sampling defaults shown by /get_model_info."),
+)
+
+
+# Every argument group, in ``--help`` order.
+_GROUPS: tuple[tuple[str, tuple[FlagRow, ...]], ...] = (
+    ("model and tokenizer", _MODEL_FLAGS),
+    ("memory and scheduling", _MEMORY_FLAGS),
+    ("kvstore and mamba caches", _CACHE_FLAGS),
+    ("logging, metrics and API", _LOGGING_FLAGS),
+    ("parallelism and multi-node", _PARALLEL_FLAGS),
+    ("kernel backends and structured output", KERNEL_FLAGS),
+    ("speculative decoding", SPECULATIVE_FLAGS),
+    ("runtime options", RUNTIME_OPTION_FLAGS),
+    ("parallel sizes", PARALLEL_SIZE_FLAGS),
+    ("disaggregated serving", DISAGGREGATION_FLAGS),
+)
 
 
 def namespace_to_fields(args: argparse.Namespace) -> dict[str, Any]:
