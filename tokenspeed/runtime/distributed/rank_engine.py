@@ -123,11 +123,37 @@ class PeerEngine:
         self.max_model_len = core.max_model_len
 
     def follow(self) -> None:
+        """Run rank 0's steps; returns on its stop message, raises `LeaderLost` if it vanished first."""
+        leader = self.runtime.tp.first_rank
+        node = self.runtime.groups.mapping.node_of(leader)
         try:
-            self.runtime.follow(self.core.runner)
+            try:
+                self.runtime.follow(self.core.runner)
+            except RuntimeError as exc:
+                if not _is_connection_loss(exc):
+                    raise
+                raise LeaderLost(
+                    f"lost rank {leader} (node {node}), which leads this rank's tensor-parallel group, "
+                    f"before its stop message: it crashed or its node cannot be reached ({exc})"
+                ) from exc
+            logger.info("rank %d (node %d) sent the stop message: the server is shutting down", leader, node)
         finally:
             self.core.runner.shutdown()
             shutdown_parallel(self.runtime.groups)
+
+
+class LeaderLost(RuntimeError):
+    """A TP peer's rank 0 went away without the stop message it sends when the server stops normally."""
+
+
+def _is_connection_loss(exc: BaseException) -> bool:
+    # gloo reports a vanished peer as a plain RuntimeError ("Connection closed by peer", "Connection reset");
+    # newer torch raises DistNetworkError for some of these
+    dist_error = getattr(torch.distributed, "DistNetworkError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    text = str(exc).lower()
+    return "connection closed" in text or "connection reset" in text or "broken pipe" in text
 
 
 def _moves_experts(server_args: Any) -> bool:

@@ -5,7 +5,7 @@ Life of a server (node 0):
   -> warm-up -> "ready" -> ... -> SIGTERM/SIGINT: "draining" (new requests get 503, in-flight ones finish
   within the grace period, then are aborted) -> children stopped -> exit 0.
 A child that dies at any point ends the server with exit status 1 within seconds. Nodes > 0 run only
-their scheduler processes and exit with them.
+their scheduler processes (worker_node.py): they exit 0 when the head stops normally, 1 when they lose it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 from typing import Any
 
 logger = logging.getLogger("tokenspeed.serve")
@@ -110,28 +108,9 @@ def _vocab_size(server_args: Any) -> int | None:
 
 
 def _run_worker_node(server_args: Any) -> int:
-    from tokenspeed.runtime.engine.endpoints import ServerEndpoints
-    from tokenspeed.runtime.engine.process_watchdog import ChildWatchdog
-    from tokenspeed.runtime.entrypoints.launch import ServerProcesses
+    from tokenspeed.runtime.entrypoints.worker_node import run_worker_node
 
-    endpoints = ServerEndpoints.from_server_args(server_args)
-    procs = ServerProcesses(server_args, endpoints)
-    done = threading.Event()
-    code = [EXIT_OK]
-
-    def on_death(child, exit_code) -> None:
-        code[0] = EXIT_FAILED
-        done.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    procs.start()
-    watchdog = ChildWatchdog(procs.children, on_death).start()
-    done.wait()
-    watchdog.stop()
-    procs.shutdown()
-    endpoints.cleanup()
-    return code[0]
+    return run_worker_node(server_args)
 
 
 async def _run_head(server_args: Any) -> int:
