@@ -58,12 +58,17 @@ class Launcher(abc.ABC):
 
 
 def make_launcher(
-    kind: str, command: tuple[str, ...] | None, state_dir: Path, ray_address: str | None = None
+    kind: str,
+    command: tuple[str, ...] | None,
+    state_dir: Path,
+    ray_address: str | None = None,
+    log_max_bytes: int = 0,
+    log_backups: int = 0,
 ) -> Launcher:
     if kind == "local":
         from console.launchers.local import LocalLauncher
 
-        return LocalLauncher(command)
+        return LocalLauncher(command, log_max_bytes, log_backups)
     if kind == "ray":
         from console.launchers.ray_launcher import RayLauncher
 

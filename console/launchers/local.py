@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +18,6 @@ import psutil
 
 from console.launchers.base import Launcher, ProcessHandle
 from console.profile_schema import ProcessSpec, ServerSpec
-from console.supervisor.logfile import open_for_child
 from console.supervisor.states import ExitInfo
 
 
@@ -106,24 +106,55 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 class LocalLauncher(Launcher):
+    def __init__(self, command: tuple[str, ...] | None = None, log_max_bytes: int = 0, log_backups: int = 0):
+        super().__init__(command)
+        self.log_max_bytes, self.log_backups = log_max_bytes, log_backups
+        self._pumps: list[subprocess.Popen] = []
+
     def start(self, server: ServerSpec, process: ProcessSpec, log_path: Path) -> ProcessHandle:
         if process.node_rank == 0 and port_in_use(server.host, server.port):
             raise RuntimeError(f"port {server.port} on {server.host} is already in use by another process")
         env = {**os.environ, **dict(process.env), "TOKENSPEED_SERVER_NAME": server.name}
-        fd = open_for_child(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The server writes into a pipe; its log pump (own session, see console/supervisor/logpump.py)
+        # owns the file and rotates it without losing lines. Both ends close here once both run, so the
+        # pump sees the end of the pipe exactly when the server's last process is gone.
+        read_end, write_end = os.pipe()
         try:
+            pump = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "console.supervisor.logpump",
+                    str(log_path),
+                    "--max-bytes",
+                    str(self.log_max_bytes),
+                    "--backups",
+                    str(self.log_backups),
+                ],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+            self._pumps.append(pump)
             popen = subprocess.Popen(
                 [*self.command, *process.argv],
                 stdin=subprocess.DEVNULL,
-                stdout=fd,
+                stdout=write_end,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
                 close_fds=True,
             )
         finally:
-            os.close(fd)
+            os.close(read_end)
+            os.close(write_end)
         return ChildHandle(popen, process.node_rank)
+
+    def poll_logs(self) -> None:
+        # Pumps end on their own after their server; collect their exit status so none stays a zombie.
+        self._pumps = [p for p in self._pumps if p.poll() is None]
 
     def adopt(
         self, server: ServerSpec, process: ProcessSpec, record: dict, log_path: Path

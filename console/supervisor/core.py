@@ -44,7 +44,12 @@ class Supervisor:
         self.fleet = resolved.profile.fleet
         self.paths = paths
         self.launcher = make_launcher(
-            self.fleet.launcher, self.fleet.command, paths.root, self.fleet.ray_address
+            self.fleet.launcher,
+            self.fleet.command,
+            paths.root,
+            self.fleet.ray_address,
+            self.fleet.log_max_bytes,
+            self.fleet.log_backups,
         )
         self.units = {
             spec.name: ServerUnit(spec, self.fleet, self.launcher, paths.log(spec.name))

@@ -294,44 +294,50 @@ def logs(fleet: str | None, state_dir: str | None, server: str, follow: bool, li
     try:
         with _client(fleet, state_dir) as client:
             path = client.paths.log(server)
-            for line in client.logs(server, lines)["lines"]:
-                click.echo(line)
+            # Asked even when following: an unknown server is a usage error, not an empty log.
+            shown = client.logs(server, 0 if follow else lines)["lines"]
     except SupervisorUnavailable:
         path = StatePaths(find_state_dir(fleet, state_dir)).log(server)
         if not path.exists():
             _err(f"error: no log for {server} in {path.parent}")
             return EXIT_NO_FLEET
-        for line in tail(path, lines):
-            click.echo(line)
+        shown = [] if follow else tail(path, lines)
     except SupervisorError as exc:
         _err(f"error: {exc}")
         return EXIT_USAGE
     if not follow:
+        for line in shown:
+            click.echo(line)
         return EXIT_OK
     try:
-        _follow(path)
+        _follow(path, lines)
     except KeyboardInterrupt:
         pass
     return EXIT_OK
 
 
-def _follow(path: Path) -> None:
-    """Print lines as they are appended; start over when the file is rotated (it shrinks)."""
-    position = path.stat().st_size if path.exists() else 0
-    while True:
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        if size < position:
-            position = 0
-        if size > position:
-            with open(path, errors="replace") as f:
-                f.seek(position)
-                chunk = f.read()
-                position = f.tell()
-            click.echo(chunk, nl=False)
-        time.sleep(0.25)
+def _follow(path: Path, lines: int) -> None:
+    """The last `lines` lines, then every line appended, across rotations and server restarts.
+
+    The first lines and the followed ones come from the same open file, so nothing falls between them.
+    """
+    import codecs
+
+    from console.supervisor.logfollow import LogFollower
+
+    follower = LogFollower(path)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    try:
+        for line in follower.start(lines):
+            click.echo(line)
+        while True:
+            chunk = follower.read()
+            if chunk:
+                click.echo(decoder.decode(chunk), nl=False)
+            else:
+                time.sleep(0.25)
+    finally:
+        follower.close()
 
 
 def restart(fleet: str | None, state_dir: str | None, server: str | None, rolling: bool) -> int:

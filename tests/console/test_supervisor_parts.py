@@ -1,8 +1,8 @@
-"""The supervisor's parts on their own: backoff and crash-loop policy, log rotation, history, metrics math."""
+"""The supervisor's parts on their own: backoff and crash-loop policy, history, metrics math (log rotation:
+test_log_rotation.py)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -10,7 +10,6 @@ import pytest
 from console import metrics_math
 from console.profile_schema import BackoffSpec
 from console.supervisor.history import MetricsHistory
-from console.supervisor.logfile import append_line, open_for_child, rotate_if_needed, tail
 from console.supervisor.policy import RestartPolicy
 from console.supervisor.states import ExitInfo
 
@@ -59,24 +58,6 @@ def test_exit_info_from_returncode():
     assert ExitInfo.from_returncode(-9, 1.0) == ExitInfo(None, "SIGKILL", 1.0)
     assert ExitInfo.from_returncode(3, 1.0) == ExitInfo(3, None, 1.0)
     assert ExitInfo.from_returncode(-15, 1.0).failed and not ExitInfo.from_returncode(0, 1.0).failed
-
-
-def test_log_rotation_keeps_backups_and_the_writer_keeps_writing(tmp_path):
-    log = tmp_path / "logs" / "s.log"
-    fd = open_for_child(log)  # what a server holds: O_APPEND, survives rotation
-    for i in range(4):
-        os.write(fd, (f"line {i} " + "x" * 50 + "\n").encode())
-        assert rotate_if_needed(log, max_bytes=100, backups=2) is (i % 2 == 1)
-    os.write(fd, b"after rotation\n")
-    os.close(fd)
-    assert log.read_text() == "after rotation\n"
-    assert log.with_name("s.log.1").read_text().startswith("line 2")
-    assert log.with_name("s.log.2").read_text().startswith("line 0")
-    assert not log.with_name("s.log.3").exists()
-    append_line(log, "[supervisor] note")
-    assert tail(log, 2) == ["after rotation", "[supervisor] note"]
-    # Just after a rotation, the tail reaches into the newest backup.
-    assert tail(log, 4)[0].startswith("line 2")
 
 
 def test_history_is_bounded_by_age_and_rows(tmp_path):
