@@ -5,14 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from tokenspeed.runtime.engine.async_llm import SequenceOutput
 from tokenspeed.runtime.engine.tokenizer import apply_chat_template
-from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
+from tokenspeed.runtime.entrypoints.openai.errors import bad_request
 from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, openai_finish_reason, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
-    SSE_DONE,
     check_logprobs,
     check_model,
     merge,
@@ -20,12 +18,15 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     now,
     output_error,
     sse,
-    start_sequences,
     translate_errors,
-    unless_disconnected,
+)
+from tokenspeed.runtime.entrypoints.openai.serving_flow import (
+    cache_report_enabled,
+    collect_sequences,
+    respond,
+    response_body,
 )
 from tokenspeed.runtime.entrypoints.server_state import ServerState
-from tokenspeed.runtime.entrypoints.streaming import DisconnectAwareStream, closer
 
 
 def _logprob_entries(
@@ -68,57 +69,43 @@ async def create_chat_completion(
 ) -> Response:
     model, ids, params = _prepare(state, req)
     rid = req.rid or new_id("chatcmpl")
-    cache_report = bool(getattr(state.server_args, "enable_cache_report", False))
-    try:
-        gens = await start_sequences(state, [ids], params, req.n, rid, req.stream)
-    except Exception as exc:
-        raise translate_errors(exc) from exc
-    if req.stream:
-        return DisconnectAwareStream(_stream(state, req, model, rid, gens, cache_report), closer(gens))
-    try:
-        result = await unless_disconnected(request, _collect(state, req, model, rid, gens, cache_report))
-    finally:
-        await closer(gens)()
-    return JSONResponse(result)
+    cache_report = cache_report_enabled(state)
+    return await respond(
+        state,
+        request,
+        [ids],
+        params,
+        req.n,
+        rid,
+        req.stream,
+        events=lambda gens: _stream(state, req, model, rid, gens, cache_report),
+        collect=lambda gens: _collect(state, req, model, rid, gens, cache_report),
+    )
 
 
 async def _collect(state, req, model, rid, gens, cache_report) -> dict[str, Any]:
-    n = len(gens)
-    texts: list[list[str]] = [[] for _ in range(n)]
-    ids: list[list[int]] = [[] for _ in range(n)]
-    lps: list[list[float]] = [[] for _ in range(n)]
-    final: list[SequenceOutput | None] = [None] * n
-    async for i, out in merge(gens):
-        texts[i].append(out.text)
-        ids[i].extend(out.token_ids)
-        if out.logprobs:
-            lps[i].extend(out.logprobs)
-        if out.finished:
-            final[i] = out
     choices, prompt_tokens, completion, cached = [], 0, 0, 0
-    for i, out in enumerate(final):
-        assert out is not None  # merge ends only after every sequence finished
-        if out.error and not ids[i]:
+    for i, seq in enumerate(await collect_sequences(gens)):
+        out = seq.final
+        if out.error and not seq.token_ids:
             raise output_error(out)
         prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
         completion += out.completion_tokens
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": "".join(texts[i])},
-                "logprobs": {"content": _logprob_entries(state, ids[i], lps[i])} if req.logprobs else None,
+                "message": {"role": "assistant", "content": seq.text},
+                "logprobs": (
+                    {"content": _logprob_entries(state, seq.token_ids, seq.logprobs)}
+                    if req.logprobs
+                    else None
+                ),
                 "finish_reason": openai_finish_reason(out.finish_reason),
                 "matched_stop": out.matched_stop,
             }
         )
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": now(),
-        "model": model,
-        "choices": choices,
-        "usage": usage(prompt_tokens, completion, cached if cache_report else None),
-    }
+    usage_obj = usage(prompt_tokens, completion, cached if cache_report else None)
+    return response_body(rid, "chat.completion", now(), model, choices, usage_obj)
 
 
 async def _stream(state, req, model, rid, gens, cache_report):
@@ -127,16 +114,7 @@ async def _stream(state, req, model, rid, gens, cache_report):
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
     def chunk(choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if usage_obj is not None:
-            body["usage"] = usage_obj
-        return sse(body)
+        return sse(response_body(rid, "chat.completion.chunk", created, model, choices, usage_obj))
 
     n = len(gens)
     completion = [0] * n
@@ -144,33 +122,27 @@ async def _stream(state, req, model, rid, gens, cache_report):
     for i in range(n):
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}])  # fmt: skip
-    try:
-        async for i, out in merge(gens):
-            if out.error and out.completion_tokens == 0:
-                yield output_error(out).sse()
-                continue
-            completion[i] = out.completion_tokens
-            prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
-            delta = {"content": out.text} if out.text else {}
-            if delta or out.finished:
-                choice = {
-                    "index": i,
-                    "delta": delta,
-                    "logprobs": (
-                        {"content": _logprob_entries(state, out.token_ids, out.logprobs)}
-                        if req.logprobs
-                        else None
-                    ),
-                    "finish_reason": openai_finish_reason(out.finish_reason) if out.finished else None,
-                }
-                if out.finished:
-                    choice["matched_stop"] = out.matched_stop
-                running = usage(prompt_tokens, sum(completion), None) if continuous else None
-                yield chunk([choice], running)
-        if include_usage:
-            yield chunk([], usage(prompt_tokens, sum(completion), cached if cache_report else None))
-    except APIError as exc:
-        yield exc.sse()
-    except Exception as exc:
-        yield translate_errors(exc).sse()
-    yield SSE_DONE
+    async for i, out in merge(gens):
+        if out.error and out.completion_tokens == 0:
+            yield output_error(out).sse()
+            continue
+        completion[i] = out.completion_tokens
+        prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
+        delta = {"content": out.text} if out.text else {}
+        if delta or out.finished:
+            choice = {
+                "index": i,
+                "delta": delta,
+                "logprobs": (
+                    {"content": _logprob_entries(state, out.token_ids, out.logprobs)}
+                    if req.logprobs
+                    else None
+                ),
+                "finish_reason": openai_finish_reason(out.finish_reason) if out.finished else None,
+            }
+            if out.finished:
+                choice["matched_stop"] = out.matched_stop
+            running = usage(prompt_tokens, sum(completion), None) if continuous else None
+            yield chunk([choice], running)
+    if include_usage:
+        yield chunk([], usage(prompt_tokens, sum(completion), cached if cache_report else None))

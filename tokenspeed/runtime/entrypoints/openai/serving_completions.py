@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from tokenspeed.runtime.entrypoints.openai.errors import APIError
 from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, openai_finish_reason, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
-    SSE_DONE,
     check_logprobs,
     check_model,
     merge,
@@ -18,13 +17,16 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     now,
     output_error,
     sse,
-    start_sequences,
     tokenize,
     translate_errors,
-    unless_disconnected,
+)
+from tokenspeed.runtime.entrypoints.openai.serving_flow import (
+    cache_report_enabled,
+    collect_sequences,
+    respond,
+    response_body,
 )
 from tokenspeed.runtime.entrypoints.server_state import ServerState
-from tokenspeed.runtime.entrypoints.streaming import DisconnectAwareStream, closer
 
 
 def _logprobs(
@@ -58,19 +60,18 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         _echo_text(state, p, ids) if req.echo else "" for p, ids in zip(prompts, prompt_ids, strict=True)
     ]
     rid = req.rid or new_id("cmpl")
-    cache_report = bool(getattr(state.server_args, "enable_cache_report", False))
-    try:
-        gens = await start_sequences(state, prompt_ids, params, req.n, rid, req.stream)
-    except Exception as exc:
-        raise translate_errors(exc) from exc
-    ctx = _Ctx(state, req, model, rid, echo_texts, cache_report, want_logprobs)
-    if req.stream:
-        return DisconnectAwareStream(_stream(ctx, gens), closer(gens))
-    try:
-        result = await unless_disconnected(request, _collect(ctx, gens))
-    finally:
-        await closer(gens)()
-    return JSONResponse(result)
+    ctx = _Ctx(state, req, model, rid, echo_texts, cache_report_enabled(state), want_logprobs)
+    return await respond(
+        state,
+        request,
+        prompt_ids,
+        params,
+        req.n,
+        rid,
+        req.stream,
+        events=lambda gens: _stream(ctx, gens),
+        collect=lambda gens: _collect(ctx, gens),
+    )
 
 
 def _echo_text(state: ServerState, prompt: str | list[int], ids: list[int]) -> str:
@@ -90,22 +91,11 @@ class _Ctx:
 
 
 async def _collect(ctx: _Ctx, gens) -> dict[str, Any]:
-    n = len(gens)
-    texts: list[list[str]] = [[] for _ in range(n)]
-    ids: list[list[int]] = [[] for _ in range(n)]
-    lps: list[list[float]] = [[] for _ in range(n)]
-    final: list[Any] = [None] * n
-    async for i, out in merge(gens):
-        texts[i].append(out.text)
-        ids[i].extend(out.token_ids)
-        if out.logprobs:
-            lps[i].extend(out.logprobs)
-        if out.finished:
-            final[i] = out
     choices, prompt_tokens, completion, cached = [], 0, 0, 0
     seen_prompts: set[int] = set()
-    for i, out in enumerate(final):
-        if out.error and not ids[i]:
+    for i, seq in enumerate(await collect_sequences(gens)):
+        out = seq.final
+        if out.error and not seq.token_ids:
             raise output_error(out)
         p = ctx.prompt_of(i)
         if p not in seen_prompts:
@@ -117,20 +107,16 @@ async def _collect(ctx: _Ctx, gens) -> dict[str, Any]:
         choices.append(
             {
                 "index": i,
-                "text": echo + "".join(texts[i]),
-                "logprobs": _logprobs(ctx.state, ids[i], lps[i] if ctx.want_logprobs else None, len(echo)),
+                "text": echo + seq.text,
+                "logprobs": _logprobs(
+                    ctx.state, seq.token_ids, seq.logprobs if ctx.want_logprobs else None, len(echo)
+                ),
                 "finish_reason": openai_finish_reason(out.finish_reason),
                 "matched_stop": out.matched_stop,
             }
         )
-    return {
-        "id": ctx.rid,
-        "object": "text_completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-        "usage": usage(prompt_tokens, completion, cached if ctx.cache_report else None),
-    }
+    usage_obj = usage(prompt_tokens, completion, cached if ctx.cache_report else None)
+    return response_body(ctx.rid, "text_completion", ctx.created, ctx.model, choices, usage_obj)
 
 
 async def _stream(ctx: _Ctx, gens):
@@ -144,52 +130,37 @@ async def _stream(ctx: _Ctx, gens):
     started = [False] * n
 
     def chunk(choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": ctx.rid,
-            "object": "text_completion",
-            "created": ctx.created,
-            "model": ctx.model,
-            "choices": choices,
-        }
-        if usage_obj is not None:
-            body["usage"] = usage_obj
-        return sse(body)
+        return sse(response_body(ctx.rid, "text_completion", ctx.created, ctx.model, choices, usage_obj))
 
-    try:
-        async for i, out in merge(gens):
-            if out.error and out.completion_tokens == 0:
-                yield output_error(out).sse()
-                continue
-            p = ctx.prompt_of(i)
-            completion[i] = out.completion_tokens
-            prompt_tokens[p], cached[p] = out.prompt_tokens, out.cached_tokens
-            text = out.text
-            if not started[i]:
-                started[i] = True
-                text = ctx.echo_texts[p] + text
-            if not text and not out.finished:
-                continue
-            lp = _logprobs(ctx.state, out.token_ids, out.logprobs if ctx.want_logprobs else None, offsets[i])
-            offsets[i] += len(text)
-            yield chunk(
-                [
-                    {
-                        "index": i,
-                        "text": text,
-                        "logprobs": lp,
-                        "finish_reason": openai_finish_reason(out.finish_reason) if out.finished else None,
-                    }
-                ]
-            )
-        if include_usage:
-            u = usage(
-                sum(prompt_tokens.values()),
-                sum(completion),
-                sum(cached.values()) if ctx.cache_report else None,
-            )
-            yield chunk([], u)
-    except APIError as exc:
-        yield exc.sse()
-    except Exception as exc:
-        yield translate_errors(exc).sse()
-    yield SSE_DONE
+    async for i, out in merge(gens):
+        if out.error and out.completion_tokens == 0:
+            yield output_error(out).sse()
+            continue
+        p = ctx.prompt_of(i)
+        completion[i] = out.completion_tokens
+        prompt_tokens[p], cached[p] = out.prompt_tokens, out.cached_tokens
+        text = out.text
+        if not started[i]:
+            started[i] = True
+            text = ctx.echo_texts[p] + text
+        if not text and not out.finished:
+            continue
+        lp = _logprobs(ctx.state, out.token_ids, out.logprobs if ctx.want_logprobs else None, offsets[i])
+        offsets[i] += len(text)
+        yield chunk(
+            [
+                {
+                    "index": i,
+                    "text": text,
+                    "logprobs": lp,
+                    "finish_reason": openai_finish_reason(out.finish_reason) if out.finished else None,
+                }
+            ]
+        )
+    if include_usage:
+        u = usage(
+            sum(prompt_tokens.values()),
+            sum(completion),
+            sum(cached.values()) if ctx.cache_report else None,
+        )
+        yield chunk([], u)

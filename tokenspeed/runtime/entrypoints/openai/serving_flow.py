@@ -1,0 +1,117 @@
+"""The response flow /v1/chat/completions and /v1/completions share: start the request's sequences, then
+stream them as server-sent events or collect them into one JSON body."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tokenspeed.runtime.engine.async_llm import SequenceOutput
+from tokenspeed.runtime.entrypoints.openai.serving_common import (
+    SSE_DONE,
+    merge,
+    start_sequences,
+    translate_errors,
+    unless_disconnected,
+)
+from tokenspeed.runtime.entrypoints.server_state import ServerState
+from tokenspeed.runtime.entrypoints.streaming import DisconnectAwareStream, closer
+from tokenspeed.sampling_params import SamplingParams
+
+Sequences = list[AsyncIterator[SequenceOutput]]
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectedSequence:
+    """One sequence run to its end: everything it produced and its last output (finish reason, usage)."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    final: SequenceOutput
+
+
+def cache_report_enabled(state: ServerState) -> bool:
+    """Whether usage reports cached prompt tokens (``--enable-cache-report``)."""
+    return bool(getattr(state.server_args, "enable_cache_report", False))
+
+
+def response_body(
+    rid: str,
+    kind: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage_obj: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An OpenAI response object or stream chunk; ``usage`` only when given."""
+    body: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
+    if usage_obj is not None:
+        body["usage"] = usage_obj
+    return body
+
+
+async def collect_sequences(gens: Sequences) -> list[CollectedSequence]:
+    """Run every sequence to its end, in request order."""
+    n = len(gens)
+    texts: list[list[str]] = [[] for _ in range(n)]
+    ids: list[list[int]] = [[] for _ in range(n)]
+    lps: list[list[float]] = [[] for _ in range(n)]
+    final: list[SequenceOutput | None] = [None] * n
+    async for i, out in merge(gens):
+        texts[i].append(out.text)
+        ids[i].extend(out.token_ids)
+        if out.logprobs:
+            lps[i].extend(out.logprobs)
+        if out.finished:
+            final[i] = out
+    collected = []
+    for i, out in enumerate(final):
+        assert out is not None  # merge ends only after every sequence finished
+        collected.append(CollectedSequence("".join(texts[i]), ids[i], lps[i], out))
+    return collected
+
+
+async def sse_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events``, then ``[DONE]``. The status line is already sent, so a failure becomes an error event."""
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
+    except Exception as exc:
+        yield translate_errors(exc).sse()
+    yield SSE_DONE
+
+
+async def respond(
+    state: ServerState,
+    request: Request,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    n: int,
+    rid: str,
+    stream: bool,
+    events: Callable[[Sequences], AsyncIterator[str]],
+    collect: Callable[[Sequences], Awaitable[dict[str, Any]]],
+) -> Response:
+    """Start ``n`` sequences per prompt; stream ``events`` of them, or answer ``collect``'s body.
+
+    Errors that concern the request (400, 503) are raised here, before any response starts. The
+    sequences are aborted whichever way the response ends, the client leaving included.
+    """
+    try:
+        gens = await start_sequences(state, prompts, params, n, rid, stream)
+    except Exception as exc:
+        raise translate_errors(exc) from exc
+    if stream:
+        return DisconnectAwareStream(sse_events(events(gens)), closer(gens))
+    try:
+        result = await unless_disconnected(request, collect(gens))
+    finally:
+        await closer(gens)()
+    return JSONResponse(result)
