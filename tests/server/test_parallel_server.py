@@ -148,8 +148,9 @@ def test_expert_record_endpoints_count_routed_tokens(servers):
         assert httpx.post(f"{url}/start_expert_distribution_record", timeout=30).json()["ok"]
         (result,) = generate_all(url, [prompt], params)
         stop = httpx.post(f"{url}/stop_expert_distribution_record", timeout=30).json()
-        # --enable-expert-distribution-metrics keeps the recorder on after a stop
+        # --enable-eplb (and the expert metrics) keep the recorder on after a stop, and the answer says so
         assert stop["ok"] and stop["results"][0]["recording"] is True
+        assert stop["recording"] is True and "--enable-eplb" in stop["reason"], stop
         dump = httpx.post(f"{url}/dump_expert_distribution_record", timeout=30).json()["results"][0]
         if dump["num_rebalances"] != before["num_rebalances"]:
             continue  # a rebalance restarted the window meanwhile: measure again

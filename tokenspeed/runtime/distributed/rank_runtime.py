@@ -28,8 +28,9 @@ from tokenspeed.runtime.distributed.tensor_parallel import MoEOptions, load_para
 from tokenspeed.runtime.layers.moe.expert_parallel import ParallelMoeBlock
 from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
-from tokenspeed.runtime.moe.eplb_manager import EPLBManager
+from tokenspeed.runtime.moe.eplb_manager import EPLBManager, rebalance_unavailable
 from tokenspeed.runtime.moe.expert_stats import ExpertLoadSnapshot, expert_load_snapshot
+from tokenspeed.runtime.moe.recording_policy import recording_kept_by
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,6 @@ class RankRuntime:
         self.eplb: EPLBManager | None = None
         self.moe_layers: list[int] = []
         self.num_logical_experts = 0
-        self.recorder_always_on = False
         self.mirror: PageMirror | None = None
         self._pending: list[list[Any]] = []
         self._rebalance_due = False
@@ -170,8 +170,10 @@ class RankRuntime:
         self._pending.append(["record", op])
 
     def request_rebalance(self) -> None:
+        """Rebalance before the next step; ValueError (a refusal the caller shows) when it cannot."""
         if self.eplb is None:
-            raise ValueError("expert rebalancing is not enabled: start the server with --enable-eplb")
+            raise ValueError(rebalance_unavailable(self.moe_layers))
+        self.eplb.check_can_rebalance()
         self._rebalance_due = True
 
     def _take_ops(self, rebalance: bool = True) -> list[list[Any]]:
@@ -194,9 +196,8 @@ class RankRuntime:
         if op == "start":
             self.recorder.start()
         elif op == "stop":
-            # metrics and EPLB keep reading the recorder: "stop" then only ends the user's session
-            if not self.recorder_always_on:
-                self.recorder.stop()
+            # ends the user's session; a recorder kept on for metrics or EPLB goes on counting
+            self.recorder.stop()
         else:
             self.recorder.reset()
 
@@ -232,38 +233,40 @@ class RankRuntime:
             m.layer_id for m in model.modules() if isinstance(m, (SparseMoeBlock, ParallelMoeBlock))
         )
         self.num_logical_experts = int(model_config.num_experts or 0)
+        state = self.expert_state
         wants = args.expert_distribution_recorder_mode or args.enable_expert_distribution_metrics
-        if not self.moe_layers or not (wants or args.enable_eplb):
+        # an expert-parallel placement can be rebalanced on demand, from a recorded load
+        if not self.moe_layers or not (wants or args.enable_eplb or state is not None):
             if args.enable_eplb:
                 logger.warning("--enable-eplb ignored: %s has no MoE layers", model_config.architecture)
             return
-        state = self.expert_state
         slots = state.location.num_physical if state is not None else self.num_logical_experts
-        always_on = bool(args.enable_expert_distribution_metrics or args.enable_eplb)
-        self.recorder_always_on = always_on
+        kept_by = recording_kept_by(args)
         self.recorder = ExpertDistributionRecorder(
             args.expert_distribution_recorder_mode or "stat",
             model_config.num_layers,
             slots,
             args.expert_distribution_recorder_buffer_size,
             device,
-            always_on=always_on,
+            kept_by=kept_by,
         )
-        if args.enable_eplb:
-            if state is None:
+        if state is None:
+            if args.enable_eplb:
                 logger.warning(
                     "--enable-eplb: nothing to move with one EP rank and no redundant experts; set --ep-size "
                     "or --ep-num-redundant-experts"
                 )
-                return
-            self.eplb = EPLBManager(
-                state,
-                self.recorder,
-                self.moe.num_redundant_experts,
-                int(getattr(args, "eplb_rebalance_num_iterations", 1000) or 1000),
-                self.moe.eplb_algorithm,
-                num_nodes=self.groups.mapping.nnodes,
-            )
+            return
+        # without --enable-eplb the placement only changes on request (POST /rebalance_experts)
+        self.eplb = EPLBManager(
+            state,
+            self.recorder,
+            self.moe.num_redundant_experts,
+            int(getattr(args, "eplb_rebalance_num_iterations", 1000) or 1000),
+            self.moe.eplb_algorithm,
+            num_nodes=self.groups.mapping.nnodes,
+            periodic=bool(args.enable_eplb),
+        )
 
     def expert_snapshot(self) -> ExpertLoadSnapshot | None:
         if self.recorder is None:

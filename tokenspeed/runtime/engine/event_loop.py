@@ -246,6 +246,12 @@ def _handle_rpc(engine: Any, req: RpcRequest, info: RankInfo) -> RpcResponse:
             return RpcResponse(call_id=req.call_id, ok=True, result=_snapshot_dict(engine.stats(), info))
         handler = getattr(engine, f"rpc_{req.method}", None)
         if handler is None:
+            if req.method == "rebalance_experts":
+                # a plain single-rank engine: no expert-parallel placement (maybe no experts at all)
+                from tokenspeed.runtime.moe.eplb_manager import HOW_TO_ENABLE
+
+                error = f"this server cannot rebalance experts; {HOW_TO_ENABLE}"
+                return RpcResponse(call_id=req.call_id, ok=False, error=error, refused=True)
             if req.method in _EXPERT_RECORD_METHODS:
                 return RpcResponse(
                     call_id=req.call_id,
@@ -256,6 +262,10 @@ def _handle_rpc(engine: Any, req: RpcRequest, info: RankInfo) -> RpcResponse:
             return RpcResponse(call_id=req.call_id, ok=False, error=f"unknown control call {req.method!r}")
         return RpcResponse(call_id=req.call_id, ok=True, result=handler(**req.args))
     except Exception as exc:
+        if req.method == "rebalance_experts" and isinstance(exc, ValueError):
+            # a refusal (nothing recorded, no expert parallelism): the caller's to fix, not a rank failure
+            logger.info("control call %s refused: %s", req.method, exc)
+            return RpcResponse(call_id=req.call_id, ok=False, error=str(exc), refused=True)
         logger.error("control call %s failed: %s", req.method, exc)
         return RpcResponse(call_id=req.call_id, ok=False, error=f"{req.method} failed: {exc}")
 
@@ -281,7 +291,7 @@ def _send_stats(engine: Any, info: RankInfo, out: zmq.Socket, load: zmq.Socket |
         load.send(encode(snap))
     if due_front:
         key = (snap.num_running, snap.num_waiting, snap.kv_pages_used, snap.prefix_cache_queries,
-               snap.num_preemptions, snap.gen_throughput)  # fmt: skip
+               snap.num_preemptions, snap.gen_throughput, snap.eplb_rebalances)  # fmt: skip
         # While idle and unchanged there is nothing new to say; a change (like KV freed) goes out at once.
         if key != pacer.last_key or pacer.iteration_tokens:
             pacer.last_frontend = now

@@ -116,6 +116,7 @@ class RpcResponse:
     ok: bool
     result: Any = None
     error: str | None = None
+    refused: bool = False  # not ok because the call cannot apply to this server (HTTP 400), not a failure
 
 
 _MESSAGE_TYPES: dict[str, type] = {

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenspeed.runtime.entrypoints.expert_api import add_expert_routes
 from tokenspeed.runtime.entrypoints.native_api import generate as native_generate
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, unavailable
 from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -32,11 +33,6 @@ from tokenspeed.sampling_params import SamplingParams
 logger = logging.getLogger("tokenspeed.http")
 
 _OPEN_PATHS = ("/health",)
-_EXPERT_RECORD = (
-    "start_expert_distribution_record",
-    "stop_expert_distribution_record",
-    "dump_expert_distribution_record",
-)
 
 
 class ApiKeyMiddleware:
@@ -223,26 +219,9 @@ def build_app(state: ServerState) -> FastAPI:
             raise bad_request("cannot flush the cache while requests are running; retry when idle")
         return JSONResponse({"flushed": True, "groups": len(answers)})
 
-    for method in _EXPERT_RECORD:
-        app.add_api_route(f"/{method}", _expert_record_route(state, method), methods=["GET", "POST"])
+    add_expert_routes(app, state)  # expert recording and rebalancing (expert_api)
 
     return app
-
-
-def _expert_record_route(state: ServerState, method: str):
-    async def route(request: Request) -> Response:
-        body = await request.body()
-        args = json.loads(body) if body.strip() else {}
-        if not isinstance(args, dict):
-            raise bad_request("the body must be a JSON object")
-        answers = await state.llm.rpc(method, args)
-        failed = [a for a in answers if not a.ok]
-        if failed:
-            raise bad_request(failed[0].error or f"{method} failed", code="not_enabled")
-        return JSONResponse({"ok": True, "results": [a.result for a in answers]})
-
-    route.__name__ = method
-    return route
 
 
 def _jsonable(value: Any) -> Any:

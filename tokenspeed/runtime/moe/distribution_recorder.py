@@ -10,6 +10,12 @@ Modes (the seed's names):
 - stat_approx: as stat; our counts are exact, the mode is kept so profiles written for it still load.
 - per_pass: as stat, and `dump()` returns every pass in the buffer instead of their sum.
 - per_token: as per_pass, plus the routed expert ids of every token of every pass.
+
+Who keeps it on. A user records a session (`start` .. `stop`, the /start|stop_expert_distribution_record
+routes). `--enable-eplb` and `--enable-expert-distribution-metrics` need the load all the time: the recorder
+is then `kept_by` that flag (`recording_policy`) and counts with or without a session. `stop` always ends the session and freezes
+what `dump` returns (the load between start and stop); a kept recorder goes on counting into its window,
+which metrics and EPLB read.
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ MODES = ("stat", "stat_approx", "per_pass", "per_token")
 
 @dataclass
 class RecorderState:
-    recording: bool = False
+    session: bool = False  # between a user's start and stop
+    kept_by: str | None = None  # why it counts without a session (a flag that reads the load)
     started_at: float | None = None
     passes: int = 0
     dumps: list[str] = field(default_factory=list)
+
+    @property
+    def recording(self) -> bool:
+        return self.session or self.kept_by is not None
 
 
 class ExpertDistributionRecorder:
@@ -41,6 +52,7 @@ class ExpertDistributionRecorder:
         buffer_size: int | None = None,
         device: torch.device | str = "cpu",
         always_on: bool = False,
+        kept_by: str | None = None,
     ):
         if mode not in MODES:
             raise ValueError(
@@ -54,7 +66,8 @@ class ExpertDistributionRecorder:
         self.device = torch.device(device)
         # None or -1 means unbounded: the sum of stat modes is then kept as one running total.
         self.buffer_size = None if buffer_size in (None, -1) else int(buffer_size)
-        self.state = RecorderState(recording=always_on)
+        self.state = RecorderState(kept_by=kept_by or ("always on" if always_on else None))
+        self._frozen: dict | None = None  # what `dump` returns once a session stopped
         self._current = torch.zeros((num_layers, num_physical_experts), dtype=torch.int64, device=self.device)
         self._passes: deque[torch.Tensor] = deque(maxlen=self.buffer_size)
         self._tokens: deque[list[torch.Tensor | None]] = deque(maxlen=self.buffer_size)
@@ -90,11 +103,19 @@ class ExpertDistributionRecorder:
     # ---- control (HTTP endpoints, EPLB) --------------------------------------------------------
     def start(self) -> None:
         self.reset()
-        self.state.recording = True
+        self._frozen = None
+        self.state.session = True
         self.state.started_at = time.time()
 
     def stop(self) -> None:
-        self.state.recording = False
+        """End the user's session: later dumps hold its load even if the window moves on (kept, EPLB)."""
+        if self.state.session:
+            self._frozen = self._collect()
+        self.state.session = False
+
+    def keep(self, reason: str) -> None:
+        """Count on every step from now on, with or without a session."""
+        self.state.kept_by = reason
 
     def reset(self) -> None:
         self._current.zero_()
@@ -111,7 +132,18 @@ class ExpertDistributionRecorder:
         return total.cpu()
 
     def dump(self, path: str | Path | None = None) -> dict:
-        """The recorded distribution as plain data; also written to `path` (torch.save) when given."""
+        """The recorded distribution as plain data; also written to `path` (torch.save) when given.
+
+        After a stop: the stopped session's load; else the live window."""
+        out = self._frozen if self._frozen is not None else self._collect()
+        if path is not None:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(out, path)
+            self.state.dumps.append(str(path))
+        return out
+
+    def _collect(self) -> dict:
         out: dict = {
             "mode": self.mode,
             "passes": self.state.passes,
@@ -123,9 +155,4 @@ class ExpertDistributionRecorder:
             out["per_pass"] = [p.cpu() for p in self._passes]
         if self.mode == "per_token":
             out["per_token"] = [list(t) for t in self._tokens]
-        if path is not None:
-            path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(out, path)
-            self.state.dumps.append(str(path))
         return out

@@ -11,6 +11,11 @@ puts "rebalance" in the batch decision its peers follow), so no request sees a h
    every rank lists the transfers in the same order); old weights are read from a copy so a slot can be
    both a source and a destination;
 4. the new location takes effect and the recorder window restarts.
+
+The same `rebalance` runs every `--eplb-rebalance-num-iterations` steps with `--enable-eplb` (periodic)
+and on demand (POST /rebalance_experts), which is the only trigger when EP or redundant experts are on
+without `--enable-eplb`; it then needs a recorded load (a recording session, or
+`--enable-expert-distribution-metrics`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch.distributed as dist
 
 from tokenspeed.runtime.distributed.comm import broadcast_object
 from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState
+from tokenspeed.runtime.moe import recording_policy
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 from tokenspeed.runtime.moe.eplb_algorithm import balancedness, rank_loads
 from tokenspeed.runtime.moe.expert_location import ExpertLocation
@@ -42,10 +48,18 @@ class Transfer:
 
 @dataclass
 class RebalanceResult:
-    balancedness_before: list[float]
-    balancedness_after: list[float]
+    """One rebalance; per-layer lists follow `layers` (the MoE layers). Plain values: it goes over msgpack."""
+
+    balancedness_before: list[float]  # mean / max load per EP rank of the window's load, old placement
+    balancedness_after: list[float]  # the same load on the new placement
     moved_slots: int
     seconds: float
+    index: int = 0  # 1 for the server's first rebalance
+    layers: list[int] = field(default_factory=list)
+    tokens: int = 0  # routed (token, expert) choices in the window the placement was computed from
+    passes: int = 0  # forward passes in that window
+    moved_experts: list[list[int]] = field(default_factory=list)  # logical experts given a new slot
+    replicas: list[list[list[int]]] = field(default_factory=list)  # [[expert, slots], ...] with slots > 1
 
 
 @dataclass
@@ -55,10 +69,40 @@ class EPLBStats:
     history: list[RebalanceResult] = field(default_factory=list)
 
 
+HOW_TO_ENABLE = (
+    "rebalancing moves experts between expert-parallel slots: serve a MoE model with --ep-size N (N > 1) "
+    "or --ep-num-redundant-experts R, and add --enable-eplb to also rebalance every "
+    "--eplb-rebalance-num-iterations steps"
+)
+
+
+def rebalance_unavailable(moe_layers: list[int]) -> str:
+    """Why a server without an EPLB manager cannot rebalance, and the flags that would let it."""
+    if not moe_layers:
+        return f"this model has no MoE layers, so there are no experts to rebalance ({HOW_TO_ENABLE})"
+    return f"this server has no expert-parallel placement to change; {HOW_TO_ENABLE}"
+
+
 def logical_counts(physical: torch.Tensor, phy2log: torch.Tensor, num_logical: int) -> torch.Tensor:
     """Tokens per (layer, logical expert) from tokens per (layer, physical slot)."""
     out = torch.zeros((physical.shape[0], num_logical), dtype=torch.float64)
     out.scatter_add_(1, phy2log.to(torch.int64), physical.to(torch.float64))
+    return out
+
+
+def moved_experts(old: torch.Tensor, new: torch.Tensor, layers: list[int]) -> list[list[int]]:
+    """Per layer, the logical experts that landed in a slot that held another expert before."""
+    changed = old[layers] != new[layers]
+    return [sorted(set(new[layer][changed[i]].tolist())) for i, layer in enumerate(layers)]
+
+
+def replica_summary(logcnt: torch.Tensor, layers: list[int]) -> list[list[list[int]]]:
+    """Per layer, [expert, slots] of every expert with more than one slot, most replicated first."""
+    out = []
+    for layer in layers:
+        row = logcnt[layer].tolist()
+        many = sorted((e for e, n in enumerate(row) if n > 1), key=lambda e: (-row[e], e))
+        out.append([[e, row[e]] for e in many])
     return out
 
 
@@ -120,6 +164,7 @@ class EPLBManager:
         rebalance_num_iterations: int = 1000,
         algorithm: str = "auto",
         num_nodes: int = 1,
+        periodic: bool = True,
     ):
         if rebalance_num_iterations < 1:
             raise ValueError(f"--eplb-rebalance-num-iterations must be >= 1, got {rebalance_num_iterations}")
@@ -131,14 +176,30 @@ class EPLBManager:
         self.interval = rebalance_num_iterations
         self.algorithm = algorithm
         self.num_nodes = num_nodes
+        self.periodic = periodic
         self.steps = 0
         self.stats = EPLBStats()
-        self.recorder.state.recording = True
+        if periodic:
+            self.recorder.keep(recording_policy.EPLB)
 
     def step_done(self) -> bool:
         """Count a forward pass; True when the next one should be preceded by a rebalance."""
         self.steps += 1
-        return self.steps % self.interval == 0
+        return self.periodic and self.steps % self.interval == 0
+
+    def check_can_rebalance(self) -> None:
+        """Raise ValueError (a user-facing refusal) when there is no recorded load to place experts for."""
+        counts = self.recorder.window_counts()[self._moe_layers()]
+        if int(counts.sum()) > 0:
+            return
+        since = "since the last rebalance" if self.stats.rebalances else "yet"
+        how = (
+            "recording is on: send some requests first"
+            if self.recorder.recording
+            else "start recording with POST /start_expert_distribution_record (or start the server with "
+            "--enable-expert-distribution-metrics), send some requests"
+        )
+        raise ValueError(f"no expert load recorded {since}: {how}, then rebalance again")
 
     def _moe_layers(self) -> list[int]:
         return sorted(self.state.layers)
@@ -167,6 +228,7 @@ class EPLBManager:
         start = time.perf_counter()
         state = self.state
         old = state.location
+        passes = self.recorder.state.passes
         counts = logical_counts(self.recorder.window_counts(), old.placement.phy2log, old.num_logical)
         new = self.new_location(counts)
         transfers = plan_transfers(
@@ -179,11 +241,18 @@ class EPLBManager:
         before = balancedness(rank_loads(counts, old.placement, old.ep_size))[layers]
         after = balancedness(rank_loads(counts, new.placement, new.ep_size))[layers]
         self.recorder.reset()
+        self.steps = 0  # the next periodic rebalance is a whole interval after this one
         result = RebalanceResult(
             balancedness_before=[round(float(x), 4) for x in before],
             balancedness_after=[round(float(x), 4) for x in after],
             moved_slots=len(transfers),
             seconds=time.perf_counter() - start,
+            index=self.stats.rebalances + 1,
+            layers=layers,
+            tokens=int(counts[layers].sum()) if layers else 0,
+            passes=passes,
+            moved_experts=moved_experts(old.placement.phy2log, new.placement.phy2log, layers),
+            replicas=replica_summary(new.placement.logcnt, layers),
         )
         self.stats.rebalances += 1
         self.stats.last = result
