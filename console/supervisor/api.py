@@ -4,7 +4,8 @@ Every answer is JSON (except raw_metrics: Prometheus text). Errors: 404 {"error"
 server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied server does not answer.
 
     GET  /fleet                             {"name", "profile_path", "state_dir", "started_at",
-                                             "supervisor_pid", "shutting_down", "servers": [Server]}
+                                             "supervisor_pid", "shutting_down", "servers": [Server],
+                                             "load": Load | null}
          Server = {"name", "replica", "node", "gpus": [int], "host", "port", "url", "state", "pid",
                    "pids": [int], "started_at", "uptime_s", "restarts",
                    "last_exit": {"code", "signal", "at"} | null, "healthy": bool, "error": str | null,
@@ -14,6 +15,8 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
                    "scraped_at": float | null}
          state is one of STARTING READY UNHEALTHY BACKOFF STOPPING STOPPED FATAL; times are Unix
          seconds; latency percentiles are seconds over the last 30 s of scrapes (None: no requests).
+         Load = the profile's [load] generator (null without one): {"rate_per_s" (target), "sent",
+                "ok", "errors", "skipped", "sent_per_s" (last minute), "last_error", "last_error_at"}
     GET  /servers/{name}                    Server
     GET  /servers/{name}/history?seconds=300  {"samples": [{"t", <metric keys as above>}]}
     GET  /servers/{name}/raw_metrics        the latest /metrics text of the server

@@ -22,6 +22,7 @@ from console.launchers.local import find_process, signal_group
 from console.profiles import ResolvedFleet
 from console.supervisor import statefile
 from console.supervisor.history import MetricsHistory, ServerStatus
+from console.supervisor.load import LoadGenerator
 from console.supervisor.logfile import rotate_if_needed, tail
 from console.supervisor.paths import StatePaths
 from console.supervisor.states import State
@@ -73,6 +74,8 @@ class Supervisor:
         }
         self._tasks: set[asyncio.Task] = set()
         self._rolling: asyncio.Task | None = None
+        # The profile's [load] generator, when it has one (set by the daemon, which runs it).
+        self.load: LoadGenerator | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -267,6 +270,7 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
             "shutting_down": self.shutting_down,
             "servers": [self.server_json(u, now) for u in self.units.values()],
+            "load": self.load.report().to_json() if self.load is not None else None,
         }
 
     def logs(self, name: str, lines: int) -> list[str]:

@@ -17,6 +17,7 @@ import click
 
 from console.client import SupervisorClient, SupervisorError, SupervisorUnavailable, find_state_dir
 from console.supervisor import statefile
+from console.supervisor.load_report import LoadReport
 from console.supervisor.logfile import tail
 from console.supervisor.paths import StatePaths, default_state_dir
 
@@ -230,9 +231,18 @@ def status(fleet: str | None, state_dir: str | None, as_json: bool) -> int:
         _err(f"error: {exc}")
         return EXIT_USAGE
     servers = data["servers"]
+    load = LoadReport.from_json(data.get("load"))
     if as_json:
         click.echo(
-            json.dumps({"fleet": data["name"], "state_dir": data["state_dir"], "servers": servers}, indent=1)
+            json.dumps(
+                {
+                    "fleet": data["name"],
+                    "state_dir": data["state_dir"],
+                    "servers": servers,
+                    "load": load.to_json() if load is not None else None,
+                },
+                indent=1,
+            )
         )
     else:
         header = ("NAME", "STATE", "PID", "NODE", "PORT", "RESTARTS", "UPTIME", "LAST EXIT", "URL")
@@ -257,6 +267,8 @@ def status(fleet: str | None, state_dir: str | None, as_json: bool) -> int:
         for s in servers:
             if s["error"]:
                 click.echo(f"{s['name']}: {s['error']}")
+        if load is not None:
+            click.echo(load.describe())
     return EXIT_OK if all(s["state"] == "READY" for s in servers) else EXIT_FAILED
 
 

@@ -43,6 +43,7 @@ async def _main(paths: StatePaths, resolved) -> None:
     api = asyncio.create_task(serve_api(sup, sock))
     load = for_supervisor(sup)  # the profile's [load] table: requests to READY servers
     if load is not None:
+        sup.load = load  # its counts go out with the fleet's status
         load.start()
     try:
         await sup.run()

@@ -11,12 +11,15 @@ A profile turns it on with a `[load]` table:
 
 It runs inside the supervisor, on its loop, so `tokenspeed up` without a console shows moving metrics
 too. Requests go round-robin to READY servers only; a failed request is counted, never raised; nothing
-waits on a request, so the supervisor's 10 Hz tick is never held up. It stops with the fleet.
+waits on a request, so the supervisor's 10 Hz tick is never held up. It stops with the fleet. Its counts
+and last error (with the server's own words for a refused request) are in the status API
+(`LoadGenerator.report`), so `tokenspeed status` and the console's fleet screen show them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -27,7 +30,12 @@ from dataclasses import dataclass
 
 import httpx
 
+from console.supervisor.load_report import LoadReport
+
 log = logging.getLogger("tokenspeed.supervisor.load")
+
+# `sent_per_s` in the report covers this much of the recent past.
+RATE_WINDOW_S = 60.0
 
 # English prompts on the topics the demo models were trained on (the Python documentation).
 PROMPTS = (
@@ -124,6 +132,7 @@ class LoadStats:
     skipped: int = 0  # arrivals dropped because `concurrency` requests were in flight
     completion_tokens: int = 0
     last_error: str = ""
+    last_error_at: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -147,10 +156,33 @@ class LoadGenerator:
         self._in_flight: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
         self._http: httpx.AsyncClient | None = None
+        self._started = time.monotonic()
+        self._sends: collections.deque[float] = collections.deque()  # send times of the last RATE_WINDOW_S
 
     def start(self) -> None:
         self._http = httpx.AsyncClient(trust_env=False, timeout=self.spec.timeout_s)
         self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def report(self) -> LoadReport:
+        """Counts for the status API: what `tokenspeed status` and the console show."""
+        now = time.monotonic()
+        self._forget_sends(now)
+        window = min(max(now - self._started, 1e-3), RATE_WINDOW_S)
+        stats = self.stats
+        return LoadReport(
+            rate_per_s=self.spec.rate_per_s,
+            sent=stats.sent,
+            ok=stats.ok,
+            errors=stats.errors,
+            skipped=stats.skipped,
+            sent_per_s=round(len(self._sends) / window, 3),
+            last_error=stats.last_error or None,
+            last_error_at=stats.last_error_at,
+        )
+
+    def _forget_sends(self, now: float) -> None:
+        while self._sends and now - self._sends[0] > RATE_WINDOW_S:
+            self._sends.popleft()
 
     async def stop(self) -> None:
         tasks = [t for t in (self._task, *self._in_flight) if t is not None]
@@ -202,17 +234,41 @@ class LoadGenerator:
             return
         path, body = self.request()
         self.stats.sent += 1
+        now = time.monotonic()
+        self._sends.append(now)
+        self._forget_sends(now)
         try:
             response = await self._http.post(target.url + path, json=body)
-            response.raise_for_status()
+            if response.is_error:
+                self._error(target, f"HTTP {response.status_code} from {path}: {_error_text(response)}")
+                return
             usage = response.json().get("usage") or {}
             self.stats.completion_tokens += int(usage.get("completion_tokens") or 0)
             self.stats.ok += 1
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a server going down mid-request is expected in a fleet; count it
-            self.stats.errors += 1
-            self.stats.last_error = f"{target.name}: {type(exc).__name__}: {exc}"[:300]
+            self._error(target, f"{type(exc).__name__}: {exc}")
+
+    def _error(self, target: Target, text: str) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{target.name}: {text}"[:300]
+        self.stats.last_error_at = time.time()
+
+
+def _error_text(response: httpx.Response) -> str:
+    """What the server said was wrong: the OpenAI-style `error.message`, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        message = message or body.get("detail") or body.get("message")
+        if message:
+            return str(message)
+    return response.text.strip()[:200] or response.reason_phrase
 
 
 def for_supervisor(sup) -> LoadGenerator | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 # The metric keys of the control API: one list, shared with the supervisor that fills them.
 from console.metrics_math import METRIC_KEYS
+from console.supervisor.load_report import LoadReport
 
 STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
 
@@ -127,6 +128,7 @@ class Fleet:
     state_dir: str
     started_at: float | None
     servers: tuple[Server, ...]
+    load: LoadReport | None = None  # the built-in load generator's counts, when the profile has [load]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Fleet:
@@ -136,6 +138,7 @@ class Fleet:
             state_dir=str(data.get("state_dir") or ""),
             started_at=_num(data.get("started_at")),
             servers=tuple(Server.from_json(s) for s in data.get("servers") or [] if isinstance(s, dict)),
+            load=LoadReport.from_json(data.get("load")),
         )
 
     def server(self, name: str | None) -> Server | None:

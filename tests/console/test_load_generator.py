@@ -1,18 +1,26 @@
 """The supervisor's built-in load generator against real HTTP endpoints: round-robin over the servers it
 is given (the READY ones), completions and chat, a concurrency cap, errors counted and never raised, and
-nothing left running after stop. (tests/console/test_demo_fleet.py runs it inside a real demo fleet.)"""
+nothing left running after stop; then inside a real supervised fleet, where its counts and last error
+show in `tokenspeed status` and on the console's fleet screen. (tests/console/test_demo_fleet.py runs it
+inside a real demo fleet.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from console.supervisor.load import PROMPTS, SHARED_PREFIX, LoadGenerator, LoadSpec, Target
+
+BUSY = Path(__file__).with_name("busy_http.py")
+REJECTION = "max_tokens must be at most 8 for this test server"  # what busy_http.py answers with NAME.reject
 
 
 class Recorder:
@@ -114,7 +122,9 @@ def test_errors_are_counted_not_raised(endpoints):
         lambda: [Target("fail", failing.url), closed],
     )
     asyncio.run(run_for(gen, 1.0))
-    assert gen.stats.sent >= 6 and gen.stats.errors == gen.stats.sent and gen.stats.ok == 0
+    # Requests still in flight at stop (4 at most) are cancelled: neither ok nor errors.
+    assert gen.stats.sent >= 6 and gen.stats.sent - 4 <= gen.stats.errors <= gen.stats.sent
+    assert gen.stats.ok == 0
     assert failing.requests and ("fail:" in gen.stats.last_error or "gone:" in gen.stats.last_error)
 
 
@@ -134,3 +144,84 @@ def test_the_loop_is_never_blocked(endpoints):
         return worst
 
     assert asyncio.run(scenario()) < 0.5  # a blocking request would hold it for 1 s
+
+
+# ---------------------------------------------------------------- inside a real fleet
+
+LOAD_LINE = re.compile(r"^load: 20 req/s target, sent (\d+), ok (\d+), errors (\d+)(.*)$", re.M)
+
+
+def load_fleet(make_fleet):
+    """A real supervisor with two busy_http.py servers and a [load] table of 20 requests a second."""
+    fleet = make_fleet(replicas=2, command=[sys.executable, str(BUSY)])
+    with open(fleet.profile, "a") as f:
+        f.write("\n[load]\nrate_per_s = 20\nmax_tokens = 4\nconcurrency = 4\n")
+    result = fleet.up()
+    assert result.returncode == 0, result.stdout + result.stderr
+    return fleet
+
+
+def status_load(fleet) -> tuple[int, int, int, str]:
+    result = fleet.cli("status")
+    assert result.returncode == 0, result.stdout + result.stderr
+    match = LOAD_LINE.search(result.stdout)
+    assert match, f"no load line in `tokenspeed status`:\n{result.stdout}"
+    return int(match[1]), int(match[2]), int(match[3]), match[4]
+
+
+def wait_status(fleet, condition, what: str, timeout: float = 60) -> tuple[int, int, int, str]:
+    deadline = time.monotonic() + timeout
+    while not condition(seen := status_load(fleet)):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: last {seen}"
+        time.sleep(0.5)
+    return seen
+
+
+def test_status_shows_the_generators_growing_counts_and_the_servers_own_error(make_fleet):
+    fleet = load_fleet(make_fleet)
+    sent, ok, errors, rest = wait_status(fleet, lambda s: s[1] >= 5, "5 answered requests")
+    assert errors == 0 and "last error" not in rest and ok <= sent
+    later = wait_status(fleet, lambda s: s[1] >= ok + 10, "10 more answered requests")
+    assert later[0] > sent and later[2] == 0
+    data = json.loads(fleet.cli("status", "--json").stdout)["load"]
+    assert data["rate_per_s"] == 20 and data["ok"] >= later[1] and data["sent_per_s"] > 0
+
+    # The servers refuse every request now (HTTP 400 with an OpenAI error body): the counts say so,
+    # with the server's own words.
+    for i in range(2):
+        fleet.flag(fleet.server(i), "reject")
+    sent, ok, errors, rest = wait_status(fleet, lambda s: s[2] >= 3, "3 errors")
+    assert "(last error: t-" in rest and "HTTP 400 from /v1/" in rest and REJECTION in rest, rest
+    data = json.loads(fleet.cli("status", "--json").stdout)["load"]
+    assert REJECTION in data["last_error"] and data["last_error_at"] <= time.time()
+    assert fleet.cli("status").returncode == 0  # the fleet itself is fine: every server READY
+
+
+async def test_fleet_screen_shows_the_load_line_and_its_last_error(make_fleet):
+    from console.tui.app import ConsoleApp
+    from console.tui.live_source import LiveSource
+    from tests.console.tui_pilot import text_of, wait_for
+
+    fleet = load_fleet(make_fleet)
+    app = ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5)
+    async with app.run_test(size=(150, 40)) as pilot:
+
+        def counts() -> tuple[int, int, int] | None:
+            match = LOAD_LINE.search(text_of(app, "#fleet-load"))
+            return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+        first = await wait_for(pilot, lambda: (c := counts()) and c[1] >= 3 and c, what="a load line")
+        assert app.screen.query_one("#fleet-load").display
+        later = await wait_for(
+            pilot, lambda: (c := counts()) and c[1] > first[1] and c, what="growing counts"
+        )
+        assert later[0] > first[0] and later[2] == 0
+        assert "last error" not in text_of(app, "#fleet-load")
+        fleet.flag(fleet.server(0), "reject")
+        fleet.flag(fleet.server(1), "reject")
+        shown = await wait_for(
+            pilot,
+            lambda: REJECTION in text_of(app, "#fleet-load") and text_of(app, "#fleet-load"),
+            what="the error",
+        )
+        assert "last error" in shown and "HTTP 400" in shown, shown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from textual.containers import Vertical
 from textual.events import Click
 from textual.widgets import Input, Static
 
+from console.supervisor.load_report import LoadReport
 from console.tui import fmt
 from console.tui.model import Fleet, Server, Snapshot
 from console.tui.screens.base import ConsoleScreen
@@ -120,6 +122,7 @@ class FleetScreen(ConsoleScreen):
     def compose(self):
         yield from self.compose_header()
         with Vertical(id="fleet-body"):
+            yield Static("", id="fleet-load", classes="detail")
             yield Static("", id="fleet-header")
             yield ServerTable(id="fleet-table")
             yield Static("", id="fleet-detail", classes="detail")
@@ -129,6 +132,7 @@ class FleetScreen(ConsoleScreen):
 
     def on_mount(self) -> None:
         self.query_one("#fleet-filter", Input).display = False
+        self.query_one("#fleet-load", Static).display = False
         self.query_one(ServerTable).focus()
 
     @property
@@ -144,6 +148,21 @@ class FleetScreen(ConsoleScreen):
             )
             return
         self._draw(snapshot.fleet)
+        self._draw_load(snapshot.fleet.load)
+
+    def _draw_load(self, load: LoadReport | None) -> None:
+        """The built-in load generator's counts above the table; the line is there only with [load]."""
+        line = self.query_one("#fleet-load", Static)
+        line.display = load is not None
+        if load is None:
+            return
+        text = Text(load.describe().partition(" (last error: ")[0], style="bold")
+        if load.sent_per_s:
+            text.append(f"  ({load.sent_per_s:.2g} req/s sent over the last minute)", style="dim")
+        if load.last_error:
+            age = f" {fmt.duration(time.time() - load.last_error_at)} ago" if load.last_error_at else ""
+            text.append(f"\n  last error{age}: {load.last_error}", style="bold red")
+        line.update(text)
 
     def redraw(self) -> None:
         snapshot = self.console.snapshot
