@@ -17,27 +17,10 @@ import psutil
 import pytest
 
 from tests.console.conftest import free_base_port, tokenspeed
+from tests.demo_english import FUNCTION_WORDS, corpus_share, words_of
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_PROFILE = ROOT / "profiles" / "demo.toml"
-WORDS = set((ROOT / "tests" / "unit" / "demo_corpus_words.txt").read_text().split())
-FUNCTION_WORDS = {
-    "the",
-    "a",
-    "an",
-    "is",
-    "are",
-    "of",
-    "to",
-    "in",
-    "and",
-    "or",
-    "be",
-    "for",
-    "it",
-    "that",
-    "as",
-}
 SERVERS = {"demo-dense-0": "demo", "demo-dense-1": "demo", "demo-moe-0": "demo-moe"}
 
 
@@ -100,8 +83,8 @@ def test_demo_fleet_up_answers_moves_metrics_and_goes_down(demo_fleet):
             reply = http.post(servers[name]["url"] + "/v1/completions", json=body).json()
             assert reply["model"] == model
             text = reply["choices"][0]["text"]
-            words = re.findall(r"[a-z]+", text.lower())
-            assert len(words) >= 8 and sum(w in WORDS for w in words) / len(words) >= 0.9, (name, text)
+            words = words_of(text)
+            assert len(words) >= 8 and corpus_share(words) >= 0.9, (name, text)
             assert FUNCTION_WORDS & set(words), (name, text)
         chat = {"messages": [{"role": "user", "content": "What is a dictionary?"}], "max_tokens": 24}
         answer = http.post(servers["demo-moe-0"]["url"] + "/v1/chat/completions", json=chat).json()

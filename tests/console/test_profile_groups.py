@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -11,21 +10,7 @@ from console.profile_toml import read_profile
 from console.profiles import ProfileError, load_and_resolve, load_profile
 from console.supervisor.load import LoadSpec, parse_load
 from tests.console.conftest import tokenspeed
-
-PROFILES = Path(__file__).resolve().parents[2] / "profiles"
-
-
-def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def error_of(path: Path) -> ProfileError:
-    with pytest.raises(ProfileError) as info:
-        load_and_resolve(path)
-    return info.value
-
+from tests.console.profile_files import PROFILES, error_of, write
 
 TWO_GROUPS = """\
     [server]

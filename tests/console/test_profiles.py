@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
 import pytest
 
-from console.profiles import ProfileError, load_and_resolve
+from console.profiles import load_and_resolve
 from tests.console.conftest import tokenspeed
+from tests.console.profile_files import PROFILES, error_of, write
 from tokenspeed.server_args import prepare_server_args
 
-PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 EXAMPLES = sorted(p for p in PROFILES.glob("*.toml") if not p.name.startswith("_"))
-
-
-def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def error_of(path: Path) -> ProfileError:
-    with pytest.raises(ProfileError) as info:
-        load_and_resolve(path)
-    return info.value
 
 
 def test_examples_cover_the_gpu_deployments():

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from tests.leak_check import assert_no_kv_leak
 from tests.tiny_models import make_tiny_model
@@ -14,20 +13,13 @@ from tokenspeed import Engine, SamplingParams
 from tokenspeed.runtime.engine.io_struct import GenerateRequest
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+# Tiny models run fastest on one thread; more only spin against each other on a busy 2-core box.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     return make_tiny_model("qwen3", tmp_path_factory.mktemp("qwen3"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; more only spin against each other on a busy 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

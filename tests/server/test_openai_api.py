@@ -116,30 +116,24 @@ def test_completions_stream_and_not(client):
 
 
 def test_completions_n_and_batch(client):
-    resp = client.completions.create(
-        model=SERVED_NAME,
-        prompt=["Hello", "Once upon a time"],
-        n=3,
-        max_tokens=6,
-        temperature=1.0,
-        seed=7,
-        extra_body=NO_EOS,
-    )
+    # Two prompts, three seeded samples each.
+    request = {
+        "model": SERVED_NAME,
+        "prompt": ["Hello", "Once upon a time"],
+        "n": 3,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "seed": 7,
+        "extra_body": NO_EOS,
+    }
+    resp = client.completions.create(**request)
     assert sorted(c.index for c in resp.choices) == list(range(6))
     assert resp.usage.completion_tokens == 36
     # Different seeds per sequence: sampled continuations of one prompt are not all equal.
     first_prompt = [c.text for c in resp.choices if c.index < 3]
     assert len(set(first_prompt)) > 1
     # The same seeded request gives the same samples again.
-    again = client.completions.create(
-        model=SERVED_NAME,
-        prompt=["Hello", "Once upon a time"],
-        n=3,
-        max_tokens=6,
-        temperature=1.0,
-        seed=7,
-        extra_body=NO_EOS,
-    )
+    again = client.completions.create(**request)
     assert [c.text for c in sorted(again.choices, key=lambda c: c.index)] == [
         c.text for c in sorted(resp.choices, key=lambda c: c.index)
     ]

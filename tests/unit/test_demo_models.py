@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
+from tests.demo_english import FUNCTION_WORDS, corpus_share, words_of
 from tokenspeed.demo_models import (
     ASSETS_DIR,
     DEMO_MODELS,
@@ -19,32 +19,8 @@ from tokenspeed.demo_models import (
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-WORDS_FILE = Path(__file__).with_name("demo_corpus_words.txt")
-# Common English words that carry no topic: text made of real sentences is full of them.
-FUNCTION_WORDS = {
-    "the",
-    "a",
-    "an",
-    "is",
-    "are",
-    "of",
-    "to",
-    "in",
-    "and",
-    "or",
-    "be",
-    "for",
-    "it",
-    "that",
-    "as",
-}
 PROMPTS = ("The Python interpreter", "A list is", "To open a file,", "When an exception is raised")
 MAX_TOTAL_BYTES = 30_000_000
-
-
-@pytest.fixture(scope="module")
-def corpus_words() -> set[str]:
-    return set(WORDS_FILE.read_text().split())
 
 
 @pytest.fixture(scope="module", params=demo_model_names())
@@ -116,20 +92,20 @@ def test_models_load_with_transformers(loaded):
     assert model.generation_config.eos_token_id == [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
 
 
-def test_greedy_continuation_is_readable_english(loaded, corpus_words):
+def test_greedy_continuation_is_readable_english(loaded):
     name, model, tok = loaded
     for prompt in PROMPTS:
         new = greedy(model, tok, tok(prompt)["input_ids"], max_new_tokens=24)
         text = tok.decode(new, skip_special_tokens=True)
-        words = re.findall(r"[a-z]+", text.lower())
+        words = words_of(text)
         assert len(words) >= 10, f"{name}: {prompt!r} -> {text!r}"
-        known = sum(w in corpus_words for w in words) / len(words)
+        known = corpus_share(words)
         assert known >= 0.9, f"{name}: {prompt!r} -> {text!r} ({known:.0%} corpus words)"
         assert FUNCTION_WORDS & set(words), f"{name}: {prompt!r} -> {text!r} has no English function words"
         assert len(set(words)) >= 5, f"{name}: {prompt!r} -> {text!r} is degenerate"
 
 
-def test_chat_template_renders_and_the_model_answers(loaded, corpus_words):
+def test_chat_template_renders_and_the_model_answers(loaded):
     name, model, tok = loaded
     messages = [{"role": "user", "content": "What is a dictionary?"}]
     rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -140,8 +116,8 @@ def test_chat_template_renders_and_the_model_answers(loaded, corpus_words):
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert im_end in new, f"{name}: the chat answer never ended: {tok.decode(new)!r}"
     answer = tok.decode(new[: new.index(im_end)])
-    words = re.findall(r"[a-z]+", answer.lower())
-    assert len(words) >= 5 and sum(w in corpus_words for w in words) / len(words) >= 0.9, answer
+    words = words_of(answer)
+    assert len(words) >= 5 and corpus_share(words) >= 0.9, answer
 
 
 def test_moe_routes_tokens_to_many_experts():
