@@ -158,7 +158,7 @@ class FleetScreen(ConsoleScreen):
             return
         text = Text(load.describe().partition(" (last error: ")[0], style="bold")
         if load.sent_per_s:
-            text.append(f"  ({load.sent_per_s:.2g} req/s sent over the last minute)", style="dim")
+            text.append(f"  ({fmt.rate(load.sent_per_s)} req/s sent over the last minute)", style="dim")
         if load.last_error:
             age = f" {fmt.duration(time.time() - load.last_error_at)} ago" if load.last_error_at else ""
             text.append(f"\n  last error{age}: {load.last_error}", style="bold red")
