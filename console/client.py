@@ -96,7 +96,9 @@ class SupervisorClient:
                 message = response.json().get("error", response.text)
             except ValueError:
                 message = response.text
-            raise SupervisorError(message, response.status_code)
+            if isinstance(message, dict):  # a proxied server's OpenAI-style {"error": {"message", ...}}
+                message = message.get("message") or str(message)
+            raise SupervisorError(str(message), response.status_code)
         return response
 
     def _json(self, method: str, path: str, **params) -> dict:
@@ -149,6 +151,10 @@ class SupervisorClient:
 
     def expert_record_stop(self, name: str) -> dict:
         return self._json("POST", f"/servers/{name}/expert_record/stop")
+
+    def rebalance_experts(self, name: str) -> dict:
+        # moving expert weights can outlast the short default timeout on a busy server
+        return self._request("POST", f"/servers/{name}/rebalance_experts", timeout=150.0).json()
 
     def rolling_restart(self) -> dict:
         return self._json("POST", "/fleet/rolling_restart")

@@ -25,6 +25,8 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
     POST /servers/{name}/restart | /stop | /start          {"ok", "name", "state"}
     POST /servers/{name}/flush_cache                       the server's answer to POST /flush_cache
     POST /servers/{name}/expert_record/start | /stop       the server's start/stop_expert_distribution_record
+    POST /servers/{name}/rebalance_experts                 the server's POST /rebalance_experts (one EPLB
+                                                           rebalance now: balancedness before/after)
     POST /fleet/rolling_restart             {"ok", "servers"}: one at a time, each READY before the next
     POST /shutdown                          {"ok"}: stop every server, then the supervisor exits
     GET  /probe                             {"probe": {...GPU readings...}, "plan": {...} | null, "error"}
@@ -52,7 +54,10 @@ _PROXIED = {
     "flush_cache": ("POST", "/flush_cache"),
     "expert_record/start": ("POST", "/start_expert_distribution_record"),
     "expert_record/stop": ("POST", "/stop_expert_distribution_record"),
+    "rebalance_experts": ("POST", "/rebalance_experts"),
 }
+# A rebalance waits for the server's step in flight, then moves expert weights between its ranks.
+_PROXY_TIMEOUT_S = {"rebalance_experts": 120.0}
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -104,7 +109,7 @@ def build_app(sup: Supervisor) -> Starlette:
             return JSONResponse(sup.command(name, verb))
         if verb in _PROXIED:
             method, path = _PROXIED[verb]
-            response = await sup.proxy(name, method, path)
+            response = await sup.proxy(name, method, path, timeout=_PROXY_TIMEOUT_S.get(verb, 10.0))
             try:
                 body = response.json()
             except ValueError:

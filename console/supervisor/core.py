@@ -309,9 +309,9 @@ class Supervisor:
                 log.warning("rolling restart stopped: %s is %s", unit.spec.name, unit.state.value)
                 return
 
-    async def proxy(self, name: str, method: str, path: str) -> httpx.Response:
+    async def proxy(self, name: str, method: str, path: str, timeout: float = 10.0) -> httpx.Response:
         unit = self.unit(name)
-        return await self.http.request(method, unit.spec.url + path, timeout=10.0, headers=self.auth[name])
+        return await self.http.request(method, unit.spec.url + path, timeout=timeout, headers=self.auth[name])
 
     def rolling_in_progress(self) -> bool:
         return self._rolling is not None and not self._rolling.done()

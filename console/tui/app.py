@@ -14,6 +14,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from console.tui.action_results import describe
 from console.tui.model import Snapshot
 from console.tui.poller import INTERVALS, Poller
 from console.tui.screens.base import ConsoleScreen
@@ -36,6 +37,8 @@ SERVER_ACTIONS = {
     "flush_cache": ("Flush the prefix cache of", False),
     "expert_record_start": ("Start expert recording on", False),
     "expert_record_stop": ("Stop expert recording on", False),
+    # moves expert weights between the ranks of a live server (the Experts screen's `B`)
+    "rebalance_experts": ("Rebalance the experts of", True),
 }
 ACTION_NAMES = {"server_action", "rolling_restart"}
 
@@ -257,22 +260,33 @@ class ConsoleApp(App):
 
     def _run_actions(self, name: str, targets: list[str | None]) -> None:
         def work() -> None:
-            failures = []
+            failures, notes = [], []
             for target in targets:
                 try:
-                    self.source.action(name, target)
+                    note = describe(name, target, self.source.action(name, target))
                 except SourceError as exc:
                     failures.append(f"{target or 'fleet'}: {exc}")
-            self.call_from_thread(self._actions_done, name, targets, failures)
+                else:
+                    if note:
+                        notes.append(note)
+            self.call_from_thread(self._actions_done, name, targets, failures, notes)
 
         self.notify(f"{name.replace('_', ' ')}: {', '.join(t or 'fleet' for t in targets)}", timeout=3)
         self.run_worker(work, thread=True, group="action", exit_on_error=False)
 
-    def _actions_done(self, name: str, targets: list[str | None], failures: list[str]) -> None:
+    def _actions_done(
+        self, name: str, targets: list[str | None], failures: list[str], notes: list[str] | None = None
+    ) -> None:
+        title = name.replace("_", " ")
+        if notes:
+            self.notify("\n".join(notes), title=f"{title} done", timeout=10, markup=False)
         if failures:
-            self.notify("\n".join(failures), title=f"{name} failed", severity="error", timeout=8)
-        else:
-            self.notify(f"{name.replace('_', ' ')} done", timeout=3)
+            self.notify(
+                "\n".join(failures), title=f"{title} failed", severity="error", timeout=12, markup=False
+            )
+        elif not notes:
+            self.notify(f"{title} done", timeout=3)
+        if not failures:
             self.marked.clear()
         self.poll_now()
 

@@ -14,7 +14,15 @@ from typing import Any
 from console.tui.model import Fleet, History
 
 # Server actions the console offers, keyed by the name the key bindings and command palette use.
-SERVER_ACTIONS = ("restart", "stop", "start", "flush_cache", "expert_record_start", "expert_record_stop")
+SERVER_ACTIONS = (
+    "restart",
+    "stop",
+    "start",
+    "flush_cache",
+    "expert_record_start",
+    "expert_record_stop",
+    "rebalance_experts",
+)
 FLEET_ACTIONS = ("rolling_restart",)
 
 

@@ -1,4 +1,8 @@
-"""Experts screen: layer x expert load heatmap, balancedness per layer and per EP rank, last rebalance."""
+"""Experts screen: layer x expert load heatmap, balancedness per layer and per EP rank, last rebalance.
+
+`B` rebalances the selected (or marked) servers' experts now, after a confirmation; the notification
+gives the balancedness before and after.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +44,12 @@ def ep_size_of(info: dict[str, Any] | None) -> int | None:
 class ExpertsScreen(ConsoleScreen):
     MODE = "experts"
     NEEDS_SERVER = True
-    BINDINGS = [*ConsoleScreen.BINDINGS, Binding("escape", "app.switch_screen_to('fleet')", "Back")]
+    BINDINGS = [
+        *ConsoleScreen.BINDINGS,
+        Binding("escape", "app.switch_screen_to('fleet')", "Back"),
+        # one EPLB rebalance now, from the load recorded so far (asks first: it moves expert weights)
+        Binding("B", "app.server_action('rebalance_experts')", "Rebalance"),
+    ]
 
     def __init__(self) -> None:
         super().__init__()
