@@ -10,6 +10,11 @@ The scheduler process of the server and the offline Engine drive it the same way
 
 A request with `stream=False` reports once, when it finishes; a streaming one every
 `--stream-interval` tokens.
+
+With overlap scheduling (the default; `--disable-overlap-schedule` turns it off) a step launches its batch
+and then resolves the one the previous step left on the device (see engine/overlap.py), so a step's
+outputs come from the batch before. `has_unfinished()` stays true while a batch is in flight, so the
+drivers above step until everything is resolved.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from tokenspeed.runtime.cache.allocator import PageAllocator
 from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
 from tokenspeed.runtime.cache.prefix_cache import create_prefix_cache
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput, StatsSnapshot
+from tokenspeed.runtime.engine.overlap import InFlightBatch, needs_host_tokens, overlap_mode
 from tokenspeed.runtime.execution.model_runner import ModelRunner
 from tokenspeed.runtime.scheduler.request import Request
 from tokenspeed.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -85,6 +91,9 @@ class EngineCore:
         self._gen_events: collections.deque[tuple[float, int]] = collections.deque()
         self._iteration_tokens: collections.deque[int] = collections.deque(maxlen=4096)
         self._num_nan_aborted = 0
+        self.overlap, why = overlap_mode(server_args, rank_runtime)
+        logger.info("overlap scheduling: %s", why)
+        self._in_flight: InFlightBatch | None = None
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
@@ -128,20 +137,49 @@ class EngineCore:
         return self.scheduler.abort_request(rid, reason)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        if self._in_flight is not None and not self._may_schedule_ahead():
+            self._resolve_in_flight()
         batch = self.scheduler.schedule()
+        prev, self._in_flight = self._in_flight, None
         if not batch.is_empty:
-            result = self.runner.execute(batch)
-            self.scheduler.update_from_output(batch, result.token_ids, result.logprobs, result.errors)
-            self._iteration_tokens.append(batch.num_tokens)
-            self._gen_events.append((time.monotonic(), sum(1 for it in batch.items if it.sample)))
-            if result.errors:
-                self._num_nan_aborted += sum(e is not None for e in result.errors)
+            launched = self.runner.launch(batch, prev.launched if prev is not None else None)
+            self._in_flight = InFlightBatch(batch, launched)
+        if prev is not None:
+            self._resolve(prev)
+        if self._in_flight is not None and not (self.overlap and self._in_flight.has_live_request()):
+            # Nothing to overlap with (or every request in it has just finished): no batch is left behind.
+            self._resolve_in_flight()
         outputs = [self._output(req) for req in self.scheduler.pop_outbox()]
         return [o for o in outputs if o is not None]
+
+    def _may_schedule_ahead(self) -> bool:
+        """Whether the next batch may be scheduled before the one in flight is resolved."""
+        return self.overlap and not any(
+            r.num_pending_tokens and needs_host_tokens(r) for r in self.scheduler.running
+        )
+
+    def _resolve_in_flight(self) -> None:
+        in_flight, self._in_flight = self._in_flight, None
+        self._resolve(in_flight)
+
+    def _resolve(self, in_flight: InFlightBatch) -> None:
+        batch = in_flight.batch
+        result = self.runner.resolve(in_flight.launched)
+        # A request that finished since (aborted, or ended by its previous token) drops its result: it is
+        # not shown and not counted.
+        live = [not it.req.is_finished for it in batch.items]
+        self.scheduler.update_from_output(batch, result.token_ids, result.logprobs, result.errors)
+        self._iteration_tokens.append(batch.num_tokens)
+        num_sampled = sum(it.sample for it, ok in zip(batch.items, live, strict=True) if ok)
+        self._gen_events.append((time.monotonic(), num_sampled))
+        if result.errors:
+            self._num_nan_aborted += sum(
+                e is not None for e, ok in zip(result.errors, live, strict=True) if ok
+            )
 
     def _output(self, req: Request) -> RequestOutput | None:
         pending = req.num_output_tokens - req.num_emitted_tokens
@@ -189,8 +227,8 @@ class EngineCore:
         return snap
 
     def flush_cache(self) -> bool:
-        """Drop every cached prefix; refused (False) while requests are in flight."""
-        if self.scheduler.has_unfinished():
+        """Drop every cached prefix; refused (False) while requests or a batch are in flight."""
+        if self.has_unfinished():
             return False
         self.kv.flush()
         return True
@@ -198,5 +236,7 @@ class EngineCore:
     def shutdown(self) -> None:
         for rid in list(self.scheduler.requests):
             self.scheduler.abort_request(rid)
+        if self._in_flight is not None:
+            self._resolve_in_flight()  # the device finishes with the pool before it is dropped
         self.scheduler.pop_outbox()
         self.runner.shutdown()

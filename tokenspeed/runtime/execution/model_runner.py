@@ -2,12 +2,17 @@
 
 It turns a `ScheduledBatch` into a `ForwardBatch`, runs the model and samples. `_forward` is the one
 place the model is called, so a CUDA-graph runner can take it over for decode batches.
+
+A step is `launch` (prepare, forward, sample; the sampled ids stay on the device and are copied to host
+memory without waiting) then `resolve` (wait for that copy, build the StepResult); `execute` does both.
+Between the two the host may launch the next batch: a decode whose input is a token of the launched batch
+reads it from that batch's device output, so nothing waits for the host to learn it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,7 +22,8 @@ from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
 from tokenspeed.runtime.layers.sampling import create_sampler
-from tokenspeed.runtime.scheduler.batch import ScheduledBatch
+from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
+from tokenspeed.runtime.scheduler.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +37,53 @@ class StepResult:
     token_ids: list[int]
     logprobs: list[float] | None = None
     errors: list[str | None] | None = None
+
+
+@dataclass
+class LaunchedBatch:
+    """A batch whose forward and sampling are queued on the device; `ModelRunner.resolve` reads it back."""
+
+    num_items: int
+    sampled: list[int]  # indices of the items that sample, in the order of `token_ids`' rows
+    row_of: dict[Request, int] = field(default_factory=dict)  # request -> its row of `token_ids`
+    token_ids: torch.Tensor | None = None  # [len(sampled)] int64 on the device
+    host: list[torch.Tensor | None] = field(default_factory=list)  # token ids, logprobs, NaN rows
+    copied: Any = None  # torch.cuda.Event recorded after the copies to the host
+
+
+@dataclass(frozen=True)
+class _SampleRow:
+    """What the sampler reads of a request, counting the outputs still in flight before this one."""
+
+    req: Request
+    num_output_tokens: int
+
+    @property
+    def sampling(self):
+        return self.req.sampling
+
+    @property
+    def generator(self):
+        return self.req.generator
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.req.token_ids
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.req.eos_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.req.num_prompt_tokens
+
+
+def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None or t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
 
 
 class ModelRunner:
@@ -111,13 +164,23 @@ class ModelRunner:
             model_config.max_model_len,
         )
 
-    def prepare(self, batch: ScheduledBatch) -> ForwardBatch:
+    def prepare(self, batch: ScheduledBatch, prev: LaunchedBatch | None = None) -> ForwardBatch:
+        """The ForwardBatch of `batch`. An input token not yet on the host (`req.token_ids` ends before it)
+        was sampled by `prev`, the batch launched before, and is copied from its device output."""
         input_ids: list[int] = []
         positions: list[int] = []
         rows, seq_lens, ext_lens, prefix_lens = [], [], [], []
+        pending_at, pending_from = [], []
         for it in batch.items:
             end = it.start + it.num_new_tokens
-            input_ids.extend(it.req.token_ids[it.start : end])
+            known = it.req.token_ids[it.start : end]
+            if len(known) < it.num_new_tokens:
+                # Only a decode runs ahead of its host tokens, by the one token of the batch before.
+                assert prev is not None and len(known) == it.num_new_tokens - 1, "input token unknown"
+                pending_at.append(len(input_ids) + len(known))
+                pending_from.append(prev.row_of[it.req])
+                known = [*known, 0]  # overwritten on the device below
+            input_ids.extend(known)
             positions.extend(range(it.start, end))
             rows.append(it.req.row)
             seq_lens.append(end)
@@ -128,12 +191,15 @@ class ModelRunner:
         def tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
 
+        ids_t = tensor(input_ids)
+        if pending_at:
+            ids_t.index_copy_(0, tensor(pending_at), prev.token_ids.index_select(0, tensor(pending_from)))
         pos_t = tensor(positions)
         ext_t = tensor(ext_lens, torch.int32)
         rows_t = tensor(rows, torch.int32)
         token_rows = torch.repeat_interleave(rows_t.long(), ext_t.long(), output_size=len(positions))
         return ForwardBatch(
-            input_ids=tensor(input_ids),
+            input_ids=ids_t,
             positions=pos_t,
             out_cache_loc=self.req_to_token.table[token_rows, pos_t].long(),
             req_pool_indices=rows_t,
@@ -152,9 +218,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepResult:
+        return self.resolve(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, prev: LaunchedBatch | None = None) -> LaunchedBatch:
+        """Queue the forward and sampling of `batch`; `prev` is the launched batch not yet resolved."""
         if self.rank_runtime is not None:
             self.rank_runtime.before_forward(self, batch)  # peers follow this batch
-        fb = self.prepare(batch)
+        fb = self.prepare(batch, prev)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             logits = self.graph_runner.replay(fb)
         else:
@@ -162,23 +233,39 @@ class ModelRunner:
             logits = self._forward(fb)
         if self.rank_runtime is not None:
             self.rank_runtime.after_forward()
-        items = batch.items
+        items: list[ScheduledRequest] = batch.items
         sampled = [i for i, it in enumerate(items) if it.sample]
-        result = StepResult(token_ids=[-1] * len(items))
+        launched = LaunchedBatch(num_items=len(items), sampled=sampled)
         if not sampled:
-            return result
+            return launched
         rows = logits if len(sampled) == len(items) else logits[torch.tensor(sampled, device=logits.device)]
-        out = self.sampler(rows, [items[i].req for i in sampled])
-        for j, i in enumerate(sampled):
-            result.token_ids[i] = out.token_ids[j]
-        if out.logprobs is not None:
-            result.logprobs = [0.0] * len(items)
-            for j, i in enumerate(sampled):
-                result.logprobs[i] = out.logprobs[j]
-        if out.nan_rows is not None and any(out.nan_rows):
-            result.errors = [None] * len(items)
-            for j, i in enumerate(sampled):
-                if out.nan_rows[j]:
+        out = self.sampler.sample(rows, [_SampleRow(items[i].req, items[i].output_index) for i in sampled])
+        launched.row_of = {items[i].req: j for j, i in enumerate(sampled)}
+        launched.token_ids = out.token_ids
+        launched.host = [_to_host(out.token_ids), _to_host(out.logprobs), _to_host(out.nan_rows)]
+        if out.token_ids.device.type == "cuda":
+            launched.copied = torch.cuda.Event()
+            launched.copied.record()
+        return launched
+
+    def resolve(self, launched: LaunchedBatch) -> StepResult:
+        """Wait for a launched batch's sampled tokens and return them per item."""
+        result = StepResult(token_ids=[-1] * launched.num_items)
+        if not launched.sampled:
+            return result
+        if launched.copied is not None:
+            launched.copied.synchronize()
+        token_ids, logprobs, nan_rows = (None if t is None else t.tolist() for t in launched.host)
+        for j, i in enumerate(launched.sampled):
+            result.token_ids[i] = token_ids[j]
+        if logprobs is not None:
+            result.logprobs = [0.0] * launched.num_items
+            for j, i in enumerate(launched.sampled):
+                result.logprobs[i] = logprobs[j]
+        if nan_rows is not None and any(nan_rows):
+            result.errors = [None] * launched.num_items
+            for j, i in enumerate(launched.sampled):
+                if nan_rows[j]:
                     result.errors[i] = NAN_ERROR
         return result
 

@@ -4,6 +4,9 @@ Items are in the order the runner lays tokens out in the ForwardBatch. Item i co
 `req.token_ids[start : start + num_new_tokens]` at positions `start ...` where `start` is the request's
 `num_computed_tokens` at scheduling time; the runner samples a token for the item when `sample` is set
 (the chunk reaches the end of the request's tokens).
+
+Under overlap scheduling the input of a decode may be the token its request sampled in the batch still on
+the device (`req.token_ids` ends before `start`): the runner takes it from that batch's device output.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ class ScheduledRequest:
     start: int
     num_new_tokens: int
     sample: bool = field(init=False)  # fixed at scheduling time; the request grows once sampled
+    output_index: int = field(init=False)  # which output token the item samples (0 = the first)
+    epoch: int = field(init=False)  # the request's epoch at scheduling time
 
     def __post_init__(self) -> None:
         self.sample = self.start + self.num_new_tokens == self.req.num_tokens
+        self.output_index = self.req.num_tokens - self.req.num_prompt_tokens
+        self.epoch = self.req.epoch
 
     @property
     def is_decode(self) -> bool:

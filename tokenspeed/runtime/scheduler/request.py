@@ -8,6 +8,17 @@ There is no prefill or decode phase: a request has `num_tokens` (prompt + genera
 
 A prefill chunk computes several tokens; a decode computes the single last token. When a step computes
 up to num_tokens, a new token is sampled and appended.
+
+With overlap scheduling the next batch is scheduled while the device still runs the current one, so a
+token can be sampled but not yet on the host: it is counted in `num_pending_tokens` (and so in
+`num_tokens`, which is what scheduling sees) and appended to `token_ids` when its batch is resolved.
+
+    token_ids:  [ p0 p1 p2 p3 p4 p5 | o0 ] + 1 pending    num_tokens = 8, num_output_tokens = 1
+                 <------ computed ------>  <- next ->   num_computed_tokens = 7
+
+`num_computed_tokens` counts the work of launched batches (the device computes in launch order), and
+`epoch` changes whenever the request loses its KV state (preemption), so the result of a batch launched
+before that carries no KV progress.
 """
 
 from __future__ import annotations
@@ -45,6 +56,8 @@ class Request:
     output_logprobs: list[float] = field(default_factory=list)
     num_emitted_tokens: int = 0  # outputs already sent to the front end
     num_preemptions: int = 0
+    num_pending_tokens: int = 0  # sampled by launched batches, not yet on the host
+    epoch: int = 0  # bumped on preemption
 
     # KV state, owned by the KV cache manager
     row: int | None = None  # req_to_token row while running
@@ -61,10 +74,12 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Known and pending tokens: the length scheduling works with."""
+        return len(self.token_ids) + self.num_pending_tokens
 
     @property
     def num_output_tokens(self) -> int:
+        """Generated tokens on the host (what the user has been or will be shown)."""
         return len(self.token_ids) - len(self.prompt_ids)
 
     @property
@@ -74,6 +89,14 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    def ends_by_length(self, max_model_len: int) -> bool:
+        """Its tokens so far (pending included) reach max_new_tokens or max_model_len: it finishes when they
+        reach the host, so computing one more would be wasted."""
+        limit = self.sampling.max_new_tokens
+        return (limit is not None and self.num_tokens - len(self.prompt_ids) >= limit) or (
+            self.num_tokens >= max_model_len
+        )
 
     def finish(self, reason: str, matched_stop: int | None = None, error: str | None = None) -> None:
         self.status = RequestStatus.FINISHED
@@ -90,5 +113,6 @@ class Request:
             if token_id in sp.stop_token_ids or (not sp.ignore_eos and token_id in self.eos_token_ids):
                 self.finish("stop", matched_stop=token_id)
                 return
-        if (sp.max_new_tokens is not None and n_out >= sp.max_new_tokens) or self.num_tokens >= max_model_len:
+        at_limit = sp.max_new_tokens is not None and n_out >= sp.max_new_tokens
+        if at_limit or len(self.token_ids) >= max_model_len:
             self.finish("length")

@@ -8,6 +8,12 @@ prefill chunks or decodes: prefill work goes first, decodes run in steps with no
 When a running request needs a page and none is left (even after evicting cached pages), the newest
 running request is preempted by recompute: its pages go back (its computed full pages stay in the
 prefix cache, so the recompute may hit them) and it waits at the front of the queue.
+
+A scheduled batch is committed at once (`num_computed_tokens` advances, a sampling item adds a pending
+token), so the next batch can be scheduled before this one's tokens are on the host (overlap scheduling).
+`update_from_output` then applies the tokens. A result is dropped for a request that finished meanwhile
+(aborted, or ended by its previous token); a request preempted meanwhile keeps the token (it was sampled
+from valid K/V) but not the KV progress.
 """
 
 from __future__ import annotations
@@ -84,16 +90,14 @@ class Scheduler:
         req = self.requests.get(rid)
         if req is None:
             return False
-        if req.status is RequestStatus.RUNNING:
-            self.running.remove(req)
-        else:
-            self.waiting.remove(req)
+        (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
         self._finish(req, reason, error=error)
         return True
 
     def _finish(self, req: Request, reason: str | None = None, error: str | None = None) -> None:
         if reason is not None:
             req.finish(reason, error=error)
+        req.num_pending_tokens = 0  # tokens still in flight are dropped with their batch's result
         self.kv.release(req)
         self.requests.pop(req.rid, None)
         self.outbox.append(req)
@@ -121,6 +125,9 @@ class Scheduler:
             self._schedule_waiting(batch, budget)
         if not mixed and batch.is_empty:
             self._schedule_running(batch, budget, decodes=True, prefills=False)
+        for it in batch.items:
+            it.req.num_computed_tokens += it.num_new_tokens
+            it.req.num_pending_tokens += it.sample
         return batch
 
     def _schedule_running(
@@ -129,6 +136,9 @@ class Scheduler:
         i = 0
         while i < len(self.running):
             req = self.running[i]
+            if req.num_pending_tokens and req.ends_by_length(self.config.max_model_len):
+                i += 1  # its in-flight token ends it; a further one would be discarded
+                continue
             remaining = req.num_tokens - req.num_computed_tokens
             is_decode = remaining == 1
             n = budget.chunk(remaining, is_decode) if (decodes if is_decode else prefills) else 0
@@ -142,7 +152,11 @@ class Scheduler:
                 batch.items.append(ScheduledRequest(req, req.num_computed_tokens, n))
                 i += 1
             elif self.kv.pages_for(req.num_tokens) > self.kv.allocator.num_allocatable:
-                # Even alone it cannot fit: the KV pool is its context limit.
+                # Even alone it cannot fit: the KV pool is its context limit. It ends once its in-flight
+                # token (part of its output) is on the host.
+                if req.num_pending_tokens:
+                    i += 1
+                    continue
                 self.running.pop(i)
                 self._finish(req, "length")
             else:
@@ -151,6 +165,8 @@ class Scheduler:
     def _schedule_waiting(self, batch: ScheduledBatch, budget: _StepBudget) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if req.num_pending_tokens:
+                break  # preempted while its token was in flight: the prefix to match is not known yet
             if not self.kv.admit(req):
                 break
             remaining = req.num_tokens - req.num_computed_tokens
@@ -170,6 +186,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.release(req)
         req.num_computed_tokens = 0
+        req.epoch += 1
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
@@ -184,25 +201,33 @@ class Scheduler:
         logprobs: list[float] | None = None,
         errors: list[str | None] | None = None,
     ) -> None:
-        """Apply a step's results: token_ids[i] (and logprobs[i], errors[i]) belong to batch.items[i]."""
+        """Apply a step's results: token_ids[i] (and logprobs[i], errors[i]) belong to batch.items[i].
+        Results of requests that finished since the batch was scheduled are dropped."""
         for i, item in enumerate(batch.items):
             req = item.req
             if req.is_finished:
                 continue
-            req.num_computed_tokens += item.num_new_tokens
+            queue = self.running if req.status is RequestStatus.RUNNING else self.waiting
+            req.num_pending_tokens -= item.sample
+            current = item.epoch == req.epoch  # False: preempted since, its computed tokens were dropped
             if errors is not None and errors[i] is not None:
-                self.running.remove(req)
+                queue.remove(req)
                 self._finish(req, "abort", error=errors[i])
                 continue
             if not item.sample:
-                self.kv.share(req)
+                if current:
+                    self.kv.share(req)
                 continue
             req.append_token(token_ids[i], self.config.max_model_len)
             if logprobs is not None and req.sampling.logprobs:
                 req.output_logprobs.append(logprobs[i])
             if req.is_finished:
-                self.running.remove(req)
+                queue.remove(req)
+                # Work launched after this token (its K/V) is not part of the request: as without overlap,
+                # the cache keeps every token but the last.
+                req.num_computed_tokens = min(req.num_computed_tokens, len(req.token_ids) - 1)
                 self._finish(req)
             else:
-                self.kv.share(req)
+                if current:
+                    self.kv.share(req)
                 self.outbox.append(req)

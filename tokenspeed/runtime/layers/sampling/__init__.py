@@ -10,7 +10,7 @@ import importlib
 
 import torch
 
-from tokenspeed.runtime.layers.sampling.sampler import SampleOutput, Sampler
+from tokenspeed.runtime.layers.sampling.sampler import DeviceSample, SampleOutput, Sampler
 
 SAMPLING_BACKENDS: dict[str, str] = {
     "greedy": "tokenspeed.runtime.layers.sampling.sampler:GreedySampler",
@@ -31,4 +31,4 @@ def create_sampler(name: str, device: torch.device | str, enable_nan_detection: 
     return getattr(importlib.import_module(module), cls)(device, enable_nan_detection=enable_nan_detection)
 
 
-__all__ = ["SAMPLING_BACKENDS", "SampleOutput", "Sampler", "create_sampler"]
+__all__ = ["SAMPLING_BACKENDS", "DeviceSample", "SampleOutput", "Sampler", "create_sampler"]

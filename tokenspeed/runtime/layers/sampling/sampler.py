@@ -38,6 +38,15 @@ class SampleOutput:
     nan_rows: list[bool] | None = None  # rows whose logits held NaN (only with NaN detection)
 
 
+@dataclass
+class DeviceSample:
+    """The same, still on the device: the runner copies it to the host without waiting (overlap)."""
+
+    token_ids: torch.Tensor  # [S] int64
+    logprobs: torch.Tensor | None = None  # [S] float32
+    nan_rows: torch.Tensor | None = None  # [S] bool
+
+
 class Sampler(ABC):
     name: str = ""
 
@@ -46,21 +55,27 @@ class Sampler(ABC):
         self.enable_nan_detection = enable_nan_detection
 
     def __call__(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> SampleOutput:
+        out = self.sample(logits, reqs)
+        return SampleOutput(
+            token_ids=out.token_ids.tolist(),
+            logprobs=None if out.logprobs is None else out.logprobs.tolist(),
+            nan_rows=None if out.nan_rows is None else out.nan_rows.tolist(),
+        )
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> DeviceSample:
+        """Like calling the sampler, but the results stay on the device (no host sync of its own)."""
         nan_rows = None
         if self.enable_nan_detection:
-            bad = torch.isnan(logits).any(dim=-1)
-            nan_rows = bad.tolist()
-            if any(nan_rows):
-                # Sample something harmless for those rows; the scheduler aborts them.
-                logits = logits.masked_fill(bad.unsqueeze(1), 0.0)
+            nan_rows = torch.isnan(logits).any(dim=-1)
+            # Sample something harmless for those rows; the scheduler aborts them.
+            logits = logits.masked_fill(nan_rows.unsqueeze(1), 0.0)
         raw = logits
         logits = _mask_min_new_tokens(logits, reqs)
-        token_ids = self._sample(logits, reqs)
+        token_ids = self._sample(logits, reqs).long()
         logprobs = None
         if any(r.sampling.logprobs for r in reqs):
             logprobs = torch.log_softmax(raw.float(), dim=-1).gather(1, token_ids.unsqueeze(1)).squeeze(1)
-            logprobs = logprobs.tolist()
-        return SampleOutput(token_ids=token_ids.tolist(), logprobs=logprobs, nan_rows=nan_rows)
+        return DeviceSample(token_ids=token_ids, logprobs=logprobs, nan_rows=nan_rows)
 
     @abstractmethod
     def _sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
