@@ -24,6 +24,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 def backup(path: Path, index: int) -> Path:
@@ -113,6 +114,11 @@ def rotate_if_needed(path: Path, max_bytes: int, backups: int, lock_fd: int | No
     A file that does not end at a line end waits for the end of its line (up to twice `max_bytes`),
     so a line is never split across two files.
     """
+    try:
+        if os.stat(path).st_size < max_bytes:
+            return False  # the common case, decided without the lock that holds up writers
+    except FileNotFoundError:
+        return False
     own_lock = lock_fd is None
     if own_lock:
         try:
@@ -171,18 +177,23 @@ def tail(path: Path, lines: int) -> list[str]:
     return out
 
 
-def _last_lines(path: Path, lines: int, block: int = 1 << 16) -> list[str]:
+def _last_lines(path: Path, lines: int) -> list[str]:
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
         return []
     with f:
-        end = os.fstat(f.fileno()).st_size
-        data = b""
-        while end > 0 and data.count(b"\n") <= lines:
-            start = max(0, end - block)
-            f.seek(start)
-            data = f.read(end - start) + data
-            end = start
-    text = data.decode(errors="replace").splitlines()
-    return text[-lines:]
+        return last_lines(f, os.fstat(f.fileno()).st_size, lines)
+
+
+def last_lines(f: BinaryIO, end: int, lines: int, block: int = 1 << 16) -> list[str]:
+    """The last `lines` lines of `f` before offset `end`, read backwards in blocks."""
+    if lines <= 0:
+        return []
+    data = b""
+    while end > 0 and data.count(b"\n") <= lines:
+        start = max(0, end - block)
+        f.seek(start)
+        data = f.read(end - start) + data
+        end = start
+    return data.decode(errors="replace").splitlines()[-lines:]

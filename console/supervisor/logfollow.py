@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections import deque
 from pathlib import Path
 from typing import BinaryIO
 
-from console.supervisor.logfile import backup
+from console.supervisor.logfile import backup, last_lines
 
 FileId = tuple[int, int]  # (st_dev, st_ino)
 
@@ -44,6 +43,18 @@ def _open(path: Path) -> BinaryIO | None:
         return None
 
 
+def _line_end(f: BinaryIO, end: int, block: int = 1 << 16) -> int:
+    """The offset just past the last line end before `end` (0 when there is none)."""
+    while end > 0:
+        start = max(0, end - block)
+        f.seek(start)
+        cut = f.read(end - start).rfind(b"\n")
+        if cut >= 0:
+            return start + cut + 1
+        end = start
+    return 0
+
+
 class LogFollower:
     """Reads what is appended to a log over time; `start` first, then `read` as often as wanted."""
 
@@ -65,15 +76,14 @@ class LogFollower:
             for f, _ in chain:
                 f.close()
             return []
-        current = self._file.read().decode(errors="replace").splitlines()
-        if lines <= 0:
-            return []
-        out: deque[str] = deque(maxlen=lines)
-        if len(current) < lines:
+        # A line still being written is left to the reads that follow, so it is printed whole.
+        end = _line_end(self._file, os.fstat(self._file.fileno()).st_size)
+        out = last_lines(self._file, end, lines)
+        self._file.seek(end)
+        if len(out) < lines:
             with contextlib.suppress(FileNotFoundError), open(backup(self.path, 1), "rb") as older:
-                out.extend(older.read().decode(errors="replace").splitlines())
-        out.extend(current)
-        return list(out)
+                out = last_lines(older, os.fstat(older.fileno()).st_size, lines - len(out)) + out
+        return out
 
     def read(self) -> bytes:
         """Everything written since the last call, in order (b"" when nothing was)."""
@@ -107,6 +117,7 @@ class LogFollower:
             if is_current:
                 self._file = f
             else:
+                out.append(f.read())  # rotated away while being read: its last writes are in now
                 f.close()
                 self._last = fid
         return b"".join(out)

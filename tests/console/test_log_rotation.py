@@ -79,6 +79,15 @@ def test_follower_starts_after_the_tail_and_survives_a_truncation(tmp_path):
     with open(log, "ab") as f:
         f.write(line(2))
     assert follower.read() == line(2)
+    follower.close()
+    # A line still being written when following starts is printed whole, by the reads.
+    with open(log, "ab") as f:
+        f.write(b"half a ")
+    follower = LogFollower(log)
+    assert follower.start(1) == [line(2).decode().strip()]
+    with open(log, "ab") as f:
+        f.write(b"line\n")
+    assert follower.read() == b"half a line\n"
     with open(log, "r+b") as f:  # an outside tool's copy-then-truncate
         f.truncate(0)
     assert follower.read() == b""
