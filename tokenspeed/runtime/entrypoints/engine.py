@@ -10,6 +10,10 @@ the native /generate shape:
 
 With `stream=True`, `generate` yields one dict per update: `index` (which prompt/sample), `text` and
 `output_ids` holding only what is new, `finished`, and `meta_info` as far as known.
+
+With several ranks (`tp_size` / `attn_tp_size`, `ep_size`), the core is a `RankClient` instead: the
+scheduler processes of `tokenspeed serve`, one per rank, driven over ZMQ; everything above stays the same.
+Data parallel replicas and other nodes are the server's business (`tokenspeed serve`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,42 @@ def _finish_reason(seq: _Sequence) -> dict[str, Any] | None:
     return {"type": "abort", "message": out.error or "aborted"}
 
 
+# SGLang-style spellings of the parallel sizes -> the ServerArgs field they set
+_ALIASES = {
+    "tp_size": "attn_tp_size",
+    "tensor_parallel_size": "attn_tp_size",
+    "dp_size": "data_parallel_size",
+    "expert_parallel_size": "ep_size",
+}
+
+
+def _fold_aliases(kwargs: dict[str, Any]) -> dict[str, Any]:
+    out = dict(kwargs)
+    for alias, name in _ALIASES.items():
+        if alias not in out:
+            continue
+        value = out.pop(alias)
+        if name in out and out[name] != value:
+            raise ValueError(f"{alias}={value} and {name}={out[name]} set the same size; pass only one")
+        out[name] = value
+    return out
+
+
+def _check_offline_layout(mapping: Any) -> None:
+    """The Engine runs one replica on this node; say what to use instead of ignoring the rest."""
+    if mapping.attn_dp_size > 1:
+        raise ValueError(
+            f"data_parallel_size={mapping.attn_dp_size} (--data-parallel-size): the offline Engine runs one "
+            "data-parallel replica; pass data_parallel_size=1 (tensor and expert parallel sizes are fine), or "
+            f"serve the replicas with `tokenspeed serve MODEL --data-parallel-size {mapping.attn_dp_size}`"
+        )
+    if mapping.nnodes > 1:
+        raise ValueError(
+            f"nnodes={mapping.nnodes} (--nnodes): the offline Engine runs on one node; start "
+            "`tokenspeed serve MODEL --nnodes N --node-rank K --dist-init-addr HOST:PORT` on every node instead"
+        )
+
+
 class Engine:
     def __init__(self, model: str | None = None, **kwargs: Any):
         from tokenspeed.runtime.engine.engine_core import EngineCore
@@ -65,10 +105,20 @@ class Engine:
             model = kwargs.pop("model_path")
         if model is None:
             raise ValueError("Engine needs a model: Engine(model='/path/to/hf-folder', ...)")
+        kwargs = _fold_aliases(kwargs)
         kwargs.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
         self.server_args = ServerArgs(model=model, **kwargs)
-        self.core = EngineCore(self.server_args)
-        self.tokenizer = get_tokenizer(self.server_args)
+        mapping = self.server_args.mapping
+        _check_offline_layout(mapping)
+        if mapping.world_size == 1:
+            self.core = EngineCore(self.server_args)
+            self.tokenizer = get_tokenizer(self.server_args)
+        else:
+            from tokenspeed.runtime.entrypoints.rank_client import RankClient
+
+            # the tokenizer first: a bad tokenizer must not leave rank processes behind
+            self.tokenizer = get_tokenizer(self.server_args)
+            self.core = RankClient(self.server_args)
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
 

@@ -96,7 +96,8 @@ def _check_port_free(host: str, port: int) -> None:
             ) from exc
 
 
-def _vocab_size(server_args: Any) -> int | None:
+def vocab_size_of(server_args: Any) -> int | None:
+    """The model's vocabulary size from its config.json, None when it cannot be read."""
     path = os.path.join(str(server_args.model), "config.json")
     try:
         with open(path) as f:
@@ -151,7 +152,7 @@ async def _run_head(server_args: Any) -> int:
         output_addr=endpoints.output,
         request_addr=endpoints.request_input,
         dp_size=endpoints.dp_size,
-        vocab_size=_vocab_size(server_args),
+        vocab_size=vocab_size_of(server_args),
     )
     procs = ServerProcesses(server_args, endpoints)
     state = ServerState(server_args, llm, tokenizer, metrics, names, preferred)
