@@ -38,15 +38,8 @@ CONFIGS = {
     "preemption": dict(block_size=4, max_total_tokens=64, enable_mixed_batch=True, chunked_prefill_size=16),
 }
 ARCHS = ("llama", "qwen3_moe")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; more only spin against each other on a busy 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny models run fastest on one thread; more only spin against each other on a busy 2-core box.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

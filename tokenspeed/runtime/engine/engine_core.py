@@ -141,6 +141,7 @@ class EngineCore:
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        # Overlap: schedule k -> launch k -> resolve k-1 -> outputs. Synchronous: resolve k before returning.
         if self._in_flight is not None and not self._may_schedule_ahead():
             self._resolve_in_flight()
         batch = self.scheduler.schedule()

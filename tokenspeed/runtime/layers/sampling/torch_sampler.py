@@ -43,11 +43,12 @@ class TorchSampler(Sampler):
     def _sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
         dev = logits.device
         logits = apply_penalties(logits, reqs) if needs_penalties(reqs) else logits.float()
-        temps = torch.tensor([r.sampling.temperature for r in reqs], dtype=torch.float32, device=dev)
-        greedy = temps <= _GREEDY_TEMPERATURE
         argmax = torch.argmax(logits, dim=-1)
-        if bool(greedy.all()):
-            return argmax
+        host_temps = [r.sampling.temperature for r in reqs]
+        if all(t <= _GREEDY_TEMPERATURE for t in host_temps):
+            return argmax  # decided on the host: an all-greedy step never waits for the device here
+        temps = torch.tensor(host_temps, dtype=torch.float32, device=dev)
+        greedy = temps <= _GREEDY_TEMPERATURE
         scaled = logits / torch.where(greedy, 1.0, temps).unsqueeze(1)
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
         probs = filter_sorted_probs(
