@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 
 from tokenspeed.runtime.distributed.groups import shutdown_parallel
 from tokenspeed.runtime.distributed.rank_runtime import RankRuntime
+from tokenspeed.runtime.engine.process_watchdog import CHILD_STOP_SIGNAL
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +127,13 @@ class PeerEngine:
     def follow(self) -> None:
         """Run rank 0's steps; returns on its stop message, raises `LeaderLost` if it vanished first."""
         leader = self.runtime.tp.first_rank
-        node = self.runtime.groups.mapping.node_of(leader)
+        mapping = self.runtime.groups.mapping
+        node = mapping.node_of(leader)
+        if node != mapping.node_of(self.runtime.groups.rank):
+            # Waiting in rank 0's next broadcast, a peer never gets to run a Python signal handler. On a
+            # worker node the stop signal comes from that node's own shutdown (not the head's, which sends
+            # the stop message): then it ends the process at once, as there is nothing here to save.
+            signal.signal(CHILD_STOP_SIGNAL, signal.SIG_DFL)
         try:
             try:
                 self.runtime.follow(self.core.runner)

@@ -118,6 +118,10 @@ class Engine:
 
             # the tokenizer first: a bad tokenizer must not leave rank processes behind
             self.tokenizer = get_tokenizer(self.server_args)
+            if "log_level" not in kwargs:
+                # the ranks log like a server's schedulers; a library's caller sees their warnings and
+                # errors unless it asks for more with log_level
+                self.server_args.log_level = "warning"
             self.core = RankClient(self.server_args)
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]

@@ -50,14 +50,14 @@ def run_worker_node(server_args: Any) -> int:
         except BlockingIOError:
             pass
 
+    node = int(getattr(server_args, "node_rank", 0) or 0)
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         procs.start()
-        node = int(getattr(server_args, "node_rank", 0) or 0)
         logger.info(
             "node %d: %d scheduler rank(s) started; following the head node", node, len(procs.children)
         )
-        return _watch(procs.children, wake_r, stopped_by)
+        code = _watch(procs.children, wake_r, stopped_by)
     finally:
         procs.shutdown()
         endpoints.cleanup()
@@ -65,6 +65,8 @@ def run_worker_node(server_args: Any) -> int:
             signal.signal(sig, handler)
         os.close(wake_r)
         os.close(wake_w)
+    logger.info("node %d stopped; exit status %d", node, code)
+    return code
 
 
 def _watch(children: list[ChildProcess], wake_r: int, stopped_by: list[str]) -> int:
