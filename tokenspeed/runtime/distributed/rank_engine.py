@@ -156,12 +156,14 @@ class LeaderLost(RuntimeError):
 
 def _is_connection_loss(exc: BaseException) -> bool:
     # gloo reports a vanished peer as a plain RuntimeError ("Connection closed by peer", "Connection reset");
-    # newer torch raises DistNetworkError for some of these
+    # newer torch raises DistNetworkError for some of these. A timeout counts too: rank 0 sends at least a
+    # keepalive every few seconds while it lives, so silence until the communicator's timeout means it is
+    # unreachable (a node that went away without closing its connections).
     dist_error = getattr(torch.distributed, "DistNetworkError", None)
     if dist_error is not None and isinstance(exc, dist_error):
         return True
     text = str(exc).lower()
-    return "connection closed" in text or "connection reset" in text or "broken pipe" in text
+    return any(s in text for s in ("connection closed", "connection reset", "broken pipe", "timed out"))
 
 
 def _moves_experts(server_args: Any) -> bool:
