@@ -128,3 +128,42 @@ def test_follow_across_rotations_and_a_restart_loses_and_repeats_nothing(make_fl
     start = on_disk.index(seen[0])
     assert on_disk[start : start + len(seen)] == seen
     assert all(len(p.read_bytes()) <= 2 * MAX_BYTES for p in log.parent.glob(log.name + "*"))
+
+
+async def test_console_logs_screen_follows_across_rotations(make_fleet):
+    """The Logs screen polls the supervisor's tail (which reaches into NAME.log.1): in follow mode it
+    shows each line once and in order while the log rotates under it."""
+    from console.tui.app import ConsoleApp
+    from console.tui.live_source import LiveSource
+    from tests.console.tui_pilot import log_lines, wait_for
+
+    fleet = make_fleet(
+        replicas=1,
+        command=[sys.executable, str(BUSY), "--log-lines-per-s", "100"],
+        log_max_bytes=4096,
+        log_backups=BACKUPS,
+    )
+    name = fleet.server(0)
+    log = fleet.state_dir / "logs" / f"{name}.log"
+    assert fleet.up().returncode == 0
+    pid = fleet.servers()[name]["pid"]
+
+    def numbered() -> list[int]:
+        return [int(m[3]) for line in log_lines(app) if (m := LINE.match(line)) and int(m[2]) == pid]
+
+    app = ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5)
+    async with app.run_test(size=(120, 30)) as pilot:
+        app.open_server(name, "logs")
+        await wait_for(pilot, lambda: len(numbered()) >= 300, timeout=60, what="300 lines on the Logs screen")
+        first_backup_count = len(list(log.parent.glob(log.name + ".*")))
+        shown = numbered()
+        await wait_for(
+            pilot,
+            lambda: len(list(log.parent.glob(log.name + ".*"))) >= first_backup_count + 2,
+            timeout=60,
+            what="two more rotations",
+        )
+        await wait_for(pilot, lambda: numbered()[-1] > shown[-1] + 100, timeout=60, what="100 more lines")
+        # Never redrawn from a shorter tail (that would hide a gap): the first line is still the first.
+        assert numbered()[0] == shown[0]
+        assert_consecutive(numbered(), None, "the Logs screen")
