@@ -94,6 +94,11 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     ap.add_argument("--attention-backend", default=None)
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="schedule synchronously (to compare with overlap)",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_offline_throughput.json"))
     args = ap.parse_args()
 
@@ -115,6 +120,7 @@ def main() -> None:
         max_num_seqs=args.max_num_seqs,
         max_cudagraph_capture_size=args.max_num_seqs,
         max_model_len=4096,
+        disable_overlap_schedule=args.disable_overlap_schedule,
     ) as engine:
         for name in args.workloads:
             in_len, out_len = WORKLOADS[name]
@@ -130,6 +136,7 @@ def main() -> None:
             model="Llama-3.1-8B shape, dummy bf16 weights",
             device=gc.device_info(),
             attention_backend=args.attention_backend or "default",
+            overlap_schedule=not args.disable_overlap_schedule,
             results=results,
         ),
     )

@@ -21,6 +21,10 @@ CONFIGS = {
     # decode through CUDA graphs (padding: 8 prompts replay the size-8 graph, then fewer as they stop)
     "graphs": dict(block_size=4, cudagraph_capture_sizes=[1, 2, 4, 8]),
     "eager": dict(block_size=4, enforce_eager=True),
+    # the other configs overlap scheduling with the device (the default); this one steps synchronously
+    "graphs_no_overlap": dict(
+        block_size=4, cudagraph_capture_sizes=[1, 2, 4, 8], disable_overlap_schedule=True
+    ),
     "chunked_mixed": dict(
         block_size=4,
         chunked_prefill_size=7,
