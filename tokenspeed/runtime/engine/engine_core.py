@@ -31,6 +31,7 @@ from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
 from tokenspeed.runtime.cache.prefix_cache import create_prefix_cache
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput, StatsSnapshot
 from tokenspeed.runtime.engine.overlap import InFlightBatch, needs_host_tokens, overlap_mode
+from tokenspeed.runtime.engine.prompt_check import check_prompt
 from tokenspeed.runtime.execution.model_runner import ModelRunner
 from tokenspeed.runtime.scheduler.request import Request
 from tokenspeed.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -100,19 +101,14 @@ class EngineCore:
         sp = SamplingParams.from_dict(request.sampling)
         sp.verify()
         ids = list(request.input_ids)
-        if not ids:
-            raise ValueError(f"request {request.rid}: the prompt is empty; send at least one token")
-        if len(ids) > self.max_req_input_len:
-            raise ValueError(
-                f"request {request.rid}: the prompt has {len(ids)} tokens, but at most "
-                f"{self.max_req_input_len} fit (max_model_len {self.max_model_len}, KV cache "
-                f"{self.max_total_tokens} tokens); shorten the prompt or raise --max-model-len / --max-total-tokens"
-            )
-        bad = next((t for t in ids if not 0 <= t < self._vocab_size), None)
-        if bad is not None:
-            raise ValueError(
-                f"request {request.rid}: token id {bad} is outside the vocabulary [0, {self._vocab_size})"
-            )
+        check_prompt(
+            request.rid,
+            ids,
+            self.max_req_input_len,
+            self.max_model_len,
+            self.max_total_tokens,
+            self._vocab_size,
+        )
         generator = None
         if sp.seed is not None:
             generator = torch.Generator(device=self.device)

@@ -37,6 +37,7 @@ from tokenspeed.runtime.engine.io_struct import (
     decode,
     encode,
 )
+from tokenspeed.runtime.engine.prompt_check import check_prompt
 from tokenspeed.runtime.engine.request_state import ModelLimits
 from tokenspeed.runtime.entrypoints.serve import vocab_size_of
 from tokenspeed.sampling_params import SamplingParams
@@ -120,20 +121,14 @@ class RankClient:
         ids = list(request.input_ids)
         if request.rid in self._inflight:
             raise ValueError(f"request id {request.rid!r} is already running; request ids must be unique")
-        if not ids:
-            raise ValueError(f"request {request.rid}: the prompt is empty; send at least one token")
-        if len(ids) > self.max_req_input_len:
-            raise ValueError(
-                f"request {request.rid}: the prompt has {len(ids)} tokens, but at most "
-                f"{self.max_req_input_len} fit (max_model_len {self.max_model_len}, KV cache "
-                f"{self.max_total_tokens} tokens); shorten the prompt or raise --max-model-len / --max-total-tokens"
-            )
-        if self._vocab_size is not None:
-            bad = next((t for t in ids if not 0 <= t < self._vocab_size), None)
-            if bad is not None:
-                raise ValueError(
-                    f"request {request.rid}: token id {bad} is outside the vocabulary [0, {self._vocab_size})"
-                )
+        check_prompt(
+            request.rid,
+            ids,
+            self.max_req_input_len,
+            self.max_model_len,
+            self.max_total_tokens,
+            self._vocab_size,
+        )
         self._inflight.add(request.rid)
         self._p.push.send(encode(request))
 
