@@ -109,6 +109,20 @@ def _check_json_object(name: str, text: str | None) -> None:
         raise ValueError(f"{_flag(name)} must be a JSON object ({{...}}), got {text!r}")
 
 
+def _check_dp_leaders_on_head(mapping) -> None:
+    # The data-parallel controller runs on the head node and reaches each group through the rank leading
+    # it (attention TP/CP rank 0), at addresses on the head; a group led from another node is unreachable.
+    for rank in range(mapping.world_size):
+        p = mapping.placement(rank)
+        if p.attn_tp_rank == 0 and p.attn_cp_rank == 0 and p.node_rank != 0:
+            raise ValueError(
+                f"--data-parallel-size {mapping.attn_dp_size} with --nnodes {mapping.nnodes} puts data-parallel "
+                f"group {p.attn_dp_rank} on node {p.node_rank}, but every group must be led from the head node "
+                "(node 0); run one server per node instead (a fleet profile with a replica per node), or "
+                "spread tensor parallelism over the nodes with --data-parallel-size 1"
+            )
+
+
 def validate(args: ServerArgs) -> None:
     """Consistency checks on resolved values, plus the expert-placement defaults that depend on them."""
     mapping = args.mapping
@@ -117,6 +131,8 @@ def validate(args: ServerArgs) -> None:
             f"--max-num-seqs {args.max_num_seqs} is below the data parallel size {mapping.attn_dp_size}; "
             "every replica needs at least one slot: raise --max-num-seqs"
         )
+    if mapping.has_attn_dp and mapping.nnodes > 1:
+        _check_dp_leaders_on_head(mapping)
     if mapping.has_attn_cp and args.max_num_seqs > 1:
         raise ValueError(
             f"context parallelism (ENABLE_CP=1, size {mapping.attn_cp_size}) serves one sequence at a time: "

@@ -24,6 +24,11 @@ CLI_ERRORS = [
     ("nodes do not divide", ["--tp", "6", "--nnodes", "4", "--dist-init-addr", "h:1"], ["--nnodes"]),
     ("multinode needs addr", ["--tp", "8", "--nnodes", "2"], ["--dist-init-addr"]),
     ("node rank range", ["--nnodes", "2", "--node-rank", "2", "--dist-init-addr", "h:1"], ["--node-rank"]),
+    (
+        "dp group led from a worker node",
+        ["--tp", "2", "--data-parallel-size", "2", "--nnodes", "2", "--dist-init-addr", "h:1"],
+        ["--data-parallel-size 2", "--nnodes 2", "node 1", "one server per node"],
+    ),
     ("max_num_seqs below dp", ["--data-parallel-size", "4", "--max-num-seqs", "2"], ["--max-num-seqs"]),
     (
         "chunk above prefill budget with dp",
