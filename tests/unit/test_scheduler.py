@@ -5,6 +5,8 @@ Steps are driven by hand: `schedule()` decides, `update_from_output()` applies t
 
 from __future__ import annotations
 
+import time
+
 from tokenspeed.runtime.cache.allocator import PageAllocator
 from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
 from tokenspeed.runtime.cache.prefix_cache import create_prefix_cache
@@ -125,6 +127,29 @@ def test_preemption_by_recompute_takes_the_newest_request():
     assert old.status is RequestStatus.RUNNING
     run_all(s)
     assert old.num_output_tokens == 12 and new.num_output_tokens == 12
+    assert_idle(s)
+
+
+def test_first_scheduled_time_is_the_first_batch_and_survives_preemption():
+    s = make(num_pages=9, bs=4, caching=False, max_num_seqs=2)
+    old, new = req("old", 12, max_new_tokens=12), req("new", 12, start=40, max_new_tokens=12)
+    late = req("late", 4, start=80, max_new_tokens=2)
+    for r in (old, new, late):
+        s.add_request(r)
+    before = time.time()
+    step(s)
+    first = new.first_scheduled_time
+    assert first is not None and before <= first <= time.time()
+    assert old.first_scheduled_time == first
+    assert late.first_scheduled_time is None  # max_num_seqs=2: still waiting
+    while s.num_preemptions == 0:
+        step(s)
+    assert new.status is RequestStatus.WAITING and new.first_scheduled_time == first
+    while new.status is not RequestStatus.RUNNING and not new.is_finished:
+        step(s)
+    run_all(s)
+    assert new.num_preemptions > 0 and new.first_scheduled_time == first  # rescheduling keeps the first time
+    assert late.first_scheduled_time is not None and late.first_scheduled_time > first
     assert_idle(s)
 
 

@@ -301,6 +301,8 @@ class AsyncLLM:
                 self.metrics.on_request_received(o.dp_rank)
         req.prompt_tokens = o.prompt_tokens or req.prompt_tokens
         req.cached_tokens = max(req.cached_tokens, o.cached_tokens)
+        if req.first_scheduled is None:
+            req.first_scheduled = o.first_scheduled_time
         if o.new_token_ids:
             k = len(o.new_token_ids)
             if req.first_token is None:
@@ -345,6 +347,7 @@ class AsyncLLM:
             e2e_latency=end - req.arrival,
             ttft=None if req.first_token is None else req.first_token - req.arrival,
             inter_token_latencies=req.itl,
+            queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival,
         )
         if self.metrics is not None:
             if not req.rank_known:

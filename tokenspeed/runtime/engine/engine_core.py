@@ -196,6 +196,7 @@ class EngineCore:
             new_logprobs=req.output_logprobs[start:] if req.sampling.logprobs else None,
             error=req.error,
             dp_rank=self.dp_rank,
+            first_scheduled_time=req.first_scheduled_time,
         )
 
     # ---- state --------------------------------------------------------------------------------

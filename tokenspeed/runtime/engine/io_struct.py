@@ -53,6 +53,9 @@ class RequestOutput:
     new_logprobs: list[float] | None = None
     error: str | None = None
     dp_rank: int = 0  # the data-parallel group that served the request (set by its scheduler process)
+    # Wall-clock time (time.time(), the clock of GenerateRequest.arrival_time) the scheduler first put the
+    # request in a batch; kept across preemption. None if it never was (aborted while waiting).
+    first_scheduled_time: float | None = None
 
 
 @dataclass

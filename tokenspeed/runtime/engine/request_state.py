@@ -49,6 +49,7 @@ class TrackedRequest:
     dp_rank: int = 0
     rank_known: bool = False
     first_token: float | None = None
+    first_scheduled: float | None = None  # the scheduler's wall-clock time, from RequestOutput
     last_token: float | None = None
     itl: list[float] = field(default_factory=list)
 

@@ -25,7 +25,13 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05
                 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)  # fmt: skip
 _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                 60.0, 120.0, 240.0, 480.0)  # fmt: skip
+# Request phases: a queue wait or a prefill can be a millisecond on an idle server and minutes behind a backlog.
+_PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
+                  20.0, 30.0, 40.0, 60.0, 120.0, 240.0, 480.0)  # fmt: skip
 _ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# Tokens per request, prompt or generated: powers of two up to long contexts.
+_REQUEST_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
+                          131072)  # fmt: skip
 
 
 @dataclass
@@ -40,6 +46,37 @@ class FinishedRequestStats:
     e2e_latency: float
     ttft: float | None = None
     inter_token_latencies: list[float] = field(default_factory=list)
+    # Arrival to the scheduler first putting the request in a batch; None if it never was (aborted while
+    # waiting), and then no phase (queue, prefill, decode, inference) is observed.
+    queue_time: float | None = None
+
+    def phases(self) -> RequestPhases | None:
+        """The request's time split at first scheduling and first token, or None without first scheduling.
+
+        Every phase is derived from e2e, TTFT and queue time, so queue + inference = e2e and
+        prefill + decode = inference hold exactly (up to clamping at zero, which only matters if a remote
+        scheduler's clock is behind the front end's)."""
+        if self.queue_time is None:
+            return None
+        queue = min(max(self.queue_time, 0.0), self.e2e_latency)
+        first_token = self.e2e_latency if self.ttft is None else min(max(self.ttft, queue), self.e2e_latency)
+        return RequestPhases(
+            queue=queue,
+            prefill=first_token - queue,
+            decode=self.e2e_latency - first_token,
+            inference=self.e2e_latency - queue,
+        )
+
+
+@dataclass(frozen=True)
+class RequestPhases:
+    """Seconds of one request: queue (arrival -> first scheduled), prefill (-> first token), decode (first
+    token -> finish), inference (first scheduled -> finish)."""
+
+    queue: float
+    prefill: float
+    decode: float
+    inference: float
 
 
 @dataclass
@@ -109,6 +146,27 @@ class ServerMetrics:
         self.e2e = histogram(
             "e2e_request_latency_seconds", "Request latency, arrival to finish.", _E2E_BUCKETS
         )
+        # Request phases (vLLM's names): observed once per finished request that was ever scheduled.
+        self.queue_time = histogram(
+            "request_queue_time_seconds", "Time from arrival to first being scheduled.", _PHASE_BUCKETS
+        )
+        self.prefill_time = histogram(
+            "request_prefill_time_seconds",
+            "Time from first being scheduled to the first token.",
+            _PHASE_BUCKETS,
+        )
+        self.decode_time = histogram(
+            "request_decode_time_seconds", "Time from the first token to finish.", _PHASE_BUCKETS
+        )
+        self.inference_time = histogram(
+            "request_inference_time_seconds", "Time from first being scheduled to finish.", _PHASE_BUCKETS
+        )
+        self.request_prompt_tokens = histogram(
+            "request_prompt_tokens", "Prompt tokens per finished request.", _REQUEST_TOKEN_BUCKETS
+        )
+        self.request_generation_tokens = histogram(
+            "request_generation_tokens", "Generated tokens per finished request.", _REQUEST_TOKEN_BUCKETS
+        )
         # MoE expert load and EPLB (series appear once a MoE scheduler reports them)
         self.experts = ExpertMetrics(self.registry, labels)
 
@@ -126,7 +184,9 @@ class ServerMetrics:
                        self.cached_tokens, self.num_requests, self.num_requests_running,
                        self.num_requests_waiting, self.gen_throughput, self.kv_cache_usage,
                        self.kv_cache_total_tokens, self.kv_cache_used_tokens, self.num_requests_inflight,
-                       self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e):  # fmt: skip
+                       self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e, self.queue_time,
+                       self.prefill_time, self.decode_time, self.inference_time, self.request_prompt_tokens,
+                       self.request_generation_tokens):  # fmt: skip
             metric.labels(**labels)
         self._last.setdefault(dp_rank, _Cumulative())
 
@@ -175,6 +235,14 @@ class ServerMetrics:
             itl.observe(gap)
         if s.ttft is not None and s.completion_tokens > 1:
             self.tpot.labels(**labels).observe((s.e2e_latency - s.ttft) / (s.completion_tokens - 1))
+        self.request_prompt_tokens.labels(**labels).observe(s.prompt_tokens)
+        self.request_generation_tokens.labels(**labels).observe(s.completion_tokens)
+        phases = s.phases()
+        if phases is not None:
+            self.queue_time.labels(**labels).observe(phases.queue)
+            self.prefill_time.labels(**labels).observe(phases.prefill)
+            self.decode_time.labels(**labels).observe(phases.decode)
+            self.inference_time.labels(**labels).observe(phases.inference)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

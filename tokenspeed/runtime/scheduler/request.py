@@ -58,6 +58,9 @@ class Request:
     num_preemptions: int = 0
     num_pending_tokens: int = 0  # sampled by launched batches, not yet on the host
     epoch: int = 0  # bumped on preemption
+    # time.time() when a batch first included it (the end of its queue wait); a preempted request that is
+    # scheduled again keeps it, so queue time is the wait before any work started.
+    first_scheduled_time: float | None = None
 
     # KV state, owned by the KV cache manager
     row: int | None = None  # req_to_token row while running

@@ -18,6 +18,7 @@ from valid K/V) but not the KV progress.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -125,9 +126,12 @@ class Scheduler:
             self._schedule_waiting(batch, budget)
         if not mixed and batch.is_empty:
             self._schedule_running(batch, budget, decodes=True, prefills=False)
+        now = time.time()
         for it in batch.items:
             it.req.num_computed_tokens += it.num_new_tokens
             it.req.num_pending_tokens += it.sample
+            if it.req.first_scheduled_time is None:
+                it.req.first_scheduled_time = now
         return batch
 
     def _schedule_running(
