@@ -3,7 +3,9 @@
 A random Llama-shaped model (no download) and a batch of prompts of random lengths; every side generates a
 fixed number of tokens per prompt (EOS ignored) and is timed after a warm-up (best of --repeats runs). transformers runs twice: the
 whole batch in one left-padded generate() call (its fastest offline mode), and one generate() call per
-prompt (how a naive server would use it). Prints a table and writes benchmarks/results/cpu_engine.json.
+prompt (how a naive server would use it). The Engine runs twice too: with overlap scheduling (the default)
+and with `--disable-overlap-schedule` (`tokenspeed_sync`; on the CPU the two should be level, since host and
+"device" are the same thread). Prints a table and writes benchmarks/results/cpu_engine.json.
 
     python benchmarks/cpu_engine.py [--num-prompts 32] [--output-len 64] [--preset small]
 """
@@ -118,16 +120,24 @@ def main() -> None:
         each_s, each_tokens = best(1, lambda: run_transformers_each(hf, each, args.output_len))
         hf = None  # free the reference model before the engine loads its copy
 
-        with Engine(
-            model=path, device="cpu", dtype="float32", block_size=16, max_total_tokens=32768
-        ) as engine:
-            run_engine(engine, warm, 4)
+        timings = {}
+        # Overlap scheduling (the default) and the synchronous step order, same model and prompts.
+        for name, overlap_off in (("tokenspeed", False), ("tokenspeed_sync", True)):
+            with Engine(
+                model=path,
+                device="cpu",
+                dtype="float32",
+                block_size=16,
+                max_total_tokens=32768,
+                disable_overlap_schedule=overlap_off,
+            ) as engine:
+                run_engine(engine, warm, 4)
 
-            def timed() -> tuple[float, int]:
-                engine.flush_cache()  # every timed run starts cold, with no cached prefix
-                return run_engine(engine, prompts, args.output_len)
+                def timed(engine=engine) -> tuple[float, int]:
+                    engine.flush_cache()  # every timed run starts cold, with no cached prefix
+                    return run_engine(engine, prompts, args.output_len)
 
-            ts_s, ts_tokens = best(args.repeats, timed)
+                timings[name] = best(args.repeats, timed)
 
     result = {
         "benchmark": "cpu_engine",
@@ -140,10 +150,9 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews the figures
-        "tokenspeed": {
-            "seconds": round(ts_s, 3),
-            "output_tokens": ts_tokens,
-            "tokens_per_s": round(ts_tokens / ts_s, 1),
+        **{
+            name: {"seconds": round(t, 3), "output_tokens": n, "tokens_per_s": round(n / t, 1)}
+            for name, (t, n) in timings.items()
         },
         "transformers": {
             "seconds": round(hf_s, 3),
@@ -160,7 +169,7 @@ def main() -> None:
     result["speedup"] = round(ours / result["transformers"]["tokens_per_s"], 2)
     result["speedup_vs_per_prompt"] = round(ours / result["transformers_per_prompt"]["tokens_per_s"], 2)
     print(f"{'':24}{'seconds':>10}{'tokens':>10}{'tokens/s':>12}")
-    for name in ("tokenspeed", "transformers", "transformers_per_prompt"):
+    for name in ("tokenspeed", "tokenspeed_sync", "transformers", "transformers_per_prompt"):
         r = result[name]
         print(f"{name:24}{r['seconds']:>10.2f}{r['output_tokens']:>10}{r['tokens_per_s']:>12.1f}")
     print(
