@@ -24,6 +24,8 @@ METRIC_KEYS = (
     "ttft_p99",
     "itl_p50",
     "itl_p99",
+    "queue_p50",
+    "queue_p99",
     "requests_total",
     "errors_total",
 )
@@ -129,7 +131,11 @@ def summarize(new: Scrape, old: Scrape | None = None) -> dict[str, float | None]
             out["prefix_hit_rate"] = (hits - old_hits) / (queries - old_queries)
         elif queries > 0:
             out["prefix_hit_rate"] = hits / queries
-    for key, hist in (("ttft", "time_to_first_token_seconds"), ("itl", "inter_token_latency_seconds")):
+    for key, hist in (
+        ("ttft", "time_to_first_token_seconds"),
+        ("itl", "inter_token_latency_seconds"),
+        ("queue", "request_queue_time_seconds"),
+    ):
         if hist in new.buckets:
             window = bucket_delta(new.buckets[hist], old.buckets.get(hist) if old else None)
             out[f"{key}_p50"] = quantile(0.5, window)

@@ -10,8 +10,8 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
                    "pids": [int], "started_at", "uptime_s", "restarts",
                    "last_exit": {"code", "signal", "at"} | null, "healthy": bool, "error": str | null,
                    "metrics": {"running", "waiting", "kv_usage", "prefix_hit_rate", "gen_throughput",
-                               "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "requests_total",
-                               "errors_total"} | null,
+                               "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "queue_p50", "queue_p99",
+                               "requests_total", "errors_total"} | null,
                    "scraped_at": float | null}
          state is one of STARTING READY UNHEALTHY BACKOFF STOPPING STOPPED FATAL; times are Unix
          seconds; latency percentiles are seconds over the last 30 s of scrapes (None: no requests).

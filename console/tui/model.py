@@ -38,6 +38,8 @@ class Metrics:
     ttft_p99: float | None = None
     itl_p50: float | None = None
     itl_p99: float | None = None
+    queue_p50: float | None = None  # arrival to first scheduled
+    queue_p99: float | None = None
     requests_total: float | None = None
     errors_total: float | None = None
 

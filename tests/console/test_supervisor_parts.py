@@ -111,6 +111,25 @@ def test_percentiles_come_from_bucket_deltas_over_the_window():
     assert summary["requests_total"] == 20 and summary["errors_total"] == 1
     # Without a window, the whole history counts: 100 of 110 under 0.1 s.
     assert metrics_math.summarize(new)["ttft_p50"] == pytest.approx(0.055)
+    assert summary["queue_p50"] is None  # a server that does not export the queue-time histogram
+
+
+def test_queue_time_percentiles_from_the_request_queue_histogram():
+    def page(b1: int, b2: int) -> str:
+        return (
+            "# TYPE tokenspeed:request_queue_time_seconds histogram\n"
+            f'tokenspeed:request_queue_time_seconds_bucket{{le="0.01",model_name="m",dp_rank="0"}} {b1}\n'
+            f'tokenspeed:request_queue_time_seconds_bucket{{le="1.0",model_name="m",dp_rank="0"}} {b2}\n'
+            f'tokenspeed:request_queue_time_seconds_bucket{{le="+Inf",model_name="m",dp_rank="0"}} {b2}\n'
+            f'tokenspeed:request_queue_time_seconds_count{{model_name="m",dp_rank="0"}} {b2}\n'
+            'tokenspeed:request_queue_time_seconds_sum{model_name="m",dp_rank="0"} 1.0\n'
+        )
+
+    old = metrics_math.parse(page(10, 10), t=0.0)
+    new = metrics_math.parse(page(20, 30), t=10.0)  # in the window: 10 waits under 10 ms, 10 up to 1 s
+    summary = metrics_math.summarize(new, old)
+    assert summary["queue_p50"] == pytest.approx(0.01)
+    assert summary["queue_p99"] == pytest.approx(0.01 + 0.98 * 0.99)
 
 
 def test_quantile_edge_cases():

@@ -77,6 +77,8 @@ def metrics_at(i: int, second: int) -> dict:
         "ttft_p99": 0.2 + 0.02 * i + 0.05 * math.sin(second / 30) ** 2,
         "itl_p50": 0.012 + 0.001 * i,
         "itl_p99": 0.05 + 0.004 * i,
+        "queue_p50": 0.002 + 0.001 * i,
+        "queue_p99": 0.03 + 0.01 * i + 0.02 * math.sin(second / 25) ** 2,
         "requests_total": float(second * (3 + i)),
         "errors_total": float(second // 60 if i == 2 else 0),
     }

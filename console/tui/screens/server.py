@@ -79,6 +79,22 @@ def mapping_text(mapping: Any) -> str:
     return str(mapping)
 
 
+def latency_text(history: History) -> str:
+    """p50/p99 of the latest scrape window: TTFT and ITL (also plotted) beside the queue wait, which tells
+    whether a slow first token was spent waiting for a batch slot or computing the prefill."""
+    if not history.samples:
+        return "(no metrics recorded yet)"
+    m = history.samples[-1].metrics
+    return "  ".join(
+        f"{label} {fmt.pair(fmt.latency(p50), fmt.latency(p99))}"
+        for label, p50, p99 in (
+            ("TTFT", m.ttft_p50, m.ttft_p99),
+            ("ITL", m.itl_p50, m.itl_p99),
+            ("queue", m.queue_p50, m.queue_p99),
+        )
+    )
+
+
 def live_text(info: dict[str, Any]) -> str:
     """The server's own view of itself: status, in-flight requests, KV pages per scheduler rank."""
     lines = []
@@ -116,6 +132,8 @@ class ServerScreen(ConsoleScreen):
                 for plot_id, title, _key, render, ratio in PLOTS:
                     yield MetricPlot(title, render, ratio=ratio, id=plot_id)
             with Vertical(id="server-side"):
+                yield Static("Latency p50/p99", classes="section")
+                yield Static("", id="server-latency")
                 yield Static("Live state", classes="section")
                 yield Static("", id="server-live")
                 yield Static("Mapping", classes="section")
@@ -164,6 +182,7 @@ class ServerScreen(ConsoleScreen):
             return
         for plot_id, _title, key, _render, _ratio in PLOTS:
             self.query_one(f"#{plot_id}", MetricPlot).update_series(data.history.series(key))
+        self.query_one("#server-latency", Static).update(latency_text(data.history))
         if data.info is not None:
             self.query_one("#server-live", Static).update(live_text(data.info))
             args, mapping = split_info(data.info)
