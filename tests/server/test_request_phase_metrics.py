@@ -94,15 +94,19 @@ def test_phases_count_every_request_and_add_up_to_e2e(one_seq_server):
 def test_a_request_that_waits_behind_others_has_a_longer_queue_time(one_seq_server):
     srv = one_seq_server
     before = scrape(srv)
-    generate(srv, 7, 8, 4)  # alone on an idle server: scheduled at once
+    lone = generate(srv, 7, 8, 4)  # alone on an idle server: scheduled at once
     alone = scrape(srv)
     first_queue = delta(alone, before, "request_queue_time_seconds_sum")
+    # meta_info reports the same queue time as the histogram (both from the same two timestamps).
+    assert lone["meta_info"]["queue_time"] == pytest.approx(first_queue, abs=1e-6)
     # With --max-num-seqs 1, of several requests sent together all but one wait for a whole request before
     # their first batch.
     n_req, n_new = 3, 64
     with ThreadPoolExecutor(n_req) as pool:
         outs = list(pool.map(lambda i: generate(srv, 20 + 30 * i, 8, n_new), range(n_req)))
     assert all(len(o["output_ids"]) == n_new for o in outs)
+    queued = sorted(o["meta_info"]["queue_time"] for o in outs)
+    assert queued[-1] > first_queue, (queued, first_queue)
     after = scrape(srv)
     assert delta(after, alone, "request_queue_time_seconds_count") == n_req
     # The smallest bucket that holds the lone request's queue time: some concurrent request is above it.
@@ -114,6 +118,7 @@ def test_a_request_that_waits_behind_others_has_a_longer_queue_time(one_seq_serv
         f"every queued request waited at most {le_label} s, like the lone one ({first_queue})"
     )
     waited = delta(after, alone, "request_queue_time_seconds_sum")
+    assert waited == pytest.approx(sum(queued), abs=1e-5)
     assert waited > first_queue, (waited, first_queue)
     # Whoever waited did so for at least one other request's decode.
     decode_sum = delta(after, alone, "request_decode_time_seconds_sum")

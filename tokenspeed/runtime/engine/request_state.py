@@ -25,6 +25,7 @@ class SequenceOutput:
     cached_tokens: int
     dp_rank: int
     error: str | None = None
+    queue_time: float | None = None  # arrival to first scheduled (s); None until the scheduler reports it
 
 
 @dataclass
@@ -67,6 +68,9 @@ class TrackedRequest:
             cached_tokens=self.cached_tokens,
             dp_rank=self.dp_rank,
             error=self.error,
+            queue_time=None
+            if self.first_scheduled is None
+            else max(0.0, self.first_scheduled - self.arrival),
         )
         self.text, self.ids = [], []
         self.logprobs = [] if self.logprobs is not None else None

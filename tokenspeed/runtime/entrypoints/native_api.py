@@ -3,7 +3,7 @@
 Request: `text` or `input_ids` (one prompt or a batch), `sampling_params` (SamplingParams fields:
 `max_new_tokens`, `temperature`, ...; one dict or one per prompt), `stream`, optional `rid`,
 `return_logprob`. Answer per sequence: `text`, `output_ids`, `meta_info` (`id`, `finish_reason`,
-`prompt_tokens`, `completion_tokens`, `cached_tokens`, `e2e_latency`). Streaming sends cumulative `text`
+`prompt_tokens`, `completion_tokens`, `cached_tokens`, `e2e_latency`, `queue_time` once scheduled). Streaming sends cumulative `text`
 (and cumulative `output_ids`, or only the new ones with `--stream-output`) as server-sent events.
 """
 
@@ -129,6 +129,8 @@ def _meta(out: SequenceOutput, started: float, logprobs: list[float] | None) -> 
         "e2e_latency": time.time() - started,
         "dp_rank": out.dp_rank,
     }
+    if out.queue_time is not None:
+        meta["queue_time"] = out.queue_time  # the same split as request_queue_time_seconds
     if logprobs is not None:
         meta["output_token_logprobs"] = logprobs
     return meta
