@@ -101,7 +101,7 @@ def test_a_request_that_waits_behind_others_has_a_longer_queue_time(one_seq_serv
     assert lone["meta_info"]["queue_time"] == pytest.approx(first_queue, abs=1e-6)
     # With --max-num-seqs 1, of several requests sent together all but one wait for a whole request before
     # their first batch.
-    n_req, n_new = 3, 64
+    n_req, n_new = 3, 128
     with ThreadPoolExecutor(n_req) as pool:
         outs = list(pool.map(lambda i: generate(srv, 20 + 30 * i, 8, n_new), range(n_req)))
     assert all(len(o["output_ids"]) == n_new for o in outs)
