@@ -265,7 +265,7 @@ class ConsoleApp(App):
                 try:
                     note = describe(name, target, self.source.action(name, target))
                 except SourceError as exc:
-                    failures.append(f"{target or 'fleet'}: {exc}")
+                    failures.append(str(exc))  # it starts with the server (or "fleet") it concerns
                 else:
                     if note:
                         notes.append(note)

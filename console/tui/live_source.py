@@ -50,11 +50,12 @@ class LiveSource(DataSource):
         return self._call("probe", self._client.probe)
 
     def action(self, name: str, server: str | None = None) -> Any:
+        # An error names only what it concerns (the fleet or the server); the caller's notice names the action.
         if name in FLEET_ACTIONS:
-            return self._call(name, getattr(self._client, name))
+            return self._call("fleet", getattr(self._client, name))
         if name not in SERVER_ACTIONS or server is None:
             raise SourceError(f"{name}: not an action the console knows")
-        return self._call(f"{name} {server}", getattr(self._client, name), server)
+        return self._call(server, getattr(self._client, name), server)
 
     def shutdown(self) -> None:
         self._call("shutdown", self._client.shutdown)
