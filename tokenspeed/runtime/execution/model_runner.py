@@ -4,7 +4,7 @@ It turns a `ScheduledBatch` into a `ForwardBatch`, runs the model and samples. `
 place the model is called, so a CUDA-graph runner can take it over for decode batches.
 
 A step is `launch` (prepare, forward, sample; the sampled ids stay on the device and are copied to host
-memory without waiting) then `resolve` (wait for that copy, build the StepResult); `execute` does both.
+memory without waiting) then `resolve` (wait for that copy, build the StepResult).
 Between the two the host may launch the next batch: a decode whose input is a token of the launched batch
 reads it from that batch's device output, so nothing waits for the host to learn it.
 """
@@ -215,10 +215,6 @@ class ModelRunner:
             is_decode_only=batch.is_decode_only,
             expert_recorder=self.expert_recorder,
         )
-
-    @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> StepResult:
-        return self.resolve(self.launch(batch))
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, prev: LaunchedBatch | None = None) -> LaunchedBatch:
