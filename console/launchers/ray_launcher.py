@@ -17,6 +17,7 @@ from pathlib import Path
 
 from console.launchers.base import Launcher, ProcessHandle
 from console.profile_schema import ProcessSpec, ServerSpec
+from console.supervisor.logfile import append
 from console.supervisor.states import ExitInfo
 
 NAMESPACE = "tokenspeed"
@@ -229,8 +230,7 @@ class RayLauncher(Launcher):
                 self._handles.pop(key, None)
                 continue
             if data:
-                with open(log_path, "ab") as f:
-                    f.write(data)
+                append(log_path, data)
 
     def close(self) -> None:
         """Called once every server is stopped: the agents have nothing left to run."""

@@ -156,10 +156,16 @@ def _rotate_locked(path: Path, max_bytes: int, backups: int) -> bool:
     return True
 
 
+def append(path: Path, data: bytes) -> None:
+    """One write into the log from outside its pump (under the lock: never into a file renamed away);
+    rotation is left to the supervisor's tick."""
+    with LogWriter(path, max_bytes=0, backups=0) as writer:
+        writer.write(data)
+
+
 def append_line(path: Path, line: str) -> None:
     """A supervisor note in the server's log (start, exit, restart), so one file tells the story."""
-    with LogWriter(path, max_bytes=0, backups=0) as writer:
-        writer.write((line.rstrip("\n") + "\n").encode())
+    append(path, (line.rstrip("\n") + "\n").encode())
 
 
 def tail(path: Path, lines: int) -> list[str]:
