@@ -177,13 +177,14 @@ def tail(path: Path, lines: int) -> list[str]:
         return []
     out: list[str] = []
     for candidate in (path, backup(path, 1)):
-        out = _last_lines(candidate, lines - len(out)) + out
+        out = last_lines_of(candidate, lines - len(out)) + out
         if len(out) >= lines:
             break
     return out
 
 
-def _last_lines(path: Path, lines: int) -> list[str]:
+def last_lines_of(path: Path, lines: int) -> list[str]:
+    """The last `lines` lines of the file at `path` ([] when there is none)."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:

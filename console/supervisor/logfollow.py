@@ -10,12 +10,11 @@ place (rotated by an outside tool) is read again from its start.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import BinaryIO
 
-from console.supervisor.logfile import backup, last_lines
+from console.supervisor.logfile import backup, last_lines, last_lines_of
 
 FileId = tuple[int, int]  # (st_dev, st_ino)
 
@@ -81,8 +80,7 @@ class LogFollower:
         out = last_lines(self._file, end, lines)
         self._file.seek(end)
         if len(out) < lines:
-            with contextlib.suppress(FileNotFoundError), open(backup(self.path, 1), "rb") as older:
-                out = last_lines(older, os.fstat(older.fileno()).st_size, lines - len(out)) + out
+            out = last_lines_of(backup(self.path, 1), lines - len(out)) + out
         return out
 
     def read(self) -> bytes:
