@@ -249,6 +249,23 @@ def _loadavg() -> float | None:
         return None
 
 
+def _served_model(args) -> str:
+    """The first model `/v1/models` lists, with an error that says what to check when it cannot be had."""
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = f"{args.base_url}/v1/models"
+    try:
+        r = httpx.get(url, headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        raise ValueError(
+            f"cannot reach {url} ({type(exc).__name__}: {exc}); is the server running and is --base-url right?"
+        ) from exc
+    if r.status_code == 401:
+        raise ValueError(f"{url} answered 401: pass the server's key with --api-key")
+    if r.status_code != 200:
+        raise ValueError(f"{url} answered HTTP {r.status_code}: {r.text[:200]}; pass the model with --model")
+    return r.json()["data"][0]["id"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -256,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    model = (
-        args.model
-        or httpx.get(f"{args.base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
-    )
+    try:
+        model = args.model or _served_model(args)
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        print(f"error: {exc}")
+        return 2
     specs = build_requests(args, random.Random(args.seed))
     if args.warmup_requests:
         asyncio.run(run_load(args, model, specs[: args.warmup_requests], float("inf"), None))

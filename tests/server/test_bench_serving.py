@@ -25,3 +25,14 @@ def test_serving_benchmark_sweeps_and_reports(server, tmp_path):
         assert run["total_output_tokens"] == 6 * 8
         assert run["ttft"]["p50_ms"] > 0 and run["itl"]["p99_ms"] >= run["itl"]["p50_ms"]
         assert run["output_token_throughput"] > 0
+
+
+def test_unreachable_server_or_missing_key_is_a_clear_error(server, tmp_path, capsys):
+    from tests.server.server_proc import free_port
+
+    args = ["serving", "--num-prompts", "2", "--output", str(tmp_path / "x.json")]
+    assert bench_main([*args, "--base-url", f"http://127.0.0.1:{free_port()}"]) == 2
+    said = capsys.readouterr().out
+    assert "cannot reach" in said and "--base-url" in said and "Traceback" not in said
+    assert bench_main([*args, "--base-url", server.url]) == 2  # the session server wants its key
+    assert "401" in capsys.readouterr().out and not (tmp_path / "x.json").exists()

@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from tests.server.server_proc import free_port
 
 
@@ -29,3 +32,15 @@ def test_unknown_warmup_fails_fast_with_the_names(tiny_model):
     r = _serve(tiny_model, "--device", "cpu", "--warmups", "nope", "--port", str(free_port()))
     assert r.returncode == 2
     assert "--warmups: unknown warm-up 'nope'" in r.stderr and "batch" in r.stderr
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="this machine has a CUDA GPU: the default device is there"
+)
+def test_cuda_default_without_a_gpu_fails_fast_and_names_device_cpu(tiny_model):
+    r = _serve(tiny_model, "--port", str(free_port()), timeout=60)
+    assert r.returncode == 2
+    assert "--device cuda (the default) needs an NVIDIA GPU" in r.stderr and "--device cpu" in r.stderr
+    assert "Traceback" not in r.stderr and "started 1 child" not in r.stderr
+    # Checking a GPU configuration from a machine without one still works.
+    assert _serve(tiny_model, "--print-config").returncode == 0

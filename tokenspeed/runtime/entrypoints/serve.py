@@ -76,12 +76,34 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     configure_logging(server_args)
     try:
+        check_device_present(server_args)
         if int(getattr(server_args, "node_rank", 0) or 0) > 0:
             return _run_worker_node(server_args)
         return asyncio.run(_run_head(server_args))
     except ValueError as exc:
         logger.error("%s", exc)
         return EXIT_USAGE
+
+
+def check_device_present(server_args: Any) -> None:
+    """Refuse to start on a device this machine lacks, before any rank process starts and fails on it.
+
+    (`--print-config` skips this: checking a GPU configuration from a laptop is what it is for.)
+    """
+    if str(server_args.device) != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        build = (
+            "built without CUDA"
+            if torch.version.cuda is None
+            else f"CUDA {torch.version.cuda}, no GPU visible"
+        )
+        raise ValueError(
+            f"--device cuda (the default) needs an NVIDIA GPU, and torch {torch.__version__} ({build}) sees "
+            "none here; pass --device cpu to serve on the CPU"
+        )
 
 
 def _check_port_free(host: str, port: int) -> None:
