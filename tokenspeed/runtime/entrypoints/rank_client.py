@@ -89,10 +89,7 @@ class _Processes:
 
 class RankClient:
     def __init__(self, server_args: Any) -> None:
-        self.server_args = server_args
-        self.dp_rank = 0
         self._world_size = server_args.mapping.world_size
-        self._vocab_size: int | None = None
         self._inflight: set[str] = set()
         self._buffer: list[RequestOutput] = []
         self._rpc_answers: dict[str, RpcResponse] = {}
@@ -108,9 +105,6 @@ class RankClient:
         except BaseException:
             self._p.close()
             raise
-        self.max_total_tokens = self.limits.max_total_tokens
-        self.max_req_input_len = self.limits.max_req_input_len
-        self.max_model_len = self.limits.max_model_len
         self._vocab_size = vocab_size_of(server_args)
 
     # ---- the EngineCore calls ------------------------------------------------------------------
@@ -124,9 +118,9 @@ class RankClient:
         check_prompt(
             request.rid,
             ids,
-            self.max_req_input_len,
-            self.max_model_len,
-            self.max_total_tokens,
+            self.limits.max_req_input_len,
+            self.limits.max_model_len,
+            self.limits.max_total_tokens,
             self._vocab_size,
         )
         self._inflight.add(request.rid)
