@@ -347,7 +347,7 @@ class AsyncLLM:
             e2e_latency=end - req.arrival,
             ttft=None if req.first_token is None else req.first_token - req.arrival,
             inter_token_latencies=req.itl,
-            queue_time=None if req.first_scheduled is None else req.first_scheduled - req.arrival,
+            queue_time=req.queue_time,
         )
         if self.metrics is not None:
             if not req.rank_known:

@@ -54,6 +54,12 @@ class TrackedRequest:
     last_token: float | None = None
     itl: list[float] = field(default_factory=list)
 
+    @property
+    def queue_time(self) -> float | None:
+        """Arrival to first scheduled (s), None until the scheduler reports it; never negative (the
+        scheduler's clock may be another node's)."""
+        return None if self.first_scheduled is None else max(0.0, self.first_scheduled - self.arrival)
+
     def take(self) -> SequenceOutput:
         out = SequenceOutput(
             rid=self.rid,
@@ -68,9 +74,7 @@ class TrackedRequest:
             cached_tokens=self.cached_tokens,
             dp_rank=self.dp_rank,
             error=self.error,
-            queue_time=None
-            if self.first_scheduled is None
-            else max(0.0, self.first_scheduled - self.arrival),
+            queue_time=self.queue_time,
         )
         self.text, self.ids = [], []
         self.logprobs = [] if self.logprobs is not None else None
