@@ -25,6 +25,7 @@ from tokenspeed.runtime.distributed.batch_sync import PageMirror, decode_batch, 
 from tokenspeed.runtime.distributed.comm import broadcast_object, min_over_group
 from tokenspeed.runtime.distributed.groups import ParallelGroups, init_parallel
 from tokenspeed.runtime.distributed.tensor_parallel import MoEOptions, load_parallel_model, local_kv_heads
+from tokenspeed.runtime.engine.io_struct import ControlRefused
 from tokenspeed.runtime.layers.moe.expert_parallel import ParallelMoeBlock
 from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
@@ -170,9 +171,9 @@ class RankRuntime:
         self._pending.append(["record", op])
 
     def request_rebalance(self) -> None:
-        """Rebalance before the next step; ValueError (a refusal the caller shows) when it cannot."""
+        """Rebalance before the next step; ControlRefused (the caller shows it) when it cannot."""
         if self.eplb is None:
-            raise ValueError(rebalance_unavailable(self.moe_layers))
+            raise ControlRefused(rebalance_unavailable(self.moe_layers))
         self.eplb.check_can_rebalance()
         self._rebalance_due = True
 

@@ -21,6 +21,7 @@ from tokenspeed.runtime.engine.endpoints import ServerEndpoints
 from tokenspeed.runtime.engine.io_struct import (
     AbortRequest,
     BatchOutput,
+    ControlRefused,
     FlushCacheRequest,
     GenerateRequest,
     ReadyMessage,
@@ -261,11 +262,10 @@ def _handle_rpc(engine: Any, req: RpcRequest, info: RankInfo) -> RpcResponse:
                 )
             return RpcResponse(call_id=req.call_id, ok=False, error=f"unknown control call {req.method!r}")
         return RpcResponse(call_id=req.call_id, ok=True, result=handler(**req.args))
+    except ControlRefused as exc:
+        logger.info("control call %s refused: %s", req.method, exc)
+        return RpcResponse(call_id=req.call_id, ok=False, error=str(exc), refused=True)
     except Exception as exc:
-        if req.method == "rebalance_experts" and isinstance(exc, ValueError):
-            # a refusal (nothing recorded, no expert parallelism): the caller's to fix, not a rank failure
-            logger.info("control call %s refused: %s", req.method, exc)
-            return RpcResponse(call_id=req.call_id, ok=False, error=str(exc), refused=True)
         logger.error("control call %s failed: %s", req.method, exc)
         return RpcResponse(call_id=req.call_id, ok=False, error=f"{req.method} failed: {exc}")
 

@@ -122,6 +122,11 @@ class RpcResponse:
     refused: bool = False  # not ok because the call cannot apply to this server (HTTP 400), not a failure
 
 
+class ControlRefused(ValueError):
+    """Raised by a control call that cannot apply to this server as it runs (the caller's to fix): the
+    scheduler answers it with `RpcResponse.refused`, not as a failure of the rank."""
+
+
 _MESSAGE_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from tokenspeed.runtime.distributed.comm import broadcast_object
+from tokenspeed.runtime.engine.io_struct import ControlRefused
 from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState
 from tokenspeed.runtime.moe import recording_policy
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
@@ -188,7 +189,7 @@ class EPLBManager:
         return self.periodic and self.steps % self.interval == 0
 
     def check_can_rebalance(self) -> None:
-        """Raise ValueError (a user-facing refusal) when there is no recorded load to place experts for."""
+        """Raise ControlRefused when there is no recorded load to place experts for."""
         counts = self.recorder.window_counts()[self._moe_layers()]
         if int(counts.sum()) > 0:
             return
@@ -199,7 +200,7 @@ class EPLBManager:
             else "start recording with POST /start_expert_distribution_record (or start the server with "
             "--enable-expert-distribution-metrics), send some requests"
         )
-        raise ValueError(f"no expert load recorded {since}: {how}, then rebalance again")
+        raise ControlRefused(f"no expert load recorded {since}: {how}, then rebalance again")
 
     def _moe_layers(self) -> list[int]:
         return sorted(self.state.layers)
