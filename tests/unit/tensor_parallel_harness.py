@@ -92,7 +92,7 @@ def _run_case(case: Case, rank: int, world_size: int, out_dir: Path) -> None:
     recorder = None
     if case.record:
         slots = pm.expert_state.location.num_physical if pm.expert_state else config.num_experts
-        recorder = ExpertDistributionRecorder("stat", config.num_layers, slots, always_on=True)
+        recorder = ExpertDistributionRecorder("stat", config.num_layers, slots, kept_by="test")
     manager, rebalances = None, []
     if case.rebalance_after is not None:
         from tokenspeed.runtime.moe.eplb_manager import EPLBManager

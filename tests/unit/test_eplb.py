@@ -114,7 +114,7 @@ def test_recorder_counts_tokens_per_expert(mode, tmp_path):
 
 
 def test_recorder_ring_buffer_keeps_the_last_passes():
-    rec = ExpertDistributionRecorder("stat", 1, 2, buffer_size=2, always_on=True)
+    rec = ExpertDistributionRecorder("stat", 1, 2, buffer_size=2, kept_by="test")
     for e in (0, 1, 1):
         rec.record(0, torch.tensor([[e]]))
         rec.end_pass()

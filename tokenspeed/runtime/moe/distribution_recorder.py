@@ -51,7 +51,6 @@ class ExpertDistributionRecorder:
         num_physical_experts: int,
         buffer_size: int | None = None,
         device: torch.device | str = "cpu",
-        always_on: bool = False,
         kept_by: str | None = None,
     ):
         if mode not in MODES:
@@ -66,7 +65,7 @@ class ExpertDistributionRecorder:
         self.device = torch.device(device)
         # None or -1 means unbounded: the sum of stat modes is then kept as one running total.
         self.buffer_size = None if buffer_size in (None, -1) else int(buffer_size)
-        self.state = RecorderState(kept_by=kept_by or ("always on" if always_on else None))
+        self.state = RecorderState(kept_by=kept_by)
         self._frozen: dict | None = None  # what `dump` returns once a session stopped
         self._current = torch.zeros((num_layers, num_physical_experts), dtype=torch.int64, device=self.device)
         self._passes: deque[torch.Tensor] = deque(maxlen=self.buffer_size)
