@@ -252,7 +252,7 @@ def _handle_rpc(engine: Any, req: RpcRequest, info: RankInfo) -> RpcResponse:
                 from tokenspeed.runtime.moe.eplb_manager import HOW_TO_ENABLE
 
                 error = f"this server cannot rebalance experts; {HOW_TO_ENABLE}"
-                return RpcResponse(call_id=req.call_id, ok=False, error=error, refused=True)
+                return RpcResponse(call_id=req.call_id, ok=False, error=error, refused="not_enabled")
             if req.method in _EXPERT_RECORD_METHODS:
                 return RpcResponse(
                     call_id=req.call_id,
@@ -264,7 +264,7 @@ def _handle_rpc(engine: Any, req: RpcRequest, info: RankInfo) -> RpcResponse:
         return RpcResponse(call_id=req.call_id, ok=True, result=handler(**req.args))
     except ControlRefused as exc:
         logger.info("control call %s refused: %s", req.method, exc)
-        return RpcResponse(call_id=req.call_id, ok=False, error=str(exc), refused=True)
+        return RpcResponse(call_id=req.call_id, ok=False, error=str(exc), refused=exc.code)
     except Exception as exc:
         logger.error("control call %s failed: %s", req.method, exc)
         return RpcResponse(call_id=req.call_id, ok=False, error=f"{req.method} failed: {exc}")

@@ -119,12 +119,18 @@ class RpcResponse:
     ok: bool
     result: Any = None
     error: str | None = None
-    refused: bool = False  # not ok because the call cannot apply to this server (HTTP 400), not a failure
+    # Set when not ok because the call cannot apply to this server (HTTP 400), not a failure: a short code
+    # naming why (the OpenAI-style error code), e.g. "not_enabled", "nothing_recorded".
+    refused: str | None = None
 
 
 class ControlRefused(ValueError):
     """Raised by a control call that cannot apply to this server as it runs (the caller's to fix): the
-    scheduler answers it with `RpcResponse.refused`, not as a failure of the rank."""
+    scheduler answers it with `RpcResponse.refused` set to `code`, not as a failure of the rank."""
+
+    def __init__(self, message: str, code: str = "not_enabled") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 _MESSAGE_TYPES: dict[str, type] = {

@@ -81,8 +81,7 @@ def _rebalance_route(state: ServerState):
         if failed:
             message = failed[0].error or "rebalance_experts failed"
             if all(a.refused for a in failed):
-                code = "nothing_recorded" if "no expert load recorded" in message else "not_enabled"
-                raise bad_request(message, code=code)
+                raise bad_request(message, code=failed[0].refused)
             raise APIError(500, message, code="rebalance_failed")
         return JSONResponse(rebalance_answer([a.result for a in answers]))
 

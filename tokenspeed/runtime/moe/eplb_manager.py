@@ -200,7 +200,9 @@ class EPLBManager:
             else "start recording with POST /start_expert_distribution_record (or start the server with "
             "--enable-expert-distribution-metrics), send some requests"
         )
-        raise ControlRefused(f"no expert load recorded {since}: {how}, then rebalance again")
+        raise ControlRefused(
+            f"no expert load recorded {since}: {how}, then rebalance again", "nothing_recorded"
+        )
 
     def _moe_layers(self) -> list[int]:
         return sorted(self.state.layers)
