@@ -198,7 +198,9 @@ class ServerArgs:
     enable_nccl_nvls: bool = False
     enable_symm_mem: bool = False
     disable_custom_all_reduce: bool = False
-    disable_overlap_schedule: bool = False
+    # None: by device. Overlap hides host work behind a device that runs ahead (CUDA); with --device cpu the
+    # host does the device's work itself, so overlap would only hold each token back a step (off there).
+    disable_overlap_schedule: bool | None = None
     disable_tf32: bool = False
     force_deterministic_rsag: bool = False
     disable_sampling_tp_sync: bool = False

@@ -124,7 +124,9 @@ def option(group: Any, *flags: str, **kwargs: Any) -> argparse.Action:
 def switch(group: Any, *flags: str, help: str, **kwargs: Any) -> argparse.Action:  # noqa: A002
     """A presence flag (``store_true``) for a boolean field."""
     dest = _dest(flags, kwargs)
-    kwargs.setdefault("default", bool(field_defaults().get(dest, False)))
+    default = field_defaults().get(dest, False)
+    # A field whose default is None is decided at resolution unless the flag is given.
+    kwargs.setdefault("default", None if default is None else bool(default))
     return group.add_argument(*flags, action="store_true", help=help, **kwargs)
 
 

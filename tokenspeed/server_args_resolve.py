@@ -212,6 +212,8 @@ def resolve_kernel_backends(args: ServerArgs, facts: PlatformFacts) -> None:
     # The GPU attention default is left to the attention initializer, which knows the model.
     if args.device == "cpu":
         resolve_cpu_defaults(args)
+    if args.disable_overlap_schedule is None:
+        args.disable_overlap_schedule = args.device == "cpu"
     if args.sampling_backend is None:
         # Greedy ignores temperature/top-p/top-k, so it is only the default where nothing else runs.
         if facts.is_nvidia:

@@ -1,7 +1,7 @@
 """Overlap scheduling gives exactly the outputs of the synchronous step (`--disable-overlap-schedule`).
 
 Every test runs the same requests on two engines over the same tiny random model, one with overlap
-scheduling (the default) and one without, and compares what a user sees: greedy tokens (also against
+scheduling (the default on a GPU, asked for explicitly here on the CPU) and one without, and compares what a user sees: greedy tokens (also against
 transformers), seeded samples, stop tokens hit mid-batch (the token sampled one step ahead is never shown
 nor counted), streamed chunks, aborts while a batch is in flight, preemption, chunked prefill and penalties
 (which fall back to the synchronous order). After every run no KV page is held.
@@ -61,7 +61,9 @@ def models(tmp_path_factory):
 @contextmanager
 def two_engines(path: str, **kwargs) -> Iterator[tuple[Engine, Engine]]:
     """(overlap, synchronous) engines of the same model and settings; both must end with no KV held."""
-    with Engine(model=path, device="cpu", dtype="float32", **kwargs) as overlap:
+    with Engine(
+        model=path, device="cpu", dtype="float32", disable_overlap_schedule=False, **kwargs
+    ) as overlap:
         with Engine(
             model=path, device="cpu", dtype="float32", disable_overlap_schedule=True, **kwargs
         ) as sync:
@@ -275,4 +277,20 @@ def test_flag_and_start_up_log(models, caplog):
     lines = [r.getMessage() for r in caplog.records if "overlap scheduling" in r.getMessage()]
     assert len(lines) == 2, lines
     assert lines[0].startswith("overlap scheduling: on")
-    assert lines[1] == "overlap scheduling: off (--disable-overlap-schedule)"
+    assert lines[1].startswith(
+        "overlap scheduling: off (--disable-overlap-schedule, the default with --device cpu"
+    )
+
+
+def test_cpu_default_is_synchronous_and_a_gpu_default_overlaps(models):
+    from tokenspeed.server_args import prepare_server_args
+    from tokenspeed.server_args_resolve import PlatformFacts
+
+    path, prompts = models("llama")
+    with Engine(model=path, device="cpu", dtype="float32") as engine:
+        assert engine.server_args.disable_overlap_schedule is True and not engine.core.overlap
+        assert engine.generate(input_ids=prompts[0], sampling_params={"max_new_tokens": 2})["output_ids"]
+    hopper = PlatformFacts("nvidia", is_hopper_or_newer=True, gpu_memory_gb=141.0)
+    assert prepare_server_args([path], platform=hopper).disable_overlap_schedule is False
+    flagged = prepare_server_args([path, "--disable-overlap-schedule"], platform=hopper)
+    assert flagged.disable_overlap_schedule is True

@@ -34,6 +34,13 @@ class InFlightBatch:
 def overlap_mode(server_args: Any, rank_runtime: Any) -> tuple[bool, str]:
     """(on, why) for the start-up log."""
     if getattr(server_args, "disable_overlap_schedule", False):
+        if getattr(server_args, "device", None) == "cpu":
+            # The default there (see ServerArgs.disable_overlap_schedule); Engine(disable_overlap_schedule=False)
+            # still turns it on.
+            return False, (
+                "off (--disable-overlap-schedule, the default with --device cpu: the host runs the model "
+                "itself, so there is no device to run ahead)"
+            )
         return False, "off (--disable-overlap-schedule)"
     if rank_runtime is not None:
         # Peers replay rank 0's batch decisions one step at a time, with the tokens on the host.
