@@ -11,9 +11,9 @@ The scheduler process of the server and the offline Engine drive it the same way
 A request with `stream=False` reports once, when it finishes; a streaming one every
 `--stream-interval` tokens.
 
-With overlap scheduling (the default; `--disable-overlap-schedule` turns it off) a step launches its batch
-and then resolves the one the previous step left on the device (see engine/overlap.py), so a step's
-outputs come from the batch before. `has_unfinished()` stays true while a batch is in flight, so the
+With overlap scheduling (the default on a GPU, off with --device cpu) a step launches its batch and then
+resolves the one the previous step left on the device (see engine/overlap.py), so a step's outputs come
+from the batch before. `has_unfinished()` stays true while a batch is in flight, so the
 drivers above step until everything is resolved.
 """
 
