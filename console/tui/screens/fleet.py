@@ -122,7 +122,11 @@ class FleetScreen(ConsoleScreen):
     def compose(self):
         yield from self.compose_header()
         with Vertical(id="fleet-body"):
-            yield Static("", id="fleet-load", classes="detail")
+            load = Static("", id="fleet-load", classes="detail")
+            # Hidden until a fleet with [load] is drawn; set here, not in on_mount, which may run after the
+            # first draw and would hide a line already shown.
+            load.display = False
+            yield load
             yield Static("", id="fleet-header")
             yield ServerTable(id="fleet-table")
             yield Static("", id="fleet-detail", classes="detail")
@@ -132,7 +136,6 @@ class FleetScreen(ConsoleScreen):
 
     def on_mount(self) -> None:
         self.query_one("#fleet-filter", Input).display = False
-        self.query_one("#fleet-load", Static).display = False
         self.query_one(ServerTable).focus()
 
     @property
