@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.engine.streams import collect_stream
 from tests.leak_check import assert_no_kv_leak
 from tests.tiny_models import make_tiny_model
 from tokenspeed import Engine, SamplingParams
@@ -50,14 +51,7 @@ def test_text_prompts_and_result_shape(engine):
 
 def test_stream_yields_increments_that_add_up(engine):
     full = engine.generate(["Once upon a time", "Hello, world"], GREEDY)
-    text, ids, finished = ["", ""], [[], []], [None, None]
-    for chunk in engine.generate(["Once upon a time", "Hello, world"], GREEDY, stream=True):
-        i = chunk["index"]
-        assert finished[i] is None, "no chunk after the final one"
-        text[i] += chunk["text"]
-        ids[i] += chunk["output_ids"]
-        if chunk["finished"]:
-            finished[i] = chunk["meta_info"]["finish_reason"]
+    text, ids, finished = collect_stream(engine, ["Once upon a time", "Hello, world"], GREEDY)
     assert ids == [f["output_ids"] for f in full] and text == [f["text"] for f in full]
     assert finished == [{"type": "length", "length": 12}] * 2
 

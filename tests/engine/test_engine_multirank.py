@@ -19,6 +19,7 @@ import time
 import psutil
 import pytest
 
+from tests.engine.streams import collect_stream
 from tests.tiny_models import make_tiny_model
 from tokenspeed import Engine
 from tokenspeed.runtime.entrypoints.rank_client import RanksDied
@@ -106,14 +107,7 @@ def test_tp2_greedy_equals_single_rank(models, llama_tp2):
 
 def test_tp2_streaming_adds_up_to_the_full_result(llama_tp2):
     full = llama_tp2.generate(TEXTS, GREEDY)
-    text, ids, finished = ["", ""], [[], []], [None, None]
-    for chunk in llama_tp2.generate(TEXTS, GREEDY, stream=True):
-        i = chunk["index"]
-        assert finished[i] is None, "no chunk after the final one"
-        text[i] += chunk["text"]
-        ids[i] += chunk["output_ids"]
-        if chunk["finished"]:
-            finished[i] = chunk["meta_info"]["finish_reason"]
+    text, ids, finished = collect_stream(llama_tp2, TEXTS, GREEDY)
     assert ids == [f["output_ids"] for f in full] and text == [f["text"] for f in full]
     assert finished == [{"type": "length", "length": 10}] * 2
 
