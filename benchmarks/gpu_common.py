@@ -132,8 +132,8 @@ def device_info() -> dict[str, Any]:
 
 def make_core(model_dir: str, **server_args: Any):
     """An EngineCore (model runner, KV pool, graphs) on dummy bf16 weights, without a tokenizer."""
+    from tokenspeed.config.server_args import ServerArgs
     from tokenspeed.runtime.engine.engine_core import EngineCore
-    from tokenspeed.server_args import ServerArgs
 
     args = dict(load_format="dummy", dtype="bfloat16", device="cuda", skip_tokenizer_init=True)
     args.update(server_args)

@@ -48,10 +48,10 @@ def _parse_only(args: list[str]) -> int:
     """Without a serving entry point, `serve` still parses (and explains) every ServerArgs flag."""
     import argparse
 
-    from tokenspeed.server_args import ServerArgs
+    from tokenspeed.config.cli import add_cli_args
 
     parser = argparse.ArgumentParser(prog="tokenspeed serve", allow_abbrev=False)
-    ServerArgs.add_cli_args(parser)
+    add_cli_args(parser)
     parser.parse_args(args)
     click.echo("tokenspeed serve: this build has no serving entry point", err=True)
     return EXIT_FAILED

@@ -30,10 +30,10 @@ FLEET_OWNED = {
 
 @functools.lru_cache(maxsize=1)
 def serve_parser() -> argparse.ArgumentParser:
-    from tokenspeed.server_args import ServerArgs
+    from tokenspeed.config.cli import add_cli_args
 
     parser = argparse.ArgumentParser(prog="tokenspeed serve", allow_abbrev=False)
-    ServerArgs.add_cli_args(parser)
+    add_cli_args(parser)
     return parser
 
 
@@ -41,7 +41,7 @@ def serve_parser() -> argparse.ArgumentParser:
 def server_field_names() -> frozenset[str]:
     import dataclasses
 
-    from tokenspeed.server_args import ServerArgs
+    from tokenspeed.config.server_args import ServerArgs
 
     return frozenset(f.name for f in dataclasses.fields(ServerArgs))
 
@@ -145,7 +145,7 @@ def server_argv(raw: RawProfile) -> list[str]:
 
 def parse_server_args(raw: RawProfile, argv: list[str], platform=None):
     """ServerArgs from `argv` exactly as `tokenspeed serve` builds it; errors point into the profile."""
-    from tokenspeed.server_args import prepare_server_args
+    from tokenspeed.config.cli import prepare_server_args
 
     captured = io.StringIO()
     try:

@@ -234,7 +234,7 @@ def plan_fleet(resolved, probe: Probe, config: dict | None = None) -> FleetPlan:
 def plan_with_platform(resolved, probe: Probe, config: dict | None = None):
     """Re-resolve the profile for the probed GPUs (the seed's defaults depend on GPU memory), then plan."""
     from console.profiles import resolve_profile
-    from tokenspeed.server_args_resolve import PlatformFacts
+    from tokenspeed.config.resolve import PlatformFacts
 
     if probe.kind == "nvidia" and probe.gpus:
         cc = probe.gpus[0].compute_capability

@@ -29,11 +29,11 @@ def test_profile_group_lists_its_commands():
 
 
 def test_serve_help_lists_every_server_args_flag():
-    server_args = pytest.importorskip("tokenspeed.server_args")
+    cli = pytest.importorskip("tokenspeed.config.cli")
     import argparse
 
     parser = argparse.ArgumentParser()
-    server_args.ServerArgs.add_cli_args(parser)
+    cli.add_cli_args(parser)
     flags = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
     assert len(flags) > 100  # the seed has well over a hundred flags
     result = run("serve", "--help")
@@ -43,7 +43,7 @@ def test_serve_help_lists_every_server_args_flag():
 
 
 def test_serve_rejects_an_unknown_flag_with_argparse_error():
-    pytest.importorskip("tokenspeed.server_args")
+    pytest.importorskip("tokenspeed.config.server_args")
     result = run("serve", "some/model", "--no-such-flag")
     assert result.returncode == 2
     assert "--no-such-flag" in result.stderr

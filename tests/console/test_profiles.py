@@ -7,7 +7,7 @@ import pytest
 from console.profiles import load_and_resolve
 from tests.console.conftest import tokenspeed
 from tests.console.profile_files import PROFILES, error_of, write
-from tokenspeed.server_args import prepare_server_args
+from tokenspeed.config.cli import prepare_server_args
 
 EXAMPLES = sorted(p for p in PROFILES.glob("*.toml") if not p.name.startswith("_"))
 

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.tiny_models import PagedHarness, hf_last_logits, load_hf_model, make_tiny_model
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.models.loader import load_model, weight_files
 from tokenspeed.runtime.models.model_config import ModelConfig
-from tokenspeed.server_args import ServerArgs
 
 PROMPT = [5, 17, 29, 41, 53, 65, 77]
 

@@ -283,8 +283,8 @@ def test_flag_and_start_up_log(models, caplog):
 
 
 def test_cpu_default_is_synchronous_and_a_gpu_default_overlaps(models):
-    from tokenspeed.server_args import prepare_server_args
-    from tokenspeed.server_args_resolve import PlatformFacts
+    from tokenspeed.config.cli import prepare_server_args
+    from tokenspeed.config.resolve import PlatformFacts
 
     path, prompts = models("llama")
     with Engine(model=path, device="cpu", dtype="float32") as engine:

@@ -30,7 +30,7 @@ def free_port_block(span: int = 16) -> int:
     """
     import random
 
-    from tokenspeed.server_args import is_port_available
+    from tokenspeed.config.ports import is_port_available
 
     low = 20000
     try:

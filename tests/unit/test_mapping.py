@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from tokenspeed.config.cli import prepare_server_args
+from tokenspeed.config.resolve import PlatformFacts
 from tokenspeed.runtime.distributed.mapping import GROUP_KINDS, Mapping, resolve_parallelism_sizes
-from tokenspeed.server_args import prepare_server_args
-from tokenspeed.server_args_resolve import PlatformFacts
 
 TP4_DP2 = Mapping(world_size=8, attn_tp_size=4, attn_dp_size=2, dense_tp_size=8)
 

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tokenspeed.server_args import PortArgs, is_port_available, prepare_server_args
-from tokenspeed.server_args_ports import ZMQ_TCP_PORT_DELTA, split_host_port
-from tokenspeed.server_args_resolve import PlatformFacts
+from tokenspeed.config.cli import prepare_server_args
+from tokenspeed.config.ports import ZMQ_TCP_PORT_DELTA, PortArgs, is_port_available, split_host_port
+from tokenspeed.config.resolve import PlatformFacts
 
 NO_GPU = PlatformFacts("cpu")
 

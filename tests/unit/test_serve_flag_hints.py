@@ -2,7 +2,7 @@
 
 import pytest
 
-from tokenspeed.server_args import prepare_server_args
+from tokenspeed.config.cli import prepare_server_args
 
 
 @pytest.mark.parametrize(

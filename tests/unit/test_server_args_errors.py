@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenspeed.server_args import ServerArgs, prepare_server_args
-from tokenspeed.server_args_resolve import PlatformFacts
+from tokenspeed.config.cli import prepare_server_args
+from tokenspeed.config.resolve import PlatformFacts
+from tokenspeed.config.server_args import ServerArgs
 
 AMPERE = PlatformFacts("nvidia", is_hopper_or_newer=False, gpu_memory_gb=80.0)
 DFLASH = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "d"]

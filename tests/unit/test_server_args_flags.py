@@ -11,8 +11,9 @@ import dataclasses
 
 import pytest
 
-from tokenspeed.server_args import ServerArgs, build_parser, str_to_bool
-from tokenspeed.server_args_cli import CLI_ALIAS_DESTS, namespace_to_fields
+from tokenspeed.config.cli import CLI_ALIAS_DESTS, build_parser, namespace_to_fields
+from tokenspeed.config.flags import str_to_bool
+from tokenspeed.config.server_args import ServerArgs
 
 # (argv after the positional model, field, expected value)
 SEED_FLAG_TABLE = [

@@ -56,7 +56,7 @@ def dist_init_method(server_args: Any, nccl_port: int) -> str:
     """Where the ranks of a server meet: `--dist-init-addr` across nodes, else a port of this node."""
     addr = getattr(server_args, "dist_init_addr", None)
     if addr:
-        from tokenspeed.server_args_ports import split_host_port
+        from tokenspeed.config.ports import split_host_port
 
         host, port = split_host_port(addr)
         host = f"[{host}]" if ":" in host else host

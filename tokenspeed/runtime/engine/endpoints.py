@@ -33,7 +33,7 @@ class ServerEndpoints:
 
     @classmethod
     def from_server_args(cls, server_args: Any) -> ServerEndpoints:
-        from tokenspeed.server_args import PortArgs
+        from tokenspeed.config.ports import PortArgs
 
         mapping = server_args.mapping
         dp_size = mapping.attn_dp_size

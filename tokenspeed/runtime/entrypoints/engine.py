@@ -97,9 +97,9 @@ def _check_offline_layout(mapping: Any) -> None:
 
 class Engine:
     def __init__(self, model: str | None = None, **kwargs: Any):
+        from tokenspeed.config.server_args import ServerArgs
         from tokenspeed.runtime.engine.engine_core import EngineCore
         from tokenspeed.runtime.engine.tokenizer import get_tokenizer
-        from tokenspeed.server_args import ServerArgs
 
         if model is None and "model_path" in kwargs:
             model = kwargs.pop("model_path")

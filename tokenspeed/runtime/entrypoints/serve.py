@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser():
-    from tokenspeed.server_args import build_parser as server_parser
+    from tokenspeed.config.cli import build_parser as server_parser
 
     parser = server_parser(prog="tokenspeed serve")
     parser.add_argument(
@@ -37,12 +37,12 @@ def build_parser():
 
 
 def parse_args(argv: list[str]) -> tuple[Any, bool]:
-    from tokenspeed.server_args import ServerArgs
+    from tokenspeed.config.cli import from_namespace
 
     ns = build_parser().parse_args(argv)
     print_config = bool(ns.print_config)
     del ns.print_config
-    return ServerArgs.from_cli_args(ns), print_config
+    return from_namespace(ns), print_config
 
 
 def print_config(server_args: Any) -> None:

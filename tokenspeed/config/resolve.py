@@ -14,12 +14,13 @@ import os
 import random
 from typing import TYPE_CHECKING, Any
 
+from tokenspeed.config.flags import CPU_ATTENTION_BACKENDS, CPU_SAMPLING_BACKENDS, FIELD_CHOICES
+from tokenspeed.config.validate import check_inputs, validate
+from tokenspeed.platform import current_platform
 from tokenspeed.runtime.distributed.mapping import Mapping
-from tokenspeed.server_args_flags import CPU_ATTENTION_BACKENDS, CPU_SAMPLING_BACKENDS, FIELD_CHOICES
-from tokenspeed.server_args_validate import check_inputs, validate
 
 if TYPE_CHECKING:
-    from tokenspeed.server_args import ServerArgs
+    from tokenspeed.config.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,6 @@ def platform_facts(args: ServerArgs, platform: Any = None) -> PlatformFacts:
     if args.device == "cpu":
         return PlatformFacts(kind="cpu")
     if platform is None:
-        from tokenspeed.platform import current_platform
-
         platform = current_platform()
     if isinstance(platform, PlatformFacts):
         return platform
@@ -288,7 +287,7 @@ def resolve_speculative_decoding(args: ServerArgs) -> None:
                 '--speculative-config \'{"method": "dflash", "num_speculative_tokens": N}\''
             )
         expected = max(int(args.speculative_num_draft_tokens) - 1, 0)
-        default_steps = _field_default("speculative_num_steps")
+        default_steps = _field_default(args, "speculative_num_steps")
         if args.speculative_num_steps == default_steps:
             args.speculative_num_steps = expected
         elif args.speculative_num_steps != expected:
@@ -358,7 +357,5 @@ def resolve_disaggregation(args: ServerArgs) -> None:
         )
 
 
-def _field_default(name: str) -> Any:
-    from tokenspeed.server_args_flags import field_defaults
-
-    return field_defaults()[name]
+def _field_default(args: ServerArgs, name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(args) if f.name == name)

@@ -1,23 +1,26 @@
-"""The ``tokenspeed serve`` flags (model, memory, caches, logging, parallel layout) and namespace mapping.
+"""The ``tokenspeed serve`` command line: the parser, its flags (model, memory, caches, logging, parallel
+layout) and the namespace -> ``ServerArgs`` mapping.
 
-Kernel, speculative-decoding, runtime and disaggregation flags are in ``server_args_cli_runtime``.
+Kernel, speculative-decoding, runtime and disaggregation flags are in ``config.runtime_flags``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 from typing import Any
 
-from tokenspeed.server_args_cli_runtime import (
+from tokenspeed.config.flag_table import FlagRow, Opt, Switch, Toggle, add_groups
+from tokenspeed.config.flags import nullable_str
+from tokenspeed.config.runtime_flags import (
     DISAGGREGATION_FLAGS,
     KERNEL_FLAGS,
     PARALLEL_SIZE_FLAGS,
     RUNTIME_OPTION_FLAGS,
     SPECULATIVE_FLAGS,
 )
-from tokenspeed.server_args_flag_table import FlagRow, Opt, Switch, Toggle, add_groups
-from tokenspeed.server_args_flags import nullable_str
+from tokenspeed.config.server_args import ServerArgs
 
 # Namespace attributes that are spellings of a field rather than fields themselves.
 CLI_ALIAS_DESTS = {
@@ -278,8 +281,6 @@ _GROUPS: tuple[tuple[str, tuple[FlagRow, ...]], ...] = (
 
 def namespace_to_fields(args: argparse.Namespace) -> dict[str, Any]:
     """Turn a parsed namespace into ``ServerArgs`` keyword arguments, folding flag aliases."""
-    from tokenspeed.server_args import ServerArgs
-
     values = dict(vars(args))
     positional = values.pop("model_path", None)
     if positional is not None and values.get("model") is not None:
@@ -303,3 +304,38 @@ def namespace_to_fields(args: argparse.Namespace) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(ServerArgs)}
     # Only pass what the parser produced, so fields without a flag keep their dataclass default.
     return {name: value for name, value in values.items() if name in names}
+
+
+def from_namespace(args: argparse.Namespace, platform: Any = None) -> ServerArgs:
+    """Build (and resolve) a ``ServerArgs`` from a namespace parsed by ``build_parser()``."""
+    return ServerArgs(**namespace_to_fields(args), platform=platform)
+
+
+class _ServeArgumentParser(argparse.ArgumentParser):
+    """argparse, plus a "did you mean" for a mistyped flag (there are more than 150 of them)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        if message.startswith("unrecognized arguments:"):
+            known = [opt for action in self._actions for opt in action.option_strings]
+            hints = []
+            for word in message.split(":", 1)[1].split():
+                if word.startswith("--"):
+                    flag = word.split("=", 1)[0]
+                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+                    if close:
+                        hints.append(f"{flag}: did you mean {close[0]}?")
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
+        super().error(message)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """A parser with every ``tokenspeed serve`` flag."""
+    parser = _ServeArgumentParser(prog=prog, allow_abbrev=False)
+    add_cli_args(parser)
+    return parser
+
+
+def prepare_server_args(argv: list[str], platform: Any = None) -> ServerArgs:
+    """Parse ``argv`` (typically ``sys.argv[2:]`` after ``serve``) into a resolved ``ServerArgs``."""
+    return from_namespace(build_parser().parse_args(argv), platform=platform)

@@ -1,13 +1,12 @@
-"""The configuration contract of ``tokenspeed serve``: ``ServerArgs``, ``PortArgs`` and the CLI entry.
+"""The configuration contract of ``tokenspeed serve``: ``ServerArgs``.
 
 Field names, defaults, flags and resolution rules follow the upstream engine's server arguments, so a
-command line written for it works here. The parser lives in ``server_args_cli``, the resolution rules in
-``server_args_resolve`` and the port layout in ``server_args_ports``.
+command line written for it works here. The parser lives in ``config.cli``, the resolution rules in
+``config.resolve`` and the port layout in ``config.ports``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import ipaddress
 import os
@@ -15,11 +14,11 @@ from collections.abc import MutableMapping
 from difflib import get_close_matches
 from typing import Any, Literal
 
+from tokenspeed.config.resolve import resolve_server_args
+from tokenspeed.config.validate import server_environment
 from tokenspeed.runtime.distributed.mapping import Mapping
-from tokenspeed.server_args_flags import str_to_bool
-from tokenspeed.server_args_ports import PortArgs, is_port_available
 
-__all__ = ["ServerArgs", "PortArgs", "prepare_server_args", "str_to_bool", "is_port_available"]
+__all__ = ["ServerArgs"]
 
 # Chunk length of the linear-attention (FLA) kernels; the Mamba cache must align to it.
 FLA_CHUNK_SIZE = 64
@@ -256,8 +255,6 @@ class ServerArgs:
 
     def resolve(self, platform: Any = None) -> ServerArgs:
         """Fill derived defaults and validate; running it again on a resolved instance changes nothing."""
-        from tokenspeed.server_args_resolve import resolve_server_args
-
         resolve_server_args(self, platform)
         return self
 
@@ -269,20 +266,6 @@ class ServerArgs:
     def gpu_memory_utilization_defaulted(self) -> bool:
         """True when ``gpu_memory_utilization`` came from the world-size default, not from the user."""
         return getattr(self, "_gpu_memory_utilization_defaulted", False)
-
-    @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        """Add every ``tokenspeed serve`` flag to ``parser``."""
-        from tokenspeed.server_args_cli import add_cli_args
-
-        add_cli_args(parser)
-
-    @classmethod
-    def from_cli_args(cls, args: argparse.Namespace, platform: Any = None) -> ServerArgs:
-        """Build (and resolve) a ``ServerArgs`` from a namespace parsed by a parser given ``add_cli_args``."""
-        from tokenspeed.server_args_cli import namespace_to_fields
-
-        return cls(**namespace_to_fields(args), platform=platform)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON-serialisable values; ``mapping`` includes its groups and rank placement."""
@@ -306,8 +289,6 @@ class ServerArgs:
 
     def environment(self) -> dict[str, str]:
         """Environment variables the server processes need (see ``server_environment``)."""
-        from tokenspeed.server_args_validate import server_environment
-
         return server_environment(self)
 
     def apply_environment(self, environ: MutableMapping[str, str] | None = None) -> None:
@@ -327,34 +308,3 @@ class ServerArgs:
         host = f"[{self.host}]" if is_v6 else self.host
         return f"http://{host}:{self.port}"
 
-
-class _ServeArgumentParser(argparse.ArgumentParser):
-    """argparse, plus a "did you mean" for a mistyped flag (there are more than 150 of them)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        if message.startswith("unrecognized arguments:"):
-            import difflib
-
-            known = [opt for action in self._actions for opt in action.option_strings]
-            hints = []
-            for word in message.split(":", 1)[1].split():
-                if word.startswith("--"):
-                    flag = word.split("=", 1)[0]
-                    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
-                    if close:
-                        hints.append(f"{flag}: did you mean {close[0]}?")
-            if hints:
-                message = f"{message} ({'; '.join(hints)})"
-        super().error(message)
-
-
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    """A parser with every ``tokenspeed serve`` flag."""
-    parser = _ServeArgumentParser(prog=prog, allow_abbrev=False)
-    ServerArgs.add_cli_args(parser)
-    return parser
-
-
-def prepare_server_args(argv: list[str], platform: Any = None) -> ServerArgs:
-    """Parse ``argv`` (typically ``sys.argv[2:]`` after ``serve``) into a resolved ``ServerArgs``."""
-    return ServerArgs.from_cli_args(build_parser().parse_args(argv), platform=platform)

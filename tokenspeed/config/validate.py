@@ -9,10 +9,10 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
-from tokenspeed.server_args_flags import CHOICES_CHECKED_ELSEWHERE, FIELD_CHOICES
+from tokenspeed.config.flags import CHOICES_CHECKED_ELSEWHERE, FIELD_CHOICES
 
 if TYPE_CHECKING:
-    from tokenspeed.server_args import ServerArgs
+    from tokenspeed.config.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 

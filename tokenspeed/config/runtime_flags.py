@@ -1,13 +1,12 @@
 """The ``tokenspeed serve`` flag tables for kernels, structured output, speculative decoding, runtime options,
-parallel sizes and disaggregation; ``server_args_cli`` places them after its own groups."""
+parallel sizes and disaggregation; ``config.cli`` places them after its own groups."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from tokenspeed.server_args_flag_table import FlagRow, Opt, OptionalBool, Switch
-from tokenspeed.server_args_flags import switch
+from tokenspeed.config.flag_table import FlagRow, Opt, OptionalBool, Switch, switch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ import tempfile
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from tokenspeed.server_args import ServerArgs
+    from tokenspeed.config.server_args import ServerArgs
 
 ZMQ_TCP_PORT_DELTA = 233
 _CLUSTER_STEP = 10

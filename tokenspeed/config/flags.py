@@ -1,14 +1,13 @@
-"""Allowed values of ``ServerArgs`` fields and the helpers that turn fields into argparse flags.
+"""Allowed values of ``ServerArgs`` fields and the value parsers of their flags.
 
 The choices are shared by the parser (so ``--help`` lists them) and by resolution (so a ``ServerArgs``
-built from a profile, without argparse, is checked the same way).
+built from a profile, without argparse, is checked the same way). The flag helpers that read field
+defaults are in ``config.flag_table``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 from typing import Any
 
 ATTENTION_BACKENDS = (
@@ -94,50 +93,3 @@ def str_to_bool(value: str | bool) -> bool:
 def nullable_str(value: str) -> str | None:
     """An optional string flag where an empty value or ``None`` means unset."""
     return None if not value or value == "None" else value
-
-
-@functools.cache
-def field_defaults() -> dict[str, Any]:
-    """Default of every ``ServerArgs`` field that has a plain default."""
-    from tokenspeed.server_args import ServerArgs
-
-    return {f.name: f.default for f in dataclasses.fields(ServerArgs) if f.default is not dataclasses.MISSING}
-
-
-def _dest(flags: tuple[str, ...], kwargs: dict[str, Any]) -> str:
-    if "dest" in kwargs:
-        return kwargs["dest"]
-    long_flags = [f for f in flags if f.startswith("--")]
-    return (long_flags[0] if long_flags else flags[0]).lstrip("-").replace("-", "_")
-
-
-def option(group: Any, *flags: str, **kwargs: Any) -> argparse.Action:
-    """A valued flag whose default and choices come from the ``ServerArgs`` field of the same name."""
-    dest = _dest(flags, kwargs)
-    if "default" not in kwargs:
-        kwargs["default"] = field_defaults().get(dest)
-    if "choices" not in kwargs and dest in FIELD_CHOICES:
-        kwargs["choices"] = list(FIELD_CHOICES[dest])
-    return group.add_argument(*flags, **kwargs)
-
-
-def switch(group: Any, *flags: str, help: str, **kwargs: Any) -> argparse.Action:  # noqa: A002
-    """A presence flag (``store_true``) for a boolean field."""
-    dest = _dest(flags, kwargs)
-    default = field_defaults().get(dest, False)
-    # A field whose default is None is decided at resolution unless the flag is given.
-    kwargs.setdefault("default", None if default is None else bool(default))
-    return group.add_argument(*flags, action="store_true", help=help, **kwargs)
-
-
-def toggle(group: Any, *flags: str, help: str, **kwargs: Any) -> argparse.Action:  # noqa: A002
-    """A ``--x`` / ``--no-x`` pair for a boolean field."""
-    dest = _dest(flags, kwargs)
-    kwargs.setdefault("default", bool(field_defaults().get(dest, False)))
-    return group.add_argument(*flags, action=argparse.BooleanOptionalAction, help=help, **kwargs)
-
-
-def str_to_bool_flag(group: Any, *flags: str, help: str, **kwargs: Any) -> argparse.Action:  # noqa: A002
-    """An optional boolean: bare ``--x`` means true, ``--x false`` false, absent keeps the default."""
-    kwargs.setdefault("default", field_defaults().get(_dest(flags, kwargs)))
-    return group.add_argument(*flags, type=str_to_bool, nargs="?", const=True, help=help, **kwargs)
