@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tokenspeed.config import memory_model
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
 from tokenspeed.runtime.layers.sampling.gpu_params import SamplingTensors, apply_full_adjustments, row_seed
@@ -18,16 +19,16 @@ from tokenspeed.sampling_params import SamplingParams
 
 
 def test_capture_sizes_ladder_and_explicit():
-    assert cuda_graph.capture_sizes(None, 40, 256) == [1, 2, 4, 8, 16, 24, 32, 40]
-    assert cuda_graph.capture_sizes(None, 20, 256) == [1, 2, 4, 8, 16, 20]
-    assert cuda_graph.capture_sizes(None, None, 1000)[-1] == cuda_graph.DEFAULT_MAX_CAPTURE_SIZE
+    assert memory_model.capture_sizes(None, 40, 256) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert memory_model.capture_sizes(None, 20, 256) == [1, 2, 4, 8, 16, 20]
+    assert memory_model.capture_sizes(None, None, 1000)[-1] == memory_model.DEFAULT_MAX_CAPTURE_SIZE
     # never above what the scheduler can run at once
-    assert cuda_graph.capture_sizes(None, 160, 12) == [1, 2, 4, 8]
-    assert cuda_graph.capture_sizes([8, 1, 3, 3], 160, 256) == [1, 3, 8]
+    assert memory_model.capture_sizes(None, 160, 12) == [1, 2, 4, 8]
+    assert memory_model.capture_sizes([8, 1, 3, 3], 160, 256) == [1, 3, 8]
     with pytest.raises(ValueError, match="cudagraph-capture-sizes"):
-        cuda_graph.capture_sizes([0, 4], None, 256)
+        memory_model.capture_sizes([0, 4], None, 256)
     with pytest.raises(ValueError, match="max-cudagraph-capture-size"):
-        cuda_graph.capture_sizes(None, 0, 256)
+        memory_model.capture_sizes(None, 0, 256)
 
 
 def _runner_stub(sizes, pad):
@@ -54,7 +55,10 @@ def test_graphs_off_on_cpu_with_enforce_eager_or_torch_backend():
 
 def test_graph_memory_reserve_grows_with_batch_and_counts_flashinfer_workspace():
     cfg = SimpleNamespace(hidden_size=4096, intermediate_size=14336, vocab_size=128256, dtype=torch.bfloat16)
-    small, large = cuda_graph.graph_memory_reserve(cfg, 8), cuda_graph.graph_memory_reserve(cfg, 256)
+    small, large = (
+        cuda_graph.decode_graph_reserve(cfg, [8], "triton"),
+        cuda_graph.decode_graph_reserve(cfg, [256], "triton"),
+    )
     assert 0 < small < large
     # logits alone (float32) of the largest batch fit in the reserve
     assert large > 256 * 128256 * 4

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from tokenspeed.config import memory_model
 from tokenspeed.runtime.distributed.groups import ParallelGroups
 from tokenspeed.runtime.distributed.tp_layers import (
     ShardedMergedColumnLinear,
@@ -69,8 +70,8 @@ class MoEOptions:
 
 
 def local_kv_heads(num_kv_heads: int, tp_size: int) -> int:
-    """KV heads one rank stores: split when they divide, else one replicated head."""
-    return num_kv_heads // tp_size if num_kv_heads >= tp_size else 1
+    """KV heads one rank stores (the memory model's rule, which the console's planner sizes with)."""
+    return memory_model.kv_heads_per_rank(num_kv_heads, tp_size)
 
 
 def _shard_attention(attn: LlamaAttention, groups: ParallelGroups) -> None:

@@ -2,13 +2,14 @@
 
 A decode step of a small batch is dominated by launch overhead (hundreds of small kernels), so the
 runner captures the whole model forward once per batch size and replays it. Capture sizes come from
-`--cudagraph-capture-sizes`, or a ladder (1, 2, 4, then every 8) up to `--max-cudagraph-capture-size`.
+`--cudagraph-capture-sizes`, or a ladder (1, 2, 4, then every 8) up to `--max-cudagraph-capture-size`
+(`memory_model.capture_sizes`, the ladder the console's planner puts on a server's command line).
 A batch between two sizes is padded up to the next one (rows of padding read one token through table
 row 0 and write to slot 0, the pool's reserved padding page) unless `--disable-cuda-graph-padding`,
 in which case only exact sizes replay. `--enforce-eager` turns graphs off.
 
 All graphs share one memory pool, captured largest first so smaller graphs reuse its blocks; the pool's
-size is estimated before the KV cache is sized (`graph_memory_reserve`) and measured after capture.
+size is estimated before the KV cache is sized (`memory_model.held_back_bytes`) and measured after capture.
 """
 
 from __future__ import annotations
@@ -24,42 +25,12 @@ from typing import Any
 
 import torch
 
+from tokenspeed.config import memory_model
 from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_CAPTURE_SIZE = 160
 _MIB = 1 << 20
-
-
-def capture_sizes(sizes: list[int] | None, max_size: int | None, max_num_reqs: int) -> list[int]:
-    """Batch sizes to capture, ascending, none above what the scheduler can run at once."""
-    if sizes:
-        bad = [s for s in sizes if not isinstance(s, int) or s < 1]
-        if bad:
-            raise ValueError(f"--cudagraph-capture-sizes must be positive integers, got {bad}")
-        chosen = sorted(set(sizes))
-    else:
-        top = DEFAULT_MAX_CAPTURE_SIZE if max_size is None else max_size
-        if top < 1:
-            raise ValueError(f"--max-cudagraph-capture-size must be >= 1, got {top}")
-        chosen = sorted({s for s in [1, 2, 4, *range(8, top + 1, 8)] if s <= top} | {top})
-    return [s for s in chosen if s <= max_num_reqs] or [min(chosen[0], max_num_reqs)]
-
-
-def graph_memory_reserve(model_config: Any, max_bs: int) -> int:
-    """Bytes to keep free for the graph pool: the largest batch's activations, with room to spare.
-
-    Per token a decode step keeps a few hidden-size and intermediate-size buffers alive plus float32
-    logits; the shared pool holds about one step's worth at the largest batch size.
-    """
-    hidden = int(getattr(model_config, "hidden_size", 4096))
-    inter = int(getattr(model_config, "intermediate_size", 4 * hidden) or 4 * hidden)
-    vocab = int(getattr(model_config, "vocab_size", 32000))
-    dtype = getattr(model_config, "dtype", torch.bfloat16)
-    elem = torch.empty((), dtype=dtype).element_size()
-    per_token = (8 * hidden + 3 * inter) * elem + 2 * vocab * 4
-    return 2 * max_bs * per_token + 64 * _MIB
 
 
 @contextlib.contextmanager
@@ -273,14 +244,15 @@ def _ranges(sizes: list[int]) -> str:
 def decode_graph_sizes(server_args: Any, device: torch.device, attention_backend: str, max_num_reqs: int):
     """Capture sizes for this run, or None when decode runs eagerly (CPU, --enforce-eager, or a backend
     that cannot be captured, which is logged rather than failed: eager decode is still correct)."""
-    if device.type != "cuda" or getattr(server_args, "enforce_eager", False):
+    if device.type != "cuda":
         return None
-    if attention_backend == "torch":
+    if attention_backend == "torch" and not server_args.enforce_eager:
         logger.info("CUDA graphs are off: --attention-backend torch plans on the host every step")
-        return None
-    return capture_sizes(
-        getattr(server_args, "cudagraph_capture_sizes", None),
-        getattr(server_args, "max_cudagraph_capture_size", None),
+    return memory_model.graph_capture_sizes(
+        server_args.enforce_eager,
+        attention_backend,
+        server_args.cudagraph_capture_sizes,
+        server_args.max_cudagraph_capture_size,
         max_num_reqs,
     )
 
@@ -288,8 +260,14 @@ def decode_graph_sizes(server_args: Any, device: torch.device, attention_backend
 def decode_graph_reserve(model_config: Any, sizes: list[int] | None, attention_backend: str) -> int:
     """GPU bytes to hold back while sizing the KV pool: the graph pool, plus FlashInfer's workspace,
     which the backend allocates after the pool."""
-    extra = 256 * _MIB if attention_backend == "flashinfer" else 0
-    return (graph_memory_reserve(model_config, max(sizes)) if sizes else 0) + extra
+    return memory_model.held_back_bytes(
+        sizes,
+        attention_backend,
+        model_config.hidden_size,
+        model_config.intermediate_size,
+        model_config.vocab_size,
+        torch.empty((), dtype=model_config.dtype).element_size(),
+    )
 
 
 def build_graph_runner(
@@ -312,8 +290,8 @@ def build_graph_runner(
         device,
         sizes,
         max_context_len,
-        pad=not getattr(server_args, "disable_cuda_graph_padding", False),
-        enable_gc=bool(getattr(server_args, "enable_cudagraph_gc", False)),
+        pad=not server_args.disable_cuda_graph_padding,
+        enable_gc=server_args.enable_cudagraph_gc,
     )
     try:
         with torch.inference_mode():
