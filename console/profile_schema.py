@@ -5,6 +5,7 @@ A profile file is TOML:
     extends = "base.toml"        # optional; this file's keys override the base's
     [server]                     # ServerArgs fields by their Python names (model, attn_tp_size, ...)
     [fleet]                      # the keys of FleetSpec below; [fleet.backoff] and [fleet.health] nest
+    [supervisor]                 # the keys of SupervisorSpec: how the supervisor heals its servers
     [env]                        # environment of every server process
 
 `console.profiles` turns the file into these objects; the supervisor and the launchers read only these.
@@ -34,6 +35,13 @@ class HealthSpec:
     interval_s: float = 5.0
     timeout_s: float = 2.0
     failures: int = 3  # consecutive failed checks before READY becomes UNHEALTHY
+
+
+@dataclass(frozen=True)
+class SupervisorSpec:
+    # A server UNHEALTHY this long is restarted (stop, then the restart policy, reason "unhealthy" in its
+    # last_exit): a hung process never heals on its own. 0 leaves UNHEALTHY servers alone.
+    unhealthy_restart_after_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -109,3 +117,4 @@ class Profile:
     fleet: FleetSpec
     env: dict[str, str]
     sources: tuple[Path, ...]  # this file and every file it extends
+    supervisor: SupervisorSpec = field(default_factory=SupervisorSpec)

@@ -27,13 +27,14 @@ from console.profile_schema import (
     ProcessSpec,
     Profile,
     ServerSpec,
+    SupervisorSpec,
 )
 from console.profile_toml import ProfileError, RawProfile, did_you_mean, read_profile
 from console.supervisor.load import parse_load
 
 __all__ = ["ProfileError", "ResolvedFleet", "load_profile", "resolve_profile", "load_and_resolve"]
 
-_TOP_LEVEL = {"server", "fleet", "env", "groups", "load"}
+_TOP_LEVEL = {"server", "fleet", "supervisor", "env", "groups", "load"}
 _FLEET_EXTRA = {"port_stride"}
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -113,6 +114,16 @@ def load_profile(path: str | Path) -> Profile:
     nested = {"backoff": BackoffSpec, "health": HealthSpec}
     fleet = _build(raw, "fleet", FleetSpec, fleet_table, extra=_FLEET_EXTRA, nested=nested)
     _check_fleet(raw, fleet)
+    supervisor_table = raw.data.get("supervisor", {})
+    if not isinstance(supervisor_table, dict):
+        raise raw.error("", "supervisor", "must be a table: [supervisor]")
+    supervisor = _build(raw, "supervisor", SupervisorSpec, supervisor_table)
+    if supervisor.unhealthy_restart_after_s < 0:
+        raise raw.error(
+            "supervisor",
+            "unhealthy_restart_after_s",
+            f"must be >= 0 (0 never restarts an UNHEALTHY server), got {supervisor.unhealthy_restart_after_s!r}",
+        )
     check_groups(raw)  # [groups.NAME]: console.profile_groups
     parse_load(raw)  # [load]: console.supervisor.load
     env = raw.data.get("env", {})
@@ -125,6 +136,7 @@ def load_profile(path: str | Path) -> Profile:
         fleet=fleet,
         env={k: str(v) for k, v in env.items()},
         sources=tuple(raw.sources),
+        supervisor=supervisor,
     )
 
 
@@ -134,6 +146,8 @@ class ResolvedFleet:
     servers: tuple[ServerSpec, ...]
     server_args: tuple[Any, ...]  # ServerArgs of each server (node rank 0), same order as servers
     base_argv: tuple[str, ...]  # what [server] stands for on the command line
+    # The [server] keys (with its group's) the profile sets for each server: the planner leaves them alone.
+    given_keys: tuple[frozenset[str], ...] = ()
 
 
 def _place(
@@ -226,7 +240,8 @@ def resolve_servers(
         specs.append(ServerSpec(name, replica, url_host, port, tuple(processes)))
     # Each server's arguments resolved exactly as its `tokenspeed serve` will resolve them.
     server_args = tuple(parse_server_args(raw, list(s.processes[0].argv), platform) for s in specs)
-    return ResolvedFleet(profile, tuple(specs), server_args, tuple(base))
+    given = (frozenset(server),) * len(specs)
+    return ResolvedFleet(profile, tuple(specs), server_args, tuple(base), given)
 
 
 def load_and_resolve(path: str | Path, platform: Any = None) -> ResolvedFleet:

@@ -52,6 +52,10 @@ class Launcher(abc.ABC):
         """Launchers whose processes log elsewhere copy new lines into the local files here."""
         return None
 
+    def tend_log_pumps(self) -> None:
+        """Launchers whose log pumps run here restart a pump that died (called every tick: cheap)."""
+        return None
+
     def close(self) -> None:
         """Release launcher resources (not the servers: stopping them is the supervisor's job)."""
         return None

@@ -1,7 +1,8 @@
 """The local launcher: each server process is a subprocess of the supervisor, in its own session.
 
 Its own session (and so process group) lets a stop reach every process the server started, and keeps
-the server alive when the supervisor dies: a new supervisor re-adopts it by pid and start time.
+the server alive when the supervisor dies: a new supervisor re-adopts it by pid and start time. Each
+server process has a log pump beside it, kept running by `log_pump.LogPump` (see there).
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
 from console.launchers.base import Launcher, ProcessHandle
+from console.launchers.log_pump import LogPump, reopen_stdout_pipe
 from console.profile_schema import ProcessSpec, ServerSpec
-from console.supervisor.states import ExitInfo
+from console.supervisor.states import REASON_ADOPTED, ExitInfo
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:
@@ -31,11 +32,12 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
 class ChildHandle(ProcessHandle):
     """A process this supervisor spawned: its exit code is ours to read."""
 
-    def __init__(self, popen: subprocess.Popen, node_rank: int):
+    def __init__(self, popen: subprocess.Popen, node_rank: int, pump: LogPump | None = None):
         self.popen = popen
         self.pid = popen.pid
         self.node_rank = node_rank
         self.create_time = psutil.Process(popen.pid).create_time()
+        self.pump = pump
 
     def poll(self) -> ExitInfo | None:
         code = self.popen.poll()
@@ -50,17 +52,26 @@ class ChildHandle(ProcessHandle):
             signal_group(self.pid, sig)
 
     def record(self) -> dict:
-        return {"pid": self.pid, "create_time": self.create_time, "node_rank": self.node_rank}
+        return _record(self)
+
+
+def _record(handle: ChildHandle | AdoptedHandle) -> dict:
+    record = {"pid": handle.pid, "create_time": handle.create_time, "node_rank": handle.node_rank}
+    pump = handle.pump.record() if handle.pump is not None else None
+    if pump is not None:
+        record["log_pump"] = pump
+    return record
 
 
 class AdoptedHandle(ProcessHandle):
     """A process a previous supervisor spawned: alive is knowable, its exit code is not."""
 
-    def __init__(self, process: psutil.Process, node_rank: int):
+    def __init__(self, process: psutil.Process, node_rank: int, pump: LogPump | None = None):
         self.process = process
         self.pid = process.pid
         self.node_rank = node_rank
         self.create_time = process.create_time()
+        self.pump = pump
 
     def _alive(self) -> bool:
         try:
@@ -72,14 +83,14 @@ class AdoptedHandle(ProcessHandle):
         if self._alive():
             return None
         signal_group(self.pid, signal.SIGKILL)
-        return ExitInfo(None, None, time.time())
+        return ExitInfo(None, None, time.time(), REASON_ADOPTED)
 
     def signal_group(self, sig: signal.Signals) -> None:
         if self._alive():
             signal_group(self.pid, sig)
 
     def record(self) -> dict:
-        return {"pid": self.pid, "create_time": self.create_time, "node_rank": self.node_rank}
+        return _record(self)
 
 
 def find_process(pid: int, create_time: float) -> psutil.Process | None:
@@ -109,7 +120,7 @@ class LocalLauncher(Launcher):
     def __init__(self, command: tuple[str, ...] | None = None, log_max_bytes: int = 0, log_backups: int = 0):
         super().__init__(command)
         self.log_max_bytes, self.log_backups = log_max_bytes, log_backups
-        self._pumps: list[subprocess.Popen] = []
+        self._pumps: list[LogPump] = []
 
     def start(self, server: ServerSpec, process: ProcessSpec, log_path: Path) -> ProcessHandle:
         if process.node_rank == 0 and port_in_use(server.host, server.port):
@@ -117,27 +128,18 @@ class LocalLauncher(Launcher):
         env = {**os.environ, **dict(process.env), "TOKENSPEED_SERVER_NAME": server.name}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # The server writes into a pipe; its log pump (own session, see console/supervisor/logpump.py)
-        # owns the file and rotates it without losing lines. Both ends close here once both run, so the
-        # pump sees the end of the pipe exactly when the server's last process is gone.
+        # owns the file and rotates it without losing lines. The write end closes here once the server
+        # runs, so the pump sees the end of the pipe exactly when the server's last process is gone;
+        # the read end stays here too, for a new pump should this one die (log_pump.py).
         read_end, write_end = os.pipe()
         try:
-            pump = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "console.supervisor.logpump",
-                    str(log_path),
-                    "--max-bytes",
-                    str(self.log_max_bytes),
-                    "--backups",
-                    str(self.log_backups),
-                ],
-                stdin=read_end,
-                stdout=subprocess.DEVNULL,
-                start_new_session=True,
-                close_fds=True,
-            )
-            self._pumps.append(pump)
+            pump = LogPump(read_end, log_path, self.log_max_bytes, self.log_backups, server.name)
+        except BaseException:
+            os.close(read_end)
+            os.close(write_end)
+            raise
+        self._pumps.append(pump)
+        try:
             popen = subprocess.Popen(
                 [*self.command, *process.argv],
                 stdin=subprocess.DEVNULL,
@@ -148,16 +150,37 @@ class LocalLauncher(Launcher):
                 close_fds=True,
             )
         finally:
-            os.close(read_end)
             os.close(write_end)
-        return ChildHandle(popen, process.node_rank)
+        return ChildHandle(popen, process.node_rank, pump)
 
-    def poll_logs(self) -> None:
-        # Pumps end on their own after their server; collect their exit status so none stays a zombie.
-        self._pumps = [p for p in self._pumps if p.poll() is None]
+    def tend_log_pumps(self) -> None:
+        for pump in self._pumps:
+            pump.tend()
+        self._pumps = [p for p in self._pumps if not p.finished]
+
+    def close(self) -> None:
+        for pump in self._pumps:
+            pump.close()
+        self._pumps = []
 
     def adopt(
         self, server: ServerSpec, process: ProcessSpec, record: dict, log_path: Path
     ) -> ProcessHandle | None:
         found = find_process(int(record["pid"]), float(record["create_time"]))
-        return None if found is None else AdoptedHandle(found, process.node_rank)
+        if found is None:
+            return None
+        return AdoptedHandle(found, process.node_rank, self._adopt_pump(found.pid, record, log_path, server))
+
+    def _adopt_pump(self, pid: int, record: dict, log_path: Path, server: ServerSpec) -> LogPump | None:
+        """Watch the pump of an adopted server again (or start one if it died meanwhile)."""
+        read_end = reopen_stdout_pipe(pid)
+        if read_end is None:
+            return None  # not a pipe (a server of an older supervisor): its log is not ours to keep
+        saved = record.get("log_pump") or {}
+        running = find_process(int(saved["pid"]), float(saved["create_time"])) if saved else None
+        if running is None:
+            pump = LogPump(read_end, log_path, self.log_max_bytes, self.log_backups, server.name)
+        else:
+            pump = LogPump(read_end, log_path, self.log_max_bytes, self.log_backups, server.name, running)
+        self._pumps.append(pump)
+        return pump

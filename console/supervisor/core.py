@@ -53,7 +53,9 @@ class Supervisor:
             self.fleet.log_backups,
         )
         self.units = {
-            spec.name: ServerUnit(spec, self.fleet, self.launcher, paths.log(spec.name))
+            spec.name: ServerUnit(
+                spec, self.fleet, self.launcher, paths.log(spec.name), resolved.profile.supervisor
+            )
             for spec in resolved.servers
         }
         self.started_at = time.time()
@@ -130,6 +132,7 @@ class Supervisor:
         try:
             while not self.done():
                 now = time.time()
+                self.launcher.tend_log_pumps()
                 for unit in self.units.values():
                     unit.tick(now)
                     if unit.health_due(now):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -166,6 +167,11 @@ def append(path: Path, data: bytes) -> None:
 def append_line(path: Path, line: str) -> None:
     """A supervisor note in the server's log (start, exit, restart), so one file tells the story."""
     append(path, (line.rstrip("\n") + "\n").encode())
+
+
+def supervisor_note(path: Path, server: str, message: str) -> None:
+    """`[supervisor 2026-01-02 03:04:05] NAME: message` in the server's log."""
+    append_line(path, f"[supervisor {time.strftime('%Y-%m-%d %H:%M:%S')}] {server}: {message}")
 
 
 def tail(path: Path, lines: int) -> list[str]:

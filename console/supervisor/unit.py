@@ -7,16 +7,20 @@ the supervisor's event loop, so a unit never needs a lock.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from console.launchers.base import Launcher, ProcessHandle
-from console.profile_schema import FleetSpec, ServerSpec
-from console.supervisor.logfile import append_line
+from console.profile_schema import FleetSpec, ServerSpec, SupervisorSpec
+from console.supervisor.logfile import supervisor_note
+from console.supervisor.planning import PlanRefused
 from console.supervisor.policy import RestartPolicy
-from console.supervisor.states import ExitInfo, State
+from console.supervisor.states import REASON_UNHEALTHY, REASON_UNSUPERVISED, ExitInfo, State
+
+log = logging.getLogger("tokenspeed.supervisor")
 
 
 @dataclass
@@ -25,12 +29,23 @@ class Timers:
     stop_deadline: float | None = None
     killed: bool = False
     next_health_at: float = 0.0
+    # Why the supervisor is stopping the server on its own (a hung server): its exit is then a failure
+    # that goes through the restart policy, with this reason in `last_exit`.
+    stop_reason: str | None = None
 
 
 class ServerUnit:
-    def __init__(self, spec: ServerSpec, fleet: FleetSpec, launcher: Launcher, log_path: Path):
+    def __init__(
+        self,
+        spec: ServerSpec,
+        fleet: FleetSpec,
+        launcher: Launcher,
+        log_path: Path,
+        supervisor: SupervisorSpec | None = None,
+    ):
         self.spec = spec
         self.fleet = fleet
+        self.supervisor = supervisor or SupervisorSpec()
         self.launcher = launcher
         self.log_path = log_path
         self.policy = RestartPolicy(fleet.restart, fleet.backoff, fleet.max_restarts, fleet.restart_window_s)
@@ -44,6 +59,7 @@ class ServerUnit:
         self.started_at: float | None = None
         self.starting_since: float | None = None  # when the current wait for a first healthy answer began
         self.ready_since: float | None = None
+        self.unhealthy_since: float | None = None
         self.error: str | None = None
         self.health_failures = 0
         self.health_in_flight = False
@@ -102,6 +118,20 @@ class ServerUnit:
             self.starting_since = now  # one kill; the exit that follows goes through the restart policy
         elif self.state == State.READY and self.ready_since is not None:
             self.policy.note_healthy_since(self.ready_since, now)
+        elif self.state == State.UNHEALTHY and self._hung_too_long(now):
+            limit = self.supervisor.unhealthy_restart_after_s
+            message = f"UNHEALTHY for {now - self.unhealthy_since:.0f}s (unhealthy_restart_after_s={limit:g})"
+            self._note(f"{message}: restarting, reason {REASON_UNHEALTHY}")
+            log.warning("%s: %s: restarting", self.spec.name, message)
+            self._terminate(now, reason=REASON_UNHEALTHY)
+
+    def _hung_too_long(self, now: float) -> bool:
+        """An UNHEALTHY server past `[supervisor] unhealthy_restart_after_s` (0: never) is healed by a
+        restart, unless the restart policy is "no" (then the operator decides)."""
+        limit = self.supervisor.unhealthy_restart_after_s
+        if limit <= 0 or self.unhealthy_since is None or self.policy.policy == "no" or not self.want_running:
+            return False
+        return now - self.unhealthy_since >= limit
 
     def health_due(self, now: float) -> bool:
         if self.health_in_flight or self.state not in (State.STARTING, State.READY, State.UNHEALTHY):
@@ -121,6 +151,7 @@ class ServerUnit:
             return
         if ok:
             self.health_failures = 0
+            self.unhealthy_since = None
             if self.state != State.READY:
                 if self.state == State.STARTING:
                     self.ready_since = now
@@ -132,6 +163,7 @@ class ServerUnit:
         self.health_failures += 1
         if self.health_failures >= self.fleet.health.failures and self.state == State.READY:
             self._note(f"{self.health_failures} failed health checks: UNHEALTHY")
+            self.unhealthy_since = now
             self._set(State.UNHEALTHY)
 
     # ------------------------------------------------------------ internals
@@ -142,14 +174,22 @@ class ServerUnit:
             self.changed = True
 
     def _note(self, message: str) -> None:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        append_line(self.log_path, f"[supervisor {stamp}] {self.spec.name}: {message}")
+        supervisor_note(self.log_path, self.spec.name, message)
 
     def _spawn(self, now: float) -> None:
         self.handles = []
         try:
             for process in self.spec.processes:
                 self.handles.append(self.launcher.start(self.spec, process, self.log_path))
+        except PlanRefused as exc:  # it cannot fit the GPUs now: starting it again and again would not
+            self.error = f"refused: {exc}"
+            self._note(f"FATAL: {self.error}")
+            for handle in self.handles:
+                handle.signal_group(signal.SIGKILL)
+            self.handles = []
+            self._set(State.FATAL)
+            self.changed = True
+            return
         except Exception as exc:  # a start that fails (bad command, node gone) is a failed start
             self.error = f"start failed: {exc}"
             self._note(self.error)
@@ -159,7 +199,7 @@ class ServerUnit:
             self._after_failure(now, ExitInfo(None, None, now))
             return
         self.started_at = self.starting_since = now
-        self.ready_since = None
+        self.ready_since = self.unhealthy_since = None
         self.health_failures = 0
         self.timers = Timers(next_health_at=now + 0.2)
         pids = ", ".join(str(h.pid) for h in self.handles)
@@ -167,12 +207,15 @@ class ServerUnit:
         self._set(State.STARTING)
         self.changed = True
 
-    def _terminate(self, now: float) -> None:
+    def _terminate(self, now: float, reason: str | None = None) -> None:
         self._note("stopping: SIGTERM")
         for handle in self.handles:
             handle.signal_group(signal.SIGTERM)
+            # A stopped (SIGSTOP) server acts on its SIGTERM only once it runs again.
+            handle.signal_group(signal.SIGCONT)
         self.timers.stop_deadline = now + self.fleet.stop_timeout_s
         self.timers.killed = False
+        self.timers.stop_reason = reason
         self._set(State.STOPPING)
 
     def _on_exit(self, now: float, ended: list[tuple[ProcessHandle, ExitInfo]]) -> None:
@@ -180,16 +223,19 @@ class ServerUnit:
         gone = {id(h) for h, _ in ended}
         if self.state == State.STOPPING:
             self.handles = [h for h in self.handles if id(h) not in gone]
-            self.last_exit = first
+            reason = self.timers.stop_reason
+            self.last_exit = first if reason is None else dataclasses.replace(first, reason=reason)
             if self.handles:
                 return  # wait for the other ranks of the server
-            self._note(f"stopped ({_describe(first)})")
+            self._note(f"stopped ({self.last_exit.describe()})")
             self.changed = True
             self._set(State.STOPPED)
             if self.start_after_stop:
                 self.start_after_stop = False
                 self.policy.reset()
                 self._spawn(now)
+            elif reason is not None:
+                self._after_failure(now, self.last_exit)
             return
         # An exit nobody asked for: the whole server goes down with its first process.
         for handle in self.handles:
@@ -197,7 +243,7 @@ class ServerUnit:
                 handle.signal_group(signal.SIGKILL)
         self.handles = []
         self.last_exit = first
-        self._note(f"exited unexpectedly ({_describe(first)})")
+        self._note(f"exited unexpectedly ({first.describe()})")
         self._after_failure(now, first)
 
     def _after_failure(self, now: float, exit_info: ExitInfo) -> None:
@@ -209,7 +255,7 @@ class ServerUnit:
         if self.policy.crash_looping(now):
             self.error = (
                 f"crash loop: {self.fleet.max_restarts} restarts within {self.fleet.restart_window_s:g}s; "
-                f"last exit {_describe(exit_info)}"
+                f"last exit {exit_info.describe()}"
             )
             self._note(f"FATAL: {self.error}")
             self._set(State.FATAL)
@@ -249,6 +295,10 @@ class ServerUnit:
             if handle is None:
                 for h in handles:
                     h.signal_group(signal.SIGKILL)
+                # Its exit code went to the supervisor that died (or to init): say what is known.
+                self.last_exit = ExitInfo(None, None, now, REASON_UNSUPERVISED)
+                self.changed = True
+                self._note(f"not re-adopted: {REASON_UNSUPERVISED}")
                 return False
             handles.append(handle)
         self.handles = handles
@@ -260,11 +310,3 @@ class ServerUnit:
         # Health decides between READY and not; until then the server counts as starting.
         self._set(State.STARTING)
         return True
-
-
-def _describe(exit_info: ExitInfo) -> str:
-    if exit_info.signal:
-        return f"signal {exit_info.signal}"
-    if exit_info.code is None:
-        return "exit status unknown"
-    return f"exit code {exit_info.code}"

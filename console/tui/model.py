@@ -55,17 +55,28 @@ class LastExit:
     code: int | None
     signal: int | str | None
     at: float | None
+    reason: str | None = None  # "unhealthy", "exited while unsupervised; status unknown", ...
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> LastExit | None:
         if not isinstance(data, dict):
             return None
-        return cls(code=data.get("code"), signal=data.get("signal"), at=_num(data.get("at")))
+        reason = data.get("reason")
+        return cls(
+            code=data.get("code"),
+            signal=data.get("signal"),
+            at=_num(data.get("at")),
+            reason=str(reason) if reason else None,
+        )
 
     def describe(self) -> str:
         if self.signal not in (None, 0, ""):
-            return f"signal {self.signal}"
-        return f"exit {self.code}" if self.code is not None else "-"
+            how = f"signal {self.signal}"
+        elif self.code is not None:
+            how = f"exit {self.code}"
+        else:
+            return self.reason or "-"
+        return f"{how} ({self.reason})" if self.reason else how
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,9 @@ class Server:
     error: str | None
     metrics: Metrics | None
     scraped_at: float | None
+    # The supervisor's plan this server was started with: kv_tokens, gpu_memory_utilization,
+    # cudagraph_capture_sizes (None on the CPU).
+    plan: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Server:
@@ -109,6 +123,7 @@ class Server:
             error=data.get("error") or None,
             metrics=Metrics.from_json(data.get("metrics")),
             scraped_at=_num(data.get("scraped_at")),
+            plan=data.get("plan") if isinstance(data.get("plan"), dict) else None,
         )
 
     @property

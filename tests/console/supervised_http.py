@@ -5,7 +5,8 @@ $FAKE_CONTROL_DIR named after $TOKENSPEED_SERVER_NAME:
   NAME.crash         exit with code 3 right after start (a crash loop)
   NAME.ignore_term   ignore SIGTERM (the supervisor must SIGKILL after stop_timeout)
   NAME.unhealthy     /health answers 503
-Each start appends a line to NAME.starts, so tests can count starts.
+Each start appends a line to NAME.starts, so tests can count starts. `GET /say?WORDS` prints WORDS on
+stdout (a line of its log), so tests can write into a server's log when they choose.
 """
 
 import argparse
@@ -66,6 +67,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(503 if flag("unhealthy") else 200, "")
         elif self.path == "/metrics":
             self._send(200, metrics_text())
+        elif self.path.startswith("/say?"):
+            print(self.path.split("?", 1)[1], flush=True)
+            self._send(200, "")
         elif self.path == "/get_server_info":
             self._send(200, json.dumps({"model": "fake", "name": NAME}), "application/json")
         else:

@@ -129,6 +129,7 @@ def test_supervisor_crash_then_up_readopts_running_servers(make_fleet):
         "code": None,
         "signal": None,
         "at": again[victim]["last_exit"]["at"],
+        "reason": "exit status unknown (started by an earlier supervisor, so not this one's child)",
     }
 
 
