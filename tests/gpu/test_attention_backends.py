@@ -20,6 +20,7 @@ pytestmark = [
 MIXED = [(0, 37), (5, 1), (130, 64), (0, 1), (300, 1), (17, 200), (1000, 1), (63, 2)]
 DECODE = [(n, 1) for n in (1, 15, 16, 17, 255, 1024, 3000, 4095)]
 PREFILL = [(0, 1500), (512, 700)]
+FRESH = [(0, 37), (0, 1), (0, 1500), (0, 64)]  # no cached prefix anywhere: flashinfer's ragged path
 # (heads, kv heads, head_dim): Llama-3.1-8B per layer, the tiny test models, MHA, and a 64-dim GQA.
 SHAPES = [(32, 8, 128), (4, 2, 16), (8, 8, 64), (16, 2, 64)]
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
@@ -87,8 +88,8 @@ def test_triton_reduce_in_fp32():
 
 
 @pytest.mark.parametrize("shape", [(32, 8, 128), (8, 8, 128)], ids=["gqa4", "mha"])
-@pytest.mark.parametrize("reqs", [MIXED, DECODE, PREFILL], ids=["mixed", "decode", "prefill"])
-@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("reqs", [MIXED, DECODE, PREFILL, FRESH], ids=["mixed", "decode", "prefill", "fresh"])
+@pytest.mark.parametrize("block_size", [1, 16, 64])
 def test_flashinfer_matches_reference(reqs, shape, block_size):
     pytest.importorskip("flashinfer")
     _, out, ref = _run("flashinfer", reqs, shape, torch.bfloat16, block_size=block_size)
@@ -154,3 +155,40 @@ def test_decode_graph_replay_equals_eager(name):
     # The float64 reference of the second batch, read from the pool the replay stored into.
     loaded = AttnCase(fb, q, k, v, first.pool, first.spec)
     assert rel_err(replayed, reference(loaded, 0, scaling)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("name", ["triton", "flashinfer"])
+def test_fused_rope_store_path_equals_unfused(name):
+    """The attention layer with cos/sin given (fused RoPE + KV write, then `kv_stored=True`) produces the
+    output and pool contents of rotating first and letting the backend store."""
+    if name == "flashinfer":
+        pytest.importorskip("flashinfer")
+    from tokenspeed.runtime.layers.attention import PagedAttention
+    from tokenspeed.runtime.layers.rotary import RotaryEmbedding, apply_rotary
+
+    shape, dtype = (32, 8, 128), torch.bfloat16
+    outs, pools = [], []
+    for fused in (True, False):
+        for reqs in (MIXED, DECODE, FRESH):
+            case = make_case(reqs, *shape, dtype, seed=5)
+            backend = _backend(name, case)
+            if not fused:
+                backend.supports_fused_rope_store = False
+            case.fb.attn_backend = backend
+            emb = RotaryEmbedding(shape[2], 8192, {"rope_theta": 500000.0, "rope_type": "default"}).cuda()
+            emb.init_buffers()
+            cos_sin = emb.cos_sin(case.fb.positions, dtype)
+            layer = PagedAttention(*shape, 1.0 / math.sqrt(shape[2]), layer_id=0)
+            backend.init_forward_metadata(case.fb)
+            outs.append(layer(case.q, case.k, case.v, case.fb, cos_sin=cos_sin))
+            pools.append(torch.cat(case.pool.get_kv(0)))
+            if fused:
+                q_rot, k_rot = apply_rotary(cos_sin, case.q, case.k)
+                loaded = AttnCase(case.fb, q_rot, k_rot, case.v, case.pool, case.spec)
+                ref = reference(loaded, 0, 1.0 / math.sqrt(shape[2]))
+                assert rel_err(outs[-1].view(ref.shape), ref) < TOL[dtype]
+    half = len(outs) // 2
+    for a, b in zip(outs[:half], outs[half:], strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(pools[:half], pools[half:], strict=True):
+        assert torch.equal(a, b)

@@ -63,3 +63,27 @@ def test_rope(dtype, head_dim):
     got_q, got_k = apply_rope(cos_sin, q, k)
     _close(got_q, ref_q, dtype)
     _close(got_k, ref_k, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rope_store_kv_equals_rope_then_store(dtype, head_dim):
+    """The fused RoPE + KV write gives bit for bit what the two launches it replaces give."""
+    from tokenspeed.runtime.kernels.kv_store import store_kv
+    from tokenspeed.runtime.kernels.rope_store import rope_store_kv
+
+    t, h, kvh, slots = 23, 32, 8, 97
+    qkv = torch.randn(t, (h + 2 * kvh) * head_dim, device="cuda", dtype=dtype)
+    q, k, v = qkv.split([h * head_dim, kvh * head_dim, kvh * head_dim], dim=-1)
+    q, k, v = (x.reshape(t, -1, head_dim) for x in (q, k, v))  # strided views, as in the model
+    emb = rotary.RotaryEmbedding(head_dim, 512, {"rope_theta": 500000.0, "rope_type": "default"}).cuda()
+    emb.init_buffers()
+    cos_sin = emb.cos_sin(torch.randint(0, 512, (t,), device="cuda"), dtype)
+    loc = torch.randperm(slots - 1, device="cuda")[:t] + 1
+    k_ref, v_ref = (torch.zeros(slots, kvh, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    q_ref, kr_ref = apply_rope(cos_sin, q, k)
+    store_kv(kr_ref, v, k_ref, v_ref, loc)
+    k_buf, v_buf = (torch.zeros(slots, kvh, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    got_q, got_k = rope_store_kv(cos_sin, q, k, v, k_buf, v_buf, loc)
+    assert torch.equal(got_q, q_ref) and torch.equal(got_k, kr_ref)
+    assert torch.equal(k_buf, k_ref) and torch.equal(v_buf, v_ref)

@@ -36,6 +36,9 @@ class AttentionBackend(ABC):
 
     # CUDA-graph hooks; backends that cannot be captured keep the defaults.
     supports_cuda_graph: bool = False
+    # True when `forward` accepts `kv_stored=True`: the new K/V were already written to the pool by the
+    # fused RoPE + KV-store kernel (`layers/attention/paged_attention.py`), so only attention runs.
+    supports_fused_rope_store: bool = False
 
     def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot be captured in a CUDA graph")

@@ -19,7 +19,7 @@ from tokenspeed.runtime.layers.embedding import LMHead, VocabEmbedding
 from tokenspeed.runtime.layers.linear import QKVLinear, RowLinear
 from tokenspeed.runtime.layers.mlp import GatedMLP
 from tokenspeed.runtime.layers.norm import RMSNorm
-from tokenspeed.runtime.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters
+from tokenspeed.runtime.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenspeed.runtime.models.weight_utils import WeightTarget, load_checkpoint_weights
 
 if TYPE_CHECKING:
@@ -62,8 +62,8 @@ class LlamaAttention(nn.Module):
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(cos_sin, q, k)
-        out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v, fb)
+        # RoPE is applied by the attention layer, fused there with the KV-cache write on the GPU.
+        out = self.attn(q, k, v, fb, cos_sin=cos_sin)
         return self.o_proj(out)
 
 

@@ -1,13 +1,22 @@
-"""`--attention-backend flashinfer`: FlashInfer's paged prefill and decode wrappers over our KV pool.
+"""`--attention-backend flashinfer`: FlashInfer's wrappers over our paged KV pool, used the way FlashInfer
+is meant to be used.
 
-FlashInfer's page is our KV page (page_size = --block-size), and the pool's per-layer buffers viewed as
-`[num_pages, block_size, kv_heads, head_dim]` are its NHD layout, so no K/V is copied. The wrapper is
-planned once per step (page list, split plan) in `init_forward_metadata`; every layer then only runs.
-
-Decode batches use the decode wrapper (tensor-core variant for GQA groups >= 4, where it is faster);
-batches with any prefill chunk use the paged prefill wrapper with a causal mask, which FlashInfer aligns
-to the end of each request's keys, the "new token i sees prefix + i" rule. CUDA graphs: one decode wrapper
-per captured batch size over shared fixed buffers; replay re-plans outside the graph.
+- FlashInfer's page is our KV page (page_size = --block-size): the pool's per-layer buffers viewed as
+  `[num_pages, block_size, kv_heads, head_dim]` are its NHD layout, so no K/V is ever copied.
+- Decode: `BatchDecodeWithPagedKVCacheWrapper`, with tensor cores when a KV head serves >= 4 query heads
+  (GQA: the query heads of a group become rows of one MMA tile). The tensor-core path is FlashInfer's FA2
+  prefill kernel with split-KV, named explicitly: left on "auto", Hopper would pick FA3, whose scheduler
+  gives every query head its own 128-row tile and never splits the KV (measured at 22-39% of the bandwidth
+  limit on an H200 against 64-73% for our Triton kernel).
+- Prefill: a batch with no cached prefix attends over its own new K/V through the ragged wrapper (the new
+  tokens' K/V are read from the layer's activations, not back from the pool); chunks over a cached prefix
+  and mixed batches go through the paged prefill wrapper. Both causal, which FlashInfer aligns to the end
+  of each request's keys, the "new token i sees prefix + i" rule. FA2 as well, so one JIT module serves
+  decode and prefill (one compile, one cache entry); at 8B sizes attention is a few percent of prefill.
+- Planning happens once per step, outside any CUDA graph, in `init_forward_metadata`; every layer then
+  only runs. Graphs: one decode wrapper per captured batch size (FlashInfer fixes the batch size of a
+  graph wrapper) over shared device buffers that the captured kernels read; a replay writes the page list
+  into those buffers on the device and re-plans on the host from the step's host-side lengths.
 """
 
 from __future__ import annotations
@@ -27,15 +36,29 @@ if TYPE_CHECKING:
     from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
+# FlashInfer's own guidance: tensor-core decode pays off from 4 query heads per KV head (fp16/bf16).
+TENSOR_CORE_MIN_GROUP = 4
+KERNEL_BACKEND = "fa2"
+
+RAGGED, PAGED, DECODE = "ragged", "paged", "decode"
 
 
 @dataclass
 class _Plan:
     wrapper: Any
-    decode: bool
+    kind: str
 
 
-def _num_q_heads(model_config: Any, kv_pool: KVPool) -> int | None:
+@dataclass
+class _PageTable:
+    """One step's FlashInfer page table: host indptr / last-page lengths for the plan, device page list."""
+
+    indptr: torch.Tensor  # [B + 1] int32, host
+    indices: torch.Tensor  # [pages] int32, device
+    last_page_len: torch.Tensor  # [B] int32, host
+
+
+def _num_q_heads(model_config: Any) -> int | None:
     for obj in (model_config, getattr(model_config, "hf_config", None)):
         if obj is None:
             continue
@@ -46,8 +69,16 @@ def _num_q_heads(model_config: Any, kv_pool: KVPool) -> int | None:
     return None
 
 
+def _cumsum(values: list[int]) -> list[int]:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
 class FlashInferAttentionBackend(AttentionBackend):
     supports_cuda_graph = True
+    supports_fused_rope_store = True
 
     def __init__(
         self, model_config: Any = None, kv_pool: KVPool | None = None, device: Any = "cuda", **_: Any
@@ -76,40 +107,47 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
         self.dtype = spec.dtype
-        self.num_heads = _num_q_heads(model_config, kv_pool)
+        self.num_heads = _num_q_heads(model_config)
         self.sm_scale = 1.0 / math.sqrt(self.head_dim)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
-        self._decode_wrappers: dict[bool, Any] = {}
+        self.ragged_wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            self.workspace, "NHD", backend=KERNEL_BACKEND
+        )
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=KERNEL_BACKEND
+        )
+        self._decode_wrapper: Any = None
         self._indices = torch.empty(0, dtype=torch.int32, device=self.device)
         self._graph_wrappers: dict[int, Any] = {}
         self._graph_bufs: dict[str, torch.Tensor] = {}
         self.plan: _Plan | None = None
 
-    def _tensor_cores(self, num_heads: int) -> bool:
-        return num_heads // self.num_kv_heads >= 4
+    # -- helpers -----------------------------------------------------------------------------------
 
-    def _decode_wrapper(self, num_heads: int):
-        tc = self._tensor_cores(num_heads)
-        if tc not in self._decode_wrappers:
-            self._decode_wrappers[tc] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_tensor_cores=tc
+    def _heads_or_fail(self) -> int:
+        if self.num_heads is None:
+            raise ValueError(
+                "the flashinfer backend could not read the number of attention heads from the model config"
             )
-        return self._decode_wrappers[tc]
+        return self.num_heads
 
-    # -- planning ----------------------------------------------------------------------------------
+    def use_tensor_cores(self) -> bool:
+        return self._heads_or_fail() // self.num_kv_heads >= TENSOR_CORE_MIN_GROUP
 
-    def _page_table(self, fb: ForwardBatch, out: torch.Tensor | None = None):
+    def _new_decode_wrapper(self, **graph_buffers: Any):
+        tc = self.use_tensor_cores()
+        # The CUDA-core decode kernel has no backend choice; the tensor-core one is pinned to FA2 (see above).
+        extra = {"backend": KERNEL_BACKEND} if tc else {}
+        return self.fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=tc, **graph_buffers, **extra
+        )
+
+    def _page_table(self, fb: ForwardBatch, out: torch.Tensor | None = None) -> _PageTable:
+        """Host indptr/last-page lengths from the step's host lengths; the page list built on the device."""
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
         ps = self.page_size
         pages = [(s + ps - 1) // ps for s in seq_lens]
-        indptr = [0]
-        for n in pages:
-            indptr.append(indptr[-1] + n)
-        indptr_host = torch.tensor(indptr, dtype=torch.int32)
-        last = torch.tensor(
-            [s - (n - 1) * ps for s, n in zip(seq_lens, pages, strict=True)], dtype=torch.int32
-        )
+        indptr = _cumsum(pages)
         total = indptr[-1]
         if out is None:
             if self._indices.numel() < total:
@@ -122,19 +160,26 @@ class FlashInferAttentionBackend(AttentionBackend):
                 f"a captured decode batch needs {total} KV pages, more than the {out.numel()} sized for "
                 "--cuda-graph max context; raise the context bound or use --enforce-eager"
             )
-        indptr_dev = indptr_host.to(self.device, non_blocking=True)
-        build_page_indices(fb.req_to_token, fb.req_pool_indices, fb.seq_lens, indptr_dev, out, ps)
-        return indptr_host, out[:total], last
+        indptr_host = torch.tensor(indptr, dtype=torch.int32).pin_memory()
+        last = torch.tensor(
+            [s - (n - 1) * ps for s, n in zip(seq_lens, pages, strict=True)], dtype=torch.int32
+        )
+        build_page_indices(
+            fb.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            indptr_host.to(self.device, non_blocking=True), out, ps,
+        )  # fmt: skip
+        return _PageTable(indptr_host, out[:total], last)
 
-    def _plan_decode(
-        self, wrapper, fb: ForwardBatch, num_heads: int, out: torch.Tensor | None = None
-    ) -> None:
-        indptr, indices, last = self._page_table(fb, out)
+    def _plan_decode(self, wrapper, fb: ForwardBatch, out: torch.Tensor | None = None) -> None:
+        table = self._page_table(fb, out)
+        # A graph wrapper copies `indices` into its own buffer, which is `out` already: hand it an empty
+        # slice so the plan issues no copy of the buffer onto itself.
+        indices = table.indices[:0] if out is not None else table.indices
         wrapper.plan(
-            indptr,
+            table.indptr,
             indices,
-            last,
-            num_heads,
+            table.last_page_len,
+            self._heads_or_fail(),
             self.num_kv_heads,
             self.head_dim,
             self.page_size,
@@ -142,41 +187,41 @@ class FlashInferAttentionBackend(AttentionBackend):
             kv_data_type=self.dtype,
             sm_scale=self.sm_scale,
         )
+
+    # -- planning ----------------------------------------------------------------------------------
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         num_heads = self._heads_or_fail()
         if fb.is_decode_only:
-            wrapper = self._decode_wrapper(num_heads)
-            self._plan_decode(wrapper, fb, num_heads)
-            self.plan = _Plan(wrapper, decode=True)
+            if self._decode_wrapper is None:
+                self._decode_wrapper = self._new_decode_wrapper()
+            self._plan_decode(self._decode_wrapper, fb)
+            self.plan = _Plan(self._decode_wrapper, DECODE)
             return
         ext = fb.extend_lens_cpu or fb.extend_lens.tolist()
-        qo = [0]
-        for e in ext:
-            qo.append(qo[-1] + e)
-        indptr, indices, last = self._page_table(fb)
+        seq = fb.seq_lens_cpu or fb.seq_lens.tolist()
+        qo_indptr = torch.tensor(_cumsum(ext), dtype=torch.int32)
+        common = dict(causal=True, sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.dtype)
+        if all(s == e for s, e in zip(seq, ext, strict=True)):
+            # Fresh prompts only: each attends over its own new tokens, which are the layer's k/v.
+            self.ragged_wrapper.plan(
+                qo_indptr, qo_indptr, num_heads, self.num_kv_heads, self.head_dim, **common
+            )
+            self.plan = _Plan(self.ragged_wrapper, RAGGED)
+            return
+        table = self._page_table(fb)
         self.prefill_wrapper.plan(
-            torch.tensor(qo, dtype=torch.int32),
-            indptr,
-            indices,
-            last,
+            qo_indptr,
+            table.indptr,
+            table.indices,
+            table.last_page_len,
             num_heads,
             self.num_kv_heads,
             self.head_dim,
             self.page_size,
-            causal=True,
-            sm_scale=self.sm_scale,
-            q_data_type=self.dtype,
-            kv_data_type=self.dtype,
+            **common,
         )
-        self.plan = _Plan(self.prefill_wrapper, decode=False)
-
-    def _heads_or_fail(self) -> int:
-        if self.num_heads is None:
-            raise ValueError(
-                "the flashinfer backend could not read the number of attention heads from the model config"
-            )
-        return self.num_heads
+        self.plan = _Plan(self.prefill_wrapper, PAGED)
 
     # -- CUDA graphs -------------------------------------------------------------------------------
 
@@ -185,7 +230,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._graph_bufs = {
             "indptr": torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
             "indices": torch.zeros(max_pages, dtype=torch.int32, device=self.device),
-            "scratch": torch.zeros(max_pages, dtype=torch.int32, device=self.device),
             "last": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
         }
 
@@ -193,25 +237,23 @@ class FlashInferAttentionBackend(AttentionBackend):
         if not fb.is_decode_only:
             raise ValueError("the flashinfer backend captures decode batches only")
         bs = fb.batch_size
-        num_heads = self._heads_or_fail()
         b = self._graph_bufs
-        wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace,
-            "NHD",
+        wrapper = self._new_decode_wrapper(
             use_cuda_graph=True,
-            use_tensor_cores=self._tensor_cores(num_heads),
             paged_kv_indptr_buffer=b["indptr"][: bs + 1],
             paged_kv_indices_buffer=b["indices"],
             paged_kv_last_page_len_buffer=b["last"][:bs],
         )
         self._graph_wrappers[bs] = wrapper
-        self._plan_decode(wrapper, fb, num_heads, out=b["scratch"])
-        self.plan = _Plan(wrapper, decode=True)
+        self._plan_decode(wrapper, fb, out=b["indices"])
+        self.plan = _Plan(wrapper, DECODE)
 
     def init_forward_metadata_replay(self, fb: ForwardBatch) -> None:
+        # The page list is written straight into the buffer the captured kernels read; indptr and the
+        # last-page lengths are copied in by the plan.
         wrapper = self._graph_wrappers[fb.batch_size]
-        self._plan_decode(wrapper, fb, self._heads_or_fail(), out=self._graph_bufs["scratch"])
-        self.plan = _Plan(wrapper, decode=True)
+        self._plan_decode(wrapper, fb, out=self._graph_bufs["indices"])
+        self.plan = _Plan(wrapper, DECODE)
 
     # -- attention ---------------------------------------------------------------------------------
 
@@ -223,10 +265,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         layer_id: int,
         fb: ForwardBatch,
         scaling: float,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         pool = fb.kv_pool
-        k_buf, v_buf = pool.get_kv(layer_id)
-        store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
+        if not kv_stored:
+            k_buf, v_buf = pool.get_kv(layer_id)
+            store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
         if q.dtype != self.dtype:
             q = q.to(self.dtype)
         if abs(scaling - self.sm_scale) > 1e-12 * self.sm_scale:
@@ -234,4 +278,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             q = q * (scaling / self.sm_scale)
         if not q.is_contiguous():
             q = q.contiguous()
-        return self.plan.wrapper.run(q, pool.paged_view(layer_id))
+        plan = self.plan
+        if plan.kind == RAGGED:
+            return plan.wrapper.run(q, k.to(self.dtype).contiguous(), v.to(self.dtype).contiguous())
+        return plan.wrapper.run(q, pool.paged_view(layer_id))

@@ -1,4 +1,10 @@
-"""The attention layer of a model: reshapes to heads and hands off to the step's backend."""
+"""The attention layer of a model: reshapes to heads, rotates q and k, and hands off to the step's backend.
+
+Given the step's cos|sin rows, the layer applies RoPE itself: on a backend that supports it (the CUDA
+backends) the rotation and the write of the new K/V into the pool are one kernel
+(`kernels/rope_store.py`), and the backend then only attends; elsewhere q and k are rotated
+(`layers/rotary.apply_rotary`) and the backend stores K/V as part of `forward`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from tokenspeed.runtime.layers.rotary import apply_rotary
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.execution.forward_batch import ForwardBatch
@@ -20,17 +28,36 @@ class PagedAttention(nn.Module):
         self.scaling = scaling
         self.layer_id = layer_id
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        """q [T, heads*head_dim], k/v [T, kv_heads*head_dim] -> [T, heads*head_dim]."""
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        fb: ForwardBatch,
+        cos_sin: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q [T, heads*head_dim], k/v [T, kv_heads*head_dim] (or already split into heads) ->
+        [T, heads*head_dim]. With `cos_sin` ([T, 2*head_dim], `RotaryEmbedding.cos_sin`) q and k are
+        rotated here first; without it they arrive rotated."""
         t = q.shape[0]
-        out = fb.attn_backend.forward(
-            q.view(t, self.num_heads, self.head_dim),
-            k.view(t, self.num_kv_heads, self.head_dim),
-            v.view(t, self.num_kv_heads, self.head_dim),
-            self.layer_id,
-            fb,
-            self.scaling,
-        )
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        backend = fb.attn_backend
+        kv_stored = False
+        if cos_sin is not None:
+            if q.is_cuda and getattr(backend, "supports_fused_rope_store", False):
+                from tokenspeed.runtime.kernels.rope_store import rope_store_kv
+
+                k_buf, v_buf = fb.kv_pool.get_kv(self.layer_id)
+                q, k = rope_store_kv(cos_sin, q, k, v, k_buf, v_buf, fb.out_cache_loc)
+                kv_stored = True
+            else:
+                q, k = apply_rotary(cos_sin, q, k)
+        if kv_stored:
+            out = backend.forward(q, k, v, self.layer_id, fb, self.scaling, kv_stored=True)
+        else:
+            out = backend.forward(q, k, v, self.layer_id, fb, self.scaling)
         return out.reshape(t, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:

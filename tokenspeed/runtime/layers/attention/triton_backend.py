@@ -4,7 +4,8 @@ Per step, `init_forward_metadata` decides the path once for all layers:
 - decode-only batches run the split-KV decode kernel (`kernels/decode_attention.py`);
 - anything with a prefill chunk runs the extend kernel (`kernels/extend_attention.py`), which also
   handles the single-token rows of a mixed batch.
-New K/V are stored with one fused launch before attending. Decode is CUDA-graph capturable: its
+New K/V are stored with one fused launch before attending, or arrive stored by the fused RoPE + KV write
+(`kernels/rope_store.py`, `kv_stored=True`). Decode is CUDA-graph capturable: its
 metadata is a function of the batch size only, and the split scratch buffers are allocated once.
 """
 
@@ -35,6 +36,7 @@ class _Metadata:
 
 class TritonAttentionBackend(AttentionBackend):
     supports_cuda_graph = True
+    supports_fused_rope_store = True
 
     def __init__(
         self,
@@ -112,9 +114,11 @@ class TritonAttentionBackend(AttentionBackend):
         layer_id: int,
         fb: ForwardBatch,
         scaling: float,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         k_buf, v_buf = fb.kv_pool.get_kv(layer_id)
-        store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
+        if not kv_stored:
+            store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
         if q.stride(-1) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
         if q.dtype != k_buf.dtype:
