@@ -13,6 +13,7 @@ Exit codes a script can rely on (fleet commands):
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -193,6 +194,41 @@ def restart(server: str | None, fleet: str | None, state_dir: str | None, all_se
     if rolling and not all_servers:
         raise click.UsageError("--rolling goes with --all")
     sys.exit(do_restart(fleet, state_dir, server, rolling=rolling))
+
+
+# ---------------------------------------------------------------- monitoring
+
+
+@main.command()
+@_fleet_options
+@click.option("--scrape-interval", default="5s", show_default=True, help="Prometheus scrape_interval.")
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False),
+    help="File holding the servers' API key (profiles with api_key): sent as a Bearer token.",
+)
+def prometheus(fleet: str | None, state_dir: str | None, scrape_interval: str, api_key_file: str | None):
+    """Print Prometheus scrape_configs for the fleet's servers and supervisor (file_sd, kept current)."""
+    from console.monitoring.prometheus_config import fleet_state_dirs, scrape_configs
+    from console.supervisor.paths import default_state_dir
+
+    if state_dir or fleet:
+        roots = [Path(state_dir).resolve() if state_dir else default_state_dir(fleet)]
+    else:
+        roots = fleet_state_dirs()
+        if not roots:
+            click.echo("error: no fleet has written Prometheus targets yet; start one with `tokenspeed up`, "
+                       "or name it with --fleet NAME or --state-dir DIR", err=True)  # fmt: skip
+            sys.exit(EXIT_NO_FLEET)
+    click.echo(scrape_configs(roots, scrape_interval, api_key_file), nl=False)
+
+
+@main.command()
+def grafana() -> None:
+    """Print the Grafana dashboard (JSON) of TokenSpeed fleets: `tokenspeed grafana > dash.json`."""
+    from console.monitoring.grafana import render
+
+    click.echo(render(), nl=False)
 
 
 # ---------------------------------------------------------------- profiles

@@ -19,6 +19,7 @@ import httpx
 from console import metrics_math
 from console.launchers.base import make_launcher
 from console.launchers.local import find_process, signal_group
+from console.monitoring.fleet_monitor import FleetMonitor
 from console.profiles import ResolvedFleet
 from console.supervisor import statefile
 from console.supervisor.history import MetricsHistory, ServerStatus
@@ -78,6 +79,8 @@ class Supervisor:
         self._rolling: asyncio.Task | None = None
         # The profile's [load] generator, when it has one (set by the daemon, which runs it).
         self.load: LoadGenerator | None = None
+        # Prometheus: file_sd targets rewritten on every saved change, and the supervisor's own metrics.
+        self.monitor = FleetMonitor(resolved, paths.root, self.units)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -171,11 +174,13 @@ class Supervisor:
                 "servers": [u.to_record() for u in self.units.values()],
             },
         )
+        self.monitor.on_change()
 
     # ------------------------------------------------------------ health and metrics
 
     async def _check(self, unit: ServerUnit) -> None:
         ok = False
+        began = time.monotonic()
         try:
             response = await self.http.get(
                 unit.spec.url + self.fleet.health.path, timeout=self.fleet.health.timeout_s
@@ -184,6 +189,7 @@ class Supervisor:
         except httpx.HTTPError:
             ok = False
         finally:
+            self.monitor.observe_health(unit.spec.name, time.monotonic() - began, ok)
             unit.health_result(ok, time.time())
 
     async def _scrape_loop(self) -> None:

@@ -41,6 +41,7 @@ async def _main(paths: StatePaths, resolved) -> None:
     sup = Supervisor(resolved, paths)
     sock = bind_socket(paths.socket)
     api = asyncio.create_task(serve_api(sup, sock))
+    metrics_port = asyncio.create_task(sup.monitor.serve())  # loopback /metrics for Prometheus
     load = for_supervisor(sup)  # the profile's [load] table: requests to READY servers
     if load is not None:
         sup.load = load  # its counts go out with the fleet's status
@@ -52,9 +53,10 @@ async def _main(paths: StatePaths, resolved) -> None:
             await load.stop()
         # Let a last /fleet or /shutdown answer go out before the socket disappears.
         await asyncio.sleep(0.2)
-        api.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await api
+        for task in (api, metrics_port):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         remove_socket(paths.socket)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenspeed.runtime.engine.io_struct import StatsSnapshot
@@ -96,6 +96,9 @@ class ServerMetrics:
         self.app_key = app_key
         labels = ["model_name", "dp_rank"] + (["app_key"] if app_key else [])
         self._last: dict[int, _Cumulative] = {}
+        # process_* (CPU seconds, resident memory, open fds, start time) of this front-end process: a
+        # restarted server shows up as a new process_start_time_seconds.
+        ProcessCollector(registry=self.registry)
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(PREFIX + name, doc, labels, registry=self.registry)

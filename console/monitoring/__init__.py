@@ -1,0 +1,1 @@
+"""Plugging a fleet into Prometheus and Grafana: file_sd targets, supervisor metrics, dashboard, scrape config."""

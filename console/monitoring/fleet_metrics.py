@@ -1,0 +1,152 @@
+"""The supervisor's own Prometheus metrics: what only it knows about the fleet (states, restarts, backoff).
+
+Names carry the `tokenspeed_fleet:` prefix; per-server series have a `server` label (the supervisor's
+target adds `fleet` and `role="supervisor"`):
+
+    tokenspeed_fleet:server_state{server,state}          1 for the state the server is in, 0 for the others
+    tokenspeed_fleet:server_restarts_total{server,reason} restarts: exit_code | signal | startup_timeout |
+                                                          unhealthy | start_failed | operator
+    tokenspeed_fleet:server_backoff_seconds{server}      seconds left before a BACKOFF server starts again
+    tokenspeed_fleet:server_last_start_time_seconds{server}  Unix time of the server's latest start
+    tokenspeed_fleet:health_check_seconds{server}        health-check latency (histogram)
+    tokenspeed_fleet:health_check_failures_total{server} failed health checks
+    tokenspeed_fleet:servers{state}                      servers per state (fleet totals)
+    process_*                                            the supervisor process itself
+
+Restarts are counted by watching the units after each change (`observe`), never by editing the state
+machine: a rise of `unit.restarts` is a restart the policy scheduled (its reason from the exit), a new
+start without one is an operator's restart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+PREFIX = "tokenspeed_fleet:"
+STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
+_HEALTH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def restart_reason(unit: Any) -> str:
+    """Why the policy restarts a unit that just failed, from what the unit recorded."""
+    exit_info = unit.last_exit
+    if getattr(exit_info, "reason", None) == "unhealthy":
+        return "unhealthy"  # the supervisor stopped a hung server
+    if (unit.error or "").startswith("not healthy within"):
+        return "startup_timeout"
+    if exit_info is None or (exit_info.code is None and exit_info.signal is None):
+        return "start_failed"
+    return "signal" if exit_info.signal else "exit_code"
+
+
+@dataclass
+class _Seen:
+    restarts: int
+    started_at: float | None
+    policy_start_due: bool = False  # the policy scheduled a start: the next new start is that one
+
+
+class _UnitGauges:
+    """Gauges computed at scrape time from the units, so they can never disagree with the state file."""
+
+    def __init__(self, units: dict[str, Any]):
+        self.units = units
+
+    def describe(self) -> Iterable:
+        return []
+
+    def collect(self) -> Iterable:
+        now = time.time()
+        state = GaugeMetricFamily(
+            PREFIX + "server_state", "1 for the server's current state.", labels=["server", "state"]
+        )
+        backoff = GaugeMetricFamily(
+            PREFIX + "server_backoff_seconds",
+            "Seconds before a BACKOFF server starts again.",
+            labels=["server"],
+        )
+        started = GaugeMetricFamily(
+            PREFIX + "server_last_start_time_seconds",
+            "Unix time of the server's latest start.",
+            labels=["server"],
+        )
+        totals = GaugeMetricFamily(
+            PREFIX + "servers", "Servers of the fleet in each state.", labels=["state"]
+        )
+        counts = dict.fromkeys(STATES, 0)
+        for name, unit in self.units.items():
+            current = unit.state.value
+            counts[current] = counts.get(current, 0) + 1
+            for s in STATES:
+                state.add_metric([name, s], 1.0 if s == current else 0.0)
+            next_start = unit.timers.next_start_at if current == "BACKOFF" else None
+            backoff.add_metric([name], max(next_start - now, 0.0) if next_start else 0.0)
+            if unit.started_at is not None:
+                started.add_metric([name], unit.started_at)
+        for s, n in counts.items():
+            totals.add_metric([s], n)
+        return [state, backoff, started, totals]
+
+
+class FleetMetrics:
+    def __init__(self, units: dict[str, Any]):
+        self.units = units
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
+        self.registry.register(_UnitGauges(units))
+        self.restarts = Counter(
+            PREFIX + "server_restarts",
+            "Server restarts, by reason.",
+            ["server", "reason"],
+            registry=self.registry,
+        )
+        self.health = Histogram(
+            PREFIX + "health_check_seconds",
+            "Latency of the supervisor's health checks.",
+            ["server"],
+            buckets=_HEALTH_BUCKETS,
+            registry=self.registry,
+        )
+        self.health_failures = Counter(
+            PREFIX + "health_check_failures", "Failed health checks.", ["server"], registry=self.registry
+        )
+        for name in units:
+            self.health.labels(server=name)
+            self.health_failures.labels(server=name)
+        self._seen: dict[str, _Seen] = {}
+
+    def observe(self) -> None:
+        """Count the restarts that happened since the last call (called after every state change)."""
+        for name, unit in self.units.items():
+            seen = self._seen.get(name)
+            if seen is None:
+                # The first look sets the baseline (restarts of an earlier supervisor are its history).
+                self._seen[name] = _Seen(unit.restarts, unit.started_at)
+                continue
+            new_start = unit.started_at is not None and unit.started_at != seen.started_at
+            if unit.restarts > seen.restarts:
+                self.restarts.labels(server=name, reason=restart_reason(unit)).inc(
+                    unit.restarts - seen.restarts
+                )
+                seen.policy_start_due = not new_start
+            elif new_start:
+                if seen.policy_start_due:
+                    seen.policy_start_due = False
+                elif seen.started_at is not None:
+                    self.restarts.labels(server=name, reason="operator").inc()
+            seen.restarts, seen.started_at = unit.restarts, unit.started_at
+
+    def observe_health(self, name: str, seconds: float, ok: bool) -> None:
+        self.health.labels(server=name).observe(seconds)
+        if not ok:
+            self.health_failures.labels(server=name).inc()
+
+    def render(self) -> bytes:
+        self.observe()
+        return generate_latest(self.registry)

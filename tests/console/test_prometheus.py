@@ -1,0 +1,257 @@
+"""The fleet as a real Prometheus sees it: file_sd targets kept by the supervisor, the scrape config of
+`tokenspeed prometheus`, and every query of `tokenspeed grafana`'s dashboard answering with data.
+
+One demo fleet (the quick start's profile with one dense and one MoE server, under its built-in load) and
+one Debian `prometheus` process on loopback ports. A dashboard panel whose metric the fleet no longer
+exports, or whose PromQL is wrong, answers nothing and fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from console.monitoring.targets import TargetFiles
+from tests.console.conftest import free_base_port, port_free, tokenspeed
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_PROFILE = ROOT / "profiles" / "demo.toml"
+PROMETHEUS = shutil.which("prometheus")
+DENSE, MOE = "prom-dense-0", "prom-moe-0"
+# What Grafana puts in place of the dashboard's variables ("All" is `.*`).
+RATE_WINDOW = "30s"
+
+needs_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="no `prometheus` binary on PATH: `apt-get install -y prometheus` (.ci/run installs it)",
+)
+
+
+def substitute(expr: str, fleet: str) -> str:
+    return (
+        expr.replace("$__rate_interval", RATE_WINDOW)
+        .replace("$fleet", fleet)
+        .replace("$server", ".*")
+        .replace("$model", ".*")
+    )
+
+
+class Prometheus:
+    def __init__(self, url: str):
+        self.http = httpx.Client(base_url=url, trust_env=False, timeout=10)
+
+    def query(self, expr: str) -> list[dict]:
+        body = self.http.get("/api/v1/query", params={"query": expr}).json()
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def values(self, expr: str) -> list[float]:
+        return [float(r["value"][1]) for r in self.query(expr)]
+
+    def targets(self) -> list[dict]:
+        return self.http.get("/api/v1/targets", params={"state": "active"}).json()["data"]["activeTargets"]
+
+
+def wait_until(check, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(poll)
+
+
+def free_port() -> int:
+    return next(p for p in range(free_base_port(1) + 5, 65000) if port_free(p))
+
+
+@pytest.fixture
+def fleet_and_prometheus(tmp_path):
+    base = free_base_port(2)
+    profile = tmp_path / "prom.toml"
+    # The quick start's demo fleet, one server of each model, so two cores also run Prometheus.
+    profile.write_text(
+        f'extends = "{DEMO_PROFILE}"\n\n[groups.dense]\nreplicas = 1\n\n'
+        f'[fleet]\nname = "prom"\nbase_port = {base}\n'
+    )
+    state_dir = tmp_path / "state"
+    procs: list[subprocess.Popen] = []
+    yield profile, state_dir, tmp_path, procs
+    for proc in procs:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if state_dir.exists():
+        tokenspeed("down", "--state-dir", str(state_dir), "--timeout", "15")
+
+
+@needs_prometheus
+def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_and_prometheus):
+    profile, state_dir, tmp, procs = fleet_and_prometheus
+    started = time.monotonic()
+    up = tokenspeed("up", "-d", str(profile), "--state-dir", str(state_dir), "--timeout", "150", timeout=170)
+    assert up.returncode == 0, up.stdout + up.stderr
+    print(f"fleet READY {time.monotonic() - started:.1f}s")
+
+    # The scrape config as an operator gets it, at 1 s so the test sees enough samples quickly.
+    config = tokenspeed("prometheus", "--state-dir", str(state_dir), "--scrape-interval", "1s")
+    assert config.returncode == 0, config.stderr
+    (tmp / "prometheus.yml").write_text(config.stdout)
+    port = free_port()
+    with open(tmp / "prometheus.log", "w") as log:
+        procs.append(
+            subprocess.Popen(
+                [
+                    PROMETHEUS,
+                    f"--config.file={tmp / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        )
+    prom = Prometheus(f"http://127.0.0.1:{port}")
+
+    # Prometheus scrapes what the supervisor's files list: both servers and the supervisor's own port
+    # (a port picked at start that only supervisor.json knows), with the file's labels.
+    files = TargetFiles(state_dir)
+    listed = json.loads(files.servers.read_text()) + json.loads(files.supervisor.read_text())
+
+    def all_up():
+        try:
+            active = prom.targets()
+        except httpx.HTTPError:
+            return None
+        return active if len(active) == 3 and all(t["health"] == "up" for t in active) else None
+
+    active = wait_until(all_up, 30, "Prometheus to scrape 3 targets")
+    print(f"targets up {time.monotonic() - started:.1f}s")
+    scraped = {t["labels"]["instance"]: t["labels"] for t in active}
+    for group in listed:
+        labels = scraped[group["targets"][0]]
+        assert {k: labels[k] for k in group["labels"]} == group["labels"]
+    assert {scraped[g["targets"][0]].get("server") for g in listed} == {DENSE, MOE, None}
+    assert scraped[listed[0]["targets"][0]]["model"] in ("demo", "demo-moe")
+
+    # kill -9 one server: the supervisor restarts it, rewrites the targets, and Prometheus scrapes the new
+    # process (its process_start_time_seconds is after the kill).
+    start_query = f'process_start_time_seconds{{server="{DENSE}"}}'
+    first = wait_until(lambda: prom.values(start_query), 20, "a first scrape of the dense server")[0]
+    status = json.loads(tokenspeed("status", "--json", "--state-dir", str(state_dir)).stdout)
+    pid = next(s["pid"] for s in status["servers"] if s["name"] == DENSE)
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    new = wait_until(
+        lambda: [v for v in prom.values(start_query) if v > killed_at], 90, "the restarted process"
+    )
+    assert new[0] > first
+    restarts = prom.query(f'tokenspeed_fleet:server_restarts_total{{fleet="prom", server="{DENSE}"}}')
+    assert [(r["metric"]["reason"], float(r["value"][1])) for r in restarts] == [("signal", 1.0)], restarts
+    print(f"restarted process scraped {time.time() - killed_at:.1f}s after kill -9")
+
+    # Every query of the shipped dashboard answers with at least one number over this fleet.
+    board = json.loads(tokenspeed("grafana").stdout)
+    from console.monitoring.grafana import panel_queries
+
+    queries = panel_queries(board)
+    assert len(queries) >= 20 and {v["name"] for v in board["templating"]["list"]} >= {
+        "fleet",
+        "server",
+        "model",
+    }
+
+    def silent() -> list[str]:
+        return [
+            f"{title}: {expr}"
+            for title, expr in queries
+            if not any(math.isfinite(v) for v in prom.values(substitute(expr, "prom")))
+        ]
+
+    missing: list[str] = []
+
+    def answered() -> bool:
+        missing[:] = silent()
+        return not missing
+
+    try:
+        wait_until(answered, 45, "every dashboard query to answer", poll=2)
+    except AssertionError:
+        raise AssertionError("dashboard queries without data:\n" + "\n".join(missing)) from None
+
+    print(f"dashboard answered {time.monotonic() - started:.1f}s")
+    # A stopped server leaves the targets file, and Prometheus stops scraping it.
+    from console.client import SupervisorClient
+
+    with SupervisorClient(state_dir) as client:
+        client.stop(DENSE)
+    wait_until(
+        lambda: all(t["labels"].get("server") != DENSE for t in prom.targets()),
+        20,
+        "the stopped server's target to go",
+    )
+    assert not any(g["labels"]["server"] == DENSE for g in json.loads(files.servers.read_text()))
+    print(f"whole test {time.monotonic() - started:.1f}s")
+
+
+def test_grafana_and_prometheus_commands(tmp_path):
+    """Without a fleet: the dashboard is Grafana JSON over the variables, the scrape config names the files."""
+    board = json.loads(tokenspeed("grafana").stdout)
+    assert board["schemaVersion"] >= 38 and board["uid"]
+    panels = [p for p in board["panels"] if p["type"] != "row"]
+    assert {p["type"] for p in panels} >= {"timeseries", "heatmap", "state-timeline"}
+    for panel in panels:
+        assert panel["targets"] and all("$fleet" in t["expr"] for t in panel["targets"]), panel["title"]
+    state_dir = tmp_path / "fleet-x"
+    out = tokenspeed("prometheus", "--state-dir", str(state_dir), "--api-key-file", str(tmp_path / "key"))
+    assert out.returncode == 0, out.stderr
+    assert str(state_dir / "prometheus" / "servers.json") in out.stdout
+    assert str(state_dir / "prometheus" / "supervisor.json") in out.stdout
+    assert "credentials_file" in out.stdout
+    promtool = shutil.which("promtool")
+    if promtool:
+        (tmp_path / "key").write_text("secret\n")
+        (tmp_path / "p.yml").write_text(out.stdout)
+        check = subprocess.run(
+            [promtool, "check", "config", str(tmp_path / "p.yml")], capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_targets_list_every_node_of_a_multi_node_fleet():
+    """Ray fleets: each server's target is its head node's address, whatever node the supervisor is on."""
+    from console.monitoring.targets import server_targets
+    from console.profile_schema import ProcessSpec, ServerSpec
+
+    def spec(name: str, nodes: list[str], port: int) -> ServerSpec:
+        procs = tuple(ProcessSpec(r, n, (0, 1), (), ()) for r, n in enumerate(nodes))
+        return ServerSpec(name, 0, nodes[0], port, procs)
+
+    class Args:
+        model = "/models/Qwen3-30B-A3B"
+        served_model_name = "qwen3"
+
+    rows = [
+        (spec("big-0", ["10.0.0.1", "10.0.0.2"], 30000), Args(), "READY"),
+        (spec("big-1", ["10.0.0.3", "10.0.0.4"], 30010), Args(), "STARTING"),
+        (spec("big-2", ["10.0.0.5", "10.0.0.6"], 30020), Args(), "BACKOFF"),
+    ]
+    groups = server_targets("big", rows)
+    assert [g["targets"] for g in groups] == [["10.0.0.1:30000"], ["10.0.0.3:30010"]]
+    assert groups[0]["labels"] == {
+        "fleet": "big", "server": "big-0", "group": "default", "node": "10.0.0.1", "model": "qwen3", "role": "server"
+    }  # fmt: skip
