@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     configure_logging(server_args)
     try:
+        check_model_source(server_args)
         check_device_present(server_args)
         if int(getattr(server_args, "node_rank", 0) or 0) > 0:
             return _run_worker_node(server_args)
@@ -83,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         logger.error("%s", exc)
         return EXIT_USAGE
+
+
+def check_model_source(server_args: Any) -> None:
+    """A model that is not here fails now (under a second), not after the hub's retries or a rank start."""
+    from tokenspeed.runtime.models.model_source import check_model_source as check
+
+    check(str(server_args.model), getattr(server_args, "tokenizer", None), bool(server_args.skip_tokenizer_init))
 
 
 def check_device_present(server_args: Any) -> None:

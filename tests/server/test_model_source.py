@@ -1,0 +1,53 @@
+"""A model that is not on this machine fails `tokenspeed serve` at once, saying why, instead of after a
+minute of hub retries: offline (HF_HUB_OFFLINE=1) and with the hub unreachable alike."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+# A hub endpoint nothing listens on: "unreachable" without depending on this machine's network.
+UNREACHABLE_HUB = "http://127.0.0.1:9"
+
+
+def serve(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "tokenspeed", "serve", *args, "--device", "cpu", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **env},
+    )
+    return result, time.monotonic() - began
+
+
+def fastest(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    """The quicker of two runs: one slow start on a loaded machine is not what is measured here."""
+    first = serve(*args, **env)
+    return first if first[1] < 2.0 else min(first, serve(*args, **env), key=lambda r: r[1])
+
+
+def test_unknown_model_fails_in_under_two_seconds_offline_and_unreachable():
+    for env, why in (
+        ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE"),
+        ({"HF_ENDPOINT": UNREACHABLE_HUB}, "not reachable"),
+    ):
+        result, seconds = fastest("no-such-org/no-such-model", **env)
+        assert result.returncode == 2, result.stderr
+        assert (
+            "--model 'no-such-org/no-such-model' is neither a local folder nor a demo model name"
+            in result.stderr
+        )
+        assert why in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert seconds < 2.0, f"{seconds:.2f}s: {result.stderr}"
+
+
+def test_hub_tokenizer_fails_fast_when_the_hub_is_unreachable():
+    result, seconds = fastest("demo", "--tokenizer", "no-such-org/tok", HF_ENDPOINT=UNREACHABLE_HUB)
+    assert result.returncode == 2, result.stderr
+    assert "--tokenizer 'no-such-org/tok' is neither a local folder nor reachable" in result.stderr
+    assert seconds < 2.0, f"{seconds:.2f}s: {result.stderr}"
