@@ -1,18 +1,31 @@
-"""GPU readings through NVML (nvidia-ml-py): per GPU its name, total, free, used by other processes.
+"""GPU readings through NVML (nvidia-ml-py): per GPU its name, total, free, and the compute processes
+on it (pid and memory), which `console.gpu_owners` matches to fleets.
 
 A `Probe` is plain data, so it can be recorded to JSON on one machine and planned against on another
-(`tokenspeed profile plan --gpus-from reading.json`); tests plan against recorded H200 readings.
+(`tokenspeed profile plan --gpus-from reading.json`); tests plan against recorded H200 readings. With
+`TOKENSPEED_GPU_READINGS=reading.json` in its environment, `probe_gpus()` returns that recorded reading
+instead of asking NVML (read afresh at each call), so a supervisor can be planned against one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 _MIB = 1024 * 1024
+READINGS_ENV = "TOKENSPEED_GPU_READINGS"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process NVML lists on a GPU (its pid as this machine's NVML reports it)."""
+
+    pid: int
+    used_mib: float
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,7 @@ class GpuReading:
     free_mib: float
     used_by_others_mib: float  # memory of compute processes already on the GPU
     compute_capability: tuple[int, int] | None = None
+    processes: tuple[GpuProcess, ...] = ()
 
     @property
     def used_mib(self) -> float:
@@ -45,6 +59,7 @@ class Probe:
         gpus = []
         for g in data.get("gpus", []):
             cc = g.get("compute_capability")
+            procs = tuple(GpuProcess(int(p["pid"]), float(p["used_mib"])) for p in g.get("processes", []))
             gpus.append(
                 GpuReading(
                     index=int(g["index"]),
@@ -53,6 +68,7 @@ class Probe:
                     free_mib=float(g.get("free_mib", g["total_mib"])),
                     used_by_others_mib=float(g.get("used_by_others_mib", 0.0)),
                     compute_capability=tuple(cc) if cc else None,
+                    processes=procs,
                 )
             )
         kind = data.get("kind", "nvidia" if gpus else "cpu")
@@ -78,6 +94,9 @@ def _text(value) -> str:
 
 def probe_gpus() -> Probe:
     """Read every GPU of this machine; a `cpu` probe (with the reason) where NVML finds none."""
+    recorded = os.environ.get(READINGS_ENV)
+    if recorded:
+        return load_probe(recorded)
     host = socket.gethostname()
     try:
         import pynvml
@@ -93,9 +112,11 @@ def probe_gpus() -> Probe:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             try:
-                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                others = sum((p.usedGpuMemory or 0) for p in procs) / _MIB
+                listed = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                procs = tuple(GpuProcess(int(p.pid), (p.usedGpuMemory or 0) / _MIB) for p in listed)
+                others = sum(p.used_mib for p in procs)
             except pynvml.NVMLError:
+                procs = ()
                 others = (memory.total - memory.free) / _MIB
             try:
                 capability = tuple(int(x) for x in pynvml.nvmlDeviceGetCudaComputeCapability(handle))
@@ -109,6 +130,7 @@ def probe_gpus() -> Probe:
                     free_mib=memory.free / _MIB,
                     used_by_others_mib=others,
                     compute_capability=capability,
+                    processes=procs,
                 )
             )
     finally:

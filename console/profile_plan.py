@@ -1,47 +1,37 @@
-"""Sizing a fleet against GPU readings before anything starts: weights, memory, KV tokens, graphs.
+"""Sizing a fleet against GPU readings before anything starts, through the server's own memory model.
 
-Per server (all its GPUs hold the same shard, so the smallest GPU decides):
+Per server (all its GPUs hold the same shard, so the smallest and fullest GPU decides), with the
+formulas of `tokenspeed.config.memory_model` that the server's KV sizing runs:
 
-    budget     = total * gpu_memory_utilization      (the seed's default by world size, or the profile's)
-                 lowered to (free - margin) / total when other processes already hold memory
-    weights    = checkpoint bytes (or parameters from config.json x dtype), sharded by TP / EP
-    reserve    = CUDA context + prefill activations + CUDA graphs (estimates, see _reserve_gib)
-    KV tokens  = (budget - weights - reserve) / KV bytes per token on one GPU
+    free       = NVML free memory, plus what this fleet's own servers hold (a plan for a running fleet
+                 is the plan of its restart, never refused for its own memory)
+    weights    = parameters from config.json x dtype (scaled to the checkpoint's size), sharded by TP / EP
+    reserve    = CUDA context + request table + CUDA-graph pool (+ FlashInfer workspace)
+    KV budget  = free - weights - reserve - total * (1 - gpu_memory_utilization)
+    KV tokens  = KV budget // (KV bytes per token * block_size) * block_size
     concurrent = KV tokens // max_model_len
 
-A plan that leaves no memory for KV, or not enough for one sequence of max_model_len, is refused
-with the reason. On a machine without GPUs the only plan is `device = "cpu"`.
+The plan is applied: `planned_flags` are put on each server's command line (the utilization and the
+capture sizes), so the server sizes with the same inputs. A plan that leaves no memory for KV, or not
+enough for one sequence of max_model_len, is refused with the reason. On a machine without GPUs the only
+plan is `device = "cpu"`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from console.probe import Probe, probe_gpus
-from console.profile_model import ModelShape, find_config, model_shape, weights_bytes
+from console.profile_model import checkpoint_bytes, find_config
+from tokenspeed.config import memory_model as mm
+from tokenspeed.config.model_shape import ModelShape, model_shape
+
+if TYPE_CHECKING:
+    from console.gpu_owners import FleetProcesses
 
 GIB = 1024**3
-MARGIN_FRACTION = 0.02  # of total memory, kept free for fragmentation and other processes' growth
-MARGIN_MIN_MIB = 1024
-KV_DTYPE_BYTES = {
-    "auto": None,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-    "bfloat16": 2,
-    "float16": 2,
-    "float32": 4,
-}
-
-
-def capture_sizes(max_size: int) -> list[int]:
-    """Decode batch sizes to capture: 1, 2, 4, then every 8 up to `max_size`."""
-    sizes = [s for s in (1, 2, 4) if s <= max_size]
-    sizes += list(range(8, max_size + 1, 8))
-    if max_size not in sizes and max_size > 0:
-        sizes.append(max_size)
-    return sizes
+MIB = 1024**2
 
 
 @dataclass(frozen=True)
@@ -51,7 +41,9 @@ class ServerPlan:
     gpus: list[int]
     gpu_name: str | None = None
     total_gib: float | None = None
-    free_gib: float | None = None
+    free_gib: float | None = None  # what the plan counts as free: NVML's free plus the fleet's own
+    own_gib: float | None = None  # held by this fleet's own servers on the fullest GPU (added back)
+    others_gib: float | None = None  # held by every other process on that GPU
     gpu_memory_utilization: float | None = None
     utilization_default: float | None = None
     weights_gib: float | None = None  # per GPU
@@ -64,6 +56,9 @@ class ServerPlan:
     concurrent_seqs: int | None = None
     max_cudagraph_capture_size: int | None = None
     cudagraph_capture_sizes: list[int] = field(default_factory=list)
+    # What the supervisor adds to this server's `tokenspeed serve` command line (flags the profile left
+    # unset); empty when the profile sets them all, on the CPU, or when the plan does not fit.
+    planned_flags: list[str] = field(default_factory=list)
     fits: bool = True
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -74,6 +69,7 @@ class FleetPlan:
     fleet: str
     probe: Probe
     servers: list[ServerPlan]
+    running: bool = False  # the fleet's own servers hold memory: planned as their restart would see it
 
     @property
     def fits(self) -> bool:
@@ -84,193 +80,244 @@ class FleetPlan:
         bad = [f"{s.name}: {s.reason}" for s in self.servers if not s.fits]
         return "; ".join(bad) or None
 
+    @property
+    def verdict(self) -> str:
+        if self.running:
+            return "fits as running" if self.fits else f"running; a restart now would not fit: {self.reason}"
+        return "would fit now" if self.fits else f"REFUSED: {self.reason}"
+
+    def server(self, name: str) -> ServerPlan | None:
+        return next((s for s in self.servers if s.name == name), None)
+
     def to_dict(self) -> dict:
         return {
             "fleet": self.fleet,
             "fits": self.fits,
+            "running": self.running,
+            "verdict": self.verdict,
             "reason": self.reason,
             "servers": [asdict(s) for s in self.servers],
         }
 
 
-def _reserve_gib(shape: ModelShape, args: Any, tp: int, capture: bool) -> float:
-    """Memory outside weights and KV: CUDA context, one prefill chunk's activations, captured graphs."""
-    context = 0.75
-    chunk = int(args.chunked_prefill_size or 8192)
-    # hidden states, QKV, MLP intermediate (sharded) of one chunk, in the activation dtype, with room
-    # for a few live copies during the forward pass.
-    per_token = (4 * shape.hidden + 2 * shape.intermediate_per_gpu(tp)) * shape.dtype_bytes
-    activations = chunk * per_token * 4 / GIB
-    graphs = 0.5 if capture else 0.0
-    return context + activations + graphs
+def planned_flags(args: Any, given: set[str], plan: dict) -> list[str]:
+    """Flags for the planned values the profile did not set itself (`given`: its [server] keys)."""
+    flags: list[str] = []
+    if not {"gpu_memory_utilization", "max_total_tokens"} & given:
+        flags += ["--gpu-memory-utilization", str(plan["gpu_memory_utilization"])]
+    sizes = plan["cudagraph_capture_sizes"]
+    if sizes and not {"max_cudagraph_capture_size", "cudagraph_capture_sizes"} & given:
+        flags += ["--max-cudagraph-capture-size", str(plan["max_cudagraph_capture_size"])]
+        flags += ["--cudagraph-capture-sizes", *map(str, sizes)]
+    return flags
 
 
 def plan_server(
-    name: str, gpus: list[int], args: Any, shape: ModelShape | None, weights: int | None, probe: Probe
+    name: str,
+    gpus: list[int],
+    args: Any,
+    shape: ModelShape | None,
+    ckpt_bytes: int | None,
+    probe: Probe,
+    own_mib: dict[int, float] | None = None,
+    given: set[str] = frozenset(),
 ) -> ServerPlan:
-    max_num_seqs = getattr(args, "max_num_seqs", None)
+    max_num_seqs = args.max_num_seqs
     if args.device == "cpu":
         return ServerPlan(
             name, "cpu", [], max_num_seqs=max_num_seqs, notes=["CPU: no GPU memory plan, no CUDA graphs"]
         )
     readings = probe.by_index()
     if probe.kind != "nvidia" or not readings:
-        return ServerPlan(
-            name,
-            args.device,
-            gpus,
-            fits=False,
-            reason=(
-                f'no NVIDIA GPU on {probe.hostname} ({probe.note or "none found"}); set [server] device = "cpu"'
-            ),
+        reason = (
+            f'no NVIDIA GPU on {probe.hostname} ({probe.note or "none found"}); set [server] device = "cpu"'
         )
+        return ServerPlan(name, args.device, gpus, fits=False, reason=reason)
     missing = [g for g in gpus if g not in readings]
     if missing:
-        return ServerPlan(
-            name,
-            args.device,
-            gpus,
-            fits=False,
-            reason=f"GPU(s) {missing} not found: {probe.hostname} has GPUs {sorted(readings)}",
-        )
-    chosen = [readings[g] for g in gpus]
-    total = min(g.total_mib for g in chosen)
-    free = min(g.free_mib for g in chosen)
-    default_util = float(args.gpu_memory_utilization)
-    margin = max(MARGIN_MIN_MIB, MARGIN_FRACTION * total)
-    notes = []
-    util = default_util
-    if free - margin < total * util:
-        util = max((free - margin) / total, 0.0)
-        notes.append(
-            f"gpu_memory_utilization lowered from {default_util:.2f} to {util:.2f}: only "
-            f"{free / 1024:.1f} GiB of {total / 1024:.1f} GiB free"
-        )
+        reason = f"GPU(s) {missing} not found: {probe.hostname} has GPUs {sorted(readings)}"
+        return ServerPlan(name, args.device, gpus, fits=False, reason=reason)
+    own_mib = own_mib or {}
+    # The fullest GPU decides: every rank gets the pool size of the smallest (ranks agree on the minimum).
+    fullest = min((readings[g] for g in gpus), key=lambda r: r.free_mib + own_mib.get(r.index, 0.0))
+    total_mib = min(readings[g].total_mib for g in gpus)
+    own = own_mib.get(fullest.index, 0.0)
+    free_mib = fullest.free_mib + own
+    util = float(args.gpu_memory_utilization)
     mapping = args.mapping
-    capture = not args.enforce_eager
-    max_capture = int(args.max_cudagraph_capture_size or 0)
-    sizes = list(args.cudagraph_capture_sizes or capture_sizes(min(max_capture, max_num_seqs or max_capture)))
+    attention = args.attention_backend or "triton"  # the default on CUDA (layers/attention/default_backend)
+    sizes = mm.graph_capture_sizes(
+        args.enforce_eager,
+        attention,
+        args.cudagraph_capture_sizes,
+        args.max_cudagraph_capture_size,
+        max_num_seqs,
+    )
+    notes = []
+    others = max(fullest.total_mib - fullest.free_mib - own, 0.0)
+    if others > 1024:
+        notes.append(
+            f"GPU {fullest.index}: {others / 1024:.1f} GiB held by other processes, not available for KV"
+        )
+    if own > 0:
+        notes.append(
+            f"GPU {fullest.index}: {own / 1024:.1f} GiB held by this fleet's servers, counted as free"
+        )
     base = dict(
         name=name,
         device=args.device,
         gpus=gpus,
-        gpu_name=chosen[0].name,
-        total_gib=total / 1024,
-        free_gib=free / 1024,
-        gpu_memory_utilization=round(util, 4),
-        utilization_default=default_util,
+        gpu_name=fullest.name,
+        total_gib=total_mib / 1024,
+        free_gib=free_mib / 1024,
+        own_gib=own / 1024,
+        others_gib=others / 1024,
+        gpu_memory_utilization=util,
+        utilization_default=util if args.gpu_memory_utilization_defaulted else None,
         max_num_seqs=max_num_seqs,
-        max_cudagraph_capture_size=max_capture if capture else None,
-        cudagraph_capture_sizes=sizes if capture else [],
+        max_cudagraph_capture_size=max(sizes) if sizes else None,
+        cudagraph_capture_sizes=sizes or [],
     )
     if shape is None:
         notes.append("model config.json not found locally: weights and KV not sized")
-        return ServerPlan(**base, notes=notes)
-    tp = mapping.attn.tp_size
-    per_gpu_weights = shape.weights_per_gpu(
-        weights, tp, mapping.dense.tp_size, mapping.moe.tp_size * mapping.moe.ep_size
+        return ServerPlan(**base, planned_flags=planned_flags(args, given, base), notes=notes)
+    dtype_bytes = mm.compute_dtype_bytes(args.dtype, shape.config_dtype, "cuda")
+    max_len = min(int(args.max_model_len or shape.max_position), shape.max_position)
+    weights = shape.weights_bytes_per_gpu(
+        dtype_bytes,
+        mapping.attn.tp_size,
+        _sharded_over(mapping, "dense_tp"),
+        _sharded_over(mapping, "moe_tp"),
+        _sharded_over(mapping, "moe_ep"),
+        int(args.ep_num_redundant_experts or 0),
+        ckpt_bytes,
+    ) + mm.rotary_table_bytes(max_len, shape.head_dim)
+    block = int(args.block_size)
+    table = mm.request_table_bytes(max_num_seqs, max_len, block)
+    held = mm.held_back_bytes(sizes, attention, shape.hidden, shape.intermediate, shape.vocab, dtype_bytes)
+    heads = mm.kv_heads_per_rank(shape.kv_heads, mapping.attn.tp_size)
+    per_token = mm.kv_bytes_per_token(shape.num_layers, heads, shape.head_dim, dtype_bytes)
+    memory = mm.plan_gpu_memory(
+        int(total_mib * MIB), int(free_mib * MIB), util, weights, table, held, per_token, block
     )
-    reserve = _reserve_gib(shape, args, tp, capture)
-    budget = total * util / 1024
-    kv_gib = budget - per_gpu_weights / GIB - reserve
-    kv_dtype = KV_DTYPE_BYTES.get(str(args.kv_cache_dtype)) or shape.dtype_bytes
-    per_token = shape.kv_bytes_per_token(tp, kv_dtype)
-    max_len = int(args.max_model_len or shape.max_position)
-    block = int(args.block_size or 1)
-    kv_tokens = max(int(kv_gib * GIB // per_token) // block * block, 0) if kv_gib > 0 else 0
+    kv_tokens = memory.kv_tokens
+    if args.max_total_tokens is not None:
+        kv_tokens = args.max_total_tokens // block * block
+        notes.append(f"max_total_tokens {args.max_total_tokens} set: the KV pool is not sized from memory")
     # Each attention-DP rank has its own KV cache and serves its own sequences.
     dp = mapping.attn.dp_size
     if dp > 1:
         notes.append(f"KV tokens are per attention-DP rank; {dp} ranks serve sequences side by side")
     plan = dict(
         base,
-        weights_gib=per_gpu_weights / GIB,
-        reserve_gib=reserve,
-        kv_gib=max(kv_gib, 0.0),
+        weights_gib=weights / GIB,
+        reserve_gib=memory.reserve / GIB,
+        kv_gib=max(kv_tokens * per_token, 0) / GIB,
         kv_bytes_per_token=per_token,
         kv_tokens=kv_tokens,
         max_model_len=max_len,
         concurrent_seqs=(kv_tokens // max_len) * dp if max_len else None,
         notes=notes,
     )
-    if kv_gib <= 0:
-        return ServerPlan(
-            **plan,
-            fits=False,
-            reason=(
-                f"weights {per_gpu_weights / GIB:.1f} GiB + reserve {reserve:.1f} GiB per GPU exceed the "
-                f"{budget:.1f} GiB budget (gpu_memory_utilization {util:.2f} of {total / 1024:.1f} GiB); "
-                "use more GPUs (tp) or a smaller model"
-            ),
+    if kv_tokens <= 0:
+        reason = (
+            f"weights {weights / GIB:.1f} GiB + reserve {memory.reserve / GIB:.1f} GiB per GPU exceed the "
+            f"{(free_mib - total_mib * (1 - util)) / 1024:.1f} GiB left of {free_mib / 1024:.1f} GiB free "
+            f"(gpu_memory_utilization {util:.2f} keeps {total_mib * (1 - util) / 1024:.1f} GiB away); "
+            "use more GPUs (tp) or a smaller model"
         )
+        return ServerPlan(**plan, fits=False, reason=reason)
     if kv_tokens < max_len:
-        return ServerPlan(
-            **plan,
-            fits=False,
-            reason=(
-                f"the KV cache holds {kv_tokens} tokens, less than one sequence of max_model_len {max_len}; "
-                "lower max_model_len or use more GPUs"
-            ),
+        reason = (
+            f"the KV cache holds {kv_tokens} tokens, less than one sequence of max_model_len {max_len}; "
+            "lower max_model_len or use more GPUs"
         )
-    return ServerPlan(**plan)
+        return ServerPlan(**plan, fits=False, reason=reason)
+    return ServerPlan(**plan, planned_flags=planned_flags(args, given, plan))
 
 
-def plan_fleet(resolved, probe: Probe, config: dict | None = None) -> FleetPlan:
-    """Plan every server of a resolved profile against `probe` (readings of each node, assumed alike)."""
+def _sharded_over(mapping: Any, kind: str) -> int:
+    """How many ranks a dense or MoE part of rank 0 really splits over (never across attention DP)."""
+    single = {"moe_tp": mapping.moe_tp_size == 1, "moe_ep": mapping.moe_ep_size == 1}
+    if single.get(kind, False):  # a size-1 MoE axis is this rank's alone, whatever the layout
+        return 1
+    return len(mapping.effective_group(kind, 0))
+
+
+def plan_fleet(
+    resolved,
+    probe: Probe,
+    config: dict | None = None,
+    own_mib: dict[int, float] | None = None,
+    running: bool = False,
+) -> FleetPlan:
+    """Plan every server of a resolved profile against `probe` (readings of each node, assumed alike);
+    `own_mib` is what the fleet's own servers hold on each GPU (counted as free) when it is `running`."""
     args0 = resolved.server_args[0]
-    given = config
     models: dict[str, tuple] = {}  # a fleet of server groups may run several models
     servers = []
-    for spec, args in zip(resolved.servers, resolved.server_args, strict=False):
+    # The [server] keys each server's profile sets (its group's included), which the plan leaves alone.
+    given_keys = resolved.given_keys or (frozenset(resolved.profile.server),) * len(resolved.servers)
+    for spec, args, given in zip(resolved.servers, resolved.server_args, given_keys, strict=True):
         if args.model not in models:
-            found = given if given is not None and args.model == args0.model else find_config(args.model)
-            shape = model_shape(found) if found else None
-            models[args.model] = (shape, weights_bytes(args.model, shape) if shape else None)
-        shape, weights = models[args.model]
-        servers.append(plan_server(spec.name, list(spec.gpus), args, shape, weights, probe))
-    return FleetPlan(resolved.profile.fleet.name, probe, servers)
+            found = config if config is not None and args.model == args0.model else find_config(args.model)
+            models[args.model] = (model_shape(found), checkpoint_bytes(args.model)) if found else (None, None)
+        shape, ckpt = models[args.model]
+        servers.append(plan_server(spec.name, list(spec.gpus), args, shape, ckpt, probe, own_mib, set(given)))
+    return FleetPlan(resolved.profile.fleet.name, probe, servers, running=running or bool(own_mib))
 
 
-def plan_with_platform(resolved, probe: Probe, config: dict | None = None):
-    """Re-resolve the profile for the probed GPUs (the seed's defaults depend on GPU memory), then plan."""
-    from console.profiles import resolve_profile
+def platform_facts(probe: Probe):
+    """What the seed's defaults depend on, as the probe saw it (None without NVIDIA GPUs)."""
     from tokenspeed.config.resolve import PlatformFacts
 
-    if probe.kind == "nvidia" and probe.gpus:
-        cc = probe.gpus[0].compute_capability
-        facts = PlatformFacts(
-            "nvidia", bool(cc and tuple(cc) >= (9, 0)), min(g.total_mib for g in probe.gpus) / 1024
-        )
+    if probe.kind != "nvidia" or not probe.gpus:
+        return None
+    cc = probe.gpus[0].compute_capability
+    return PlatformFacts(
+        "nvidia", bool(cc and tuple(cc) >= (9, 0)), min(g.total_mib for g in probe.gpus) / 1024
+    )
+
+
+def plan_with_platform(
+    resolved,
+    probe: Probe,
+    config: dict | None = None,
+    own_mib: dict[int, float] | None = None,
+    running: bool = False,
+) -> FleetPlan:
+    """Re-resolve the profile for the probed GPUs (the seed's defaults depend on GPU memory), then plan."""
+    from console.profiles import resolve_profile
+
+    facts = platform_facts(probe)
+    if facts is not None:
         resolved = resolve_profile(resolved.profile, facts)
-    return plan_fleet(resolved, probe, config)
+    return plan_fleet(resolved, probe, config, own_mib, running)
 
 
-def check_fits(resolved, probe: Probe | None = None) -> str | None:
-    """None when the fleet fits this machine's GPUs; otherwise why not (nothing should start)."""
-    plan = plan_with_platform(resolved, probe or probe_gpus())
+def check_fits(resolved, probe: Probe | None = None, own: FleetProcesses | None = None) -> str | None:
+    """None when the fleet fits this machine's GPUs; otherwise why not (nothing should start). `own`:
+    the fleet's servers already running, whose memory counts as free."""
+    from console.gpu_owners import attribute, own_mib_by_gpu
+
+    probe = probe or probe_gpus()
+    own_mib = own_mib_by_gpu(attribute(probe, own)) if own is not None else None
+    plan = plan_with_platform(resolved, probe, own_mib=own_mib)
     return None if plan.fits else plan.reason
 
 
-def probe_and_plan(resolved) -> dict:
-    probe = probe_gpus()
-    try:
-        plan = plan_with_platform(resolved, probe).to_dict()
-        error = None
-    except (ValueError, OSError) as exc:
-        plan, error = None, str(exc)
-    return {"probe": probe.to_dict(), "plan": plan, "error": error}
-
-
 def format_plan(plan: FleetPlan) -> str:
+    probe = plan.probe
     lines = [
-        f"fleet {plan.fleet} on {plan.probe.hostname} ({plan.probe.kind}, {len(plan.probe.gpus)} GPU(s))"
+        f"fleet {plan.fleet} on {probe.hostname} ({probe.kind}, {len(probe.gpus)} GPU(s)): {plan.verdict}"
     ]
     for s in plan.servers:
         lines.append(f"  {s.name}: device {s.device}" + (f", GPUs {s.gpus} ({s.gpu_name})" if s.gpus else ""))
         if s.total_gib is not None:
+            default = "default" if s.utilization_default is not None else "from the profile"
             lines.append(
                 f"    memory      {s.total_gib:.1f} GiB total, {s.free_gib:.1f} GiB free, "
-                f"gpu_memory_utilization {s.gpu_memory_utilization:.2f} (default {s.utilization_default:.2f})"
+                f"gpu_memory_utilization {s.gpu_memory_utilization:.2f} ({default})"
             )
         if s.weights_gib is not None:
             lines.append(
@@ -288,6 +335,10 @@ def format_plan(plan: FleetPlan) -> str:
                 f"    CUDA graphs max {s.max_cudagraph_capture_size}: [{shown}] ({len(sizes)} sizes); "
                 f"max_num_seqs {s.max_num_seqs}"
             )
+        if s.planned_flags:
+            flags = s.planned_flags
+            shown = " ".join(flags[:5]) + (" ..." if len(flags) > 5 else "")
+            lines.append(f"    command     + {shown}")
         for note in s.notes:
             lines.append(f"    note        {note}")
         lines.append("    fits" if s.fits else f"    REFUSED     {s.reason}")

@@ -13,7 +13,9 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
                    "metrics": {"running", "waiting", "kv_usage", "prefix_hit_rate", "gen_throughput",
                                "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "queue_p50", "queue_p99",
                                "requests_total", "errors_total"} | null,
-                   "scraped_at": float | null}
+                   "scraped_at": float | null,
+                   "plan": {"kv_tokens", "gpu_memory_utilization", "cudagraph_capture_sizes", "fits",
+                            "reason"} | null (what the server was last started with; null on the CPU)}
          last_exit.reason: "unhealthy" (stopped by the supervisor: UNHEALTHY too long), "exited while
          unsupervised; status unknown", or null when code/signal tell all.
          state is one of STARTING READY UNHEALTHY BACKOFF STOPPING STOPPED FATAL; times are Unix
@@ -32,7 +34,10 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
                                                            rebalance now: balancedness before/after)
     POST /fleet/rolling_restart             {"ok", "servers"}: one at a time, each READY before the next
     POST /shutdown                          {"ok"}: stop every server, then the supervisor exits
-    GET  /probe                             {"probe": {...GPU readings...}, "plan": {...} | null, "error"}
+    GET  /probe                             {"probe": {...GPU readings...}, "owners": [GpuOwners], "plan": {...}
+                                             | null, "error"}: the plan of a restart now (own servers'
+                                             memory counted free); GpuOwners = {"index", "own": {server:
+                                             MiB}, "other_fleets": {"fleet/server": MiB}, "unknown": {pid: MiB}}
 """
 
 from __future__ import annotations
@@ -130,9 +135,7 @@ def build_app(sup: Supervisor) -> Starlette:
         return JSONResponse({"ok": True})
 
     async def probe(request: Request):
-        from console.profile_plan import probe_and_plan
-
-        return JSONResponse(await asyncio.to_thread(probe_and_plan, sup.resolved))
+        return JSONResponse(await asyncio.to_thread(sup.gpu_view))
 
     routes = [
         Route("/fleet", guarded(fleet)),

@@ -17,15 +17,18 @@ from pathlib import Path
 import httpx
 
 from console import metrics_math
+from console.gpu_owners import FleetProcesses, recorded_fleet
 from console.launchers.base import make_launcher
 from console.launchers.local import find_process, signal_group
 from console.monitoring.fleet_monitor import FleetMonitor
+from console.profile_plan import ServerPlan
 from console.profiles import ResolvedFleet
 from console.supervisor import statefile
 from console.supervisor.history import MetricsHistory, ServerStatus
 from console.supervisor.load import LoadGenerator
 from console.supervisor.logfile import rotate_if_needed, tail
 from console.supervisor.paths import StatePaths
+from console.supervisor.planning import FleetPlans, PlannedLauncher
 from console.supervisor.states import State
 from console.supervisor.unit import ServerUnit
 
@@ -45,7 +48,9 @@ class Supervisor:
         self.resolved = resolved
         self.fleet = resolved.profile.fleet
         self.paths = paths
-        self.launcher = make_launcher(
+        # Each server starts with its plan's flags; a restart is re-planned (console/supervisor/planning.py).
+        self.plans = FleetPlans(resolved, paths.root, recorded_fleet(paths.root))
+        inner = make_launcher(
             self.fleet.launcher,
             self.fleet.command,
             paths.root,
@@ -53,6 +58,7 @@ class Supervisor:
             self.fleet.log_max_bytes,
             self.fleet.log_backups,
         )
+        self.launcher = PlannedLauncher(inner, self.plans, self.own_processes)
         self.units = {
             spec.name: ServerUnit(
                 spec, self.fleet, self.launcher, paths.log(spec.name), resolved.profile.supervisor
@@ -83,6 +89,14 @@ class Supervisor:
         self.monitor = FleetMonitor(resolved, paths.root, self.units)
 
     # ------------------------------------------------------------ lifecycle
+
+    def own_processes(self) -> FleetProcesses:
+        """The root pids of the servers running now (their GPU memory is this fleet's own)."""
+        servers = {name: tuple(h.pid for h in u.handles if h.pid) for name, u in self.units.items()}
+        return FleetProcesses(self.fleet.name, {name: pids for name, pids in servers.items() if pids})
+
+    def gpu_view(self) -> dict:
+        return self.plans.view(self.own_processes()).to_dict()
 
     def unit(self, name: str) -> ServerUnit:
         if name not in self.units:
@@ -270,6 +284,7 @@ class Supervisor:
         }
 
     def fleet_json(self) -> dict:
+            "plan": _plan_json(self.plans.planned(spec.name)),
         now = time.time()
         return {
             "name": self.fleet.name,
@@ -329,5 +344,19 @@ class Supervisor:
 def remove_socket(path: Path) -> None:
     try:
         path.unlink()
+def _plan_json(plan: ServerPlan | None) -> dict | None:
+    """The planned values a running server reports back in /get_server_info (the Server screen's
+    "planned X, running X")."""
+    if plan is None or plan.device == "cpu":
+        return None
+    return {
+        "kv_tokens": plan.kv_tokens,
+        "gpu_memory_utilization": plan.gpu_memory_utilization,
+        "cudagraph_capture_sizes": plan.cudagraph_capture_sizes,
+        "fits": plan.fits,
+        "reason": plan.reason,
+    }
+
+
     except FileNotFoundError:
         pass

@@ -64,6 +64,7 @@ def _summary(servers: list[dict]) -> str:
 
 
 def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int:
+    from console.gpu_owners import recorded_fleet
     from console.profile_plan import check_fits
     from console.profiles import ProfileError, load_and_resolve
 
@@ -72,10 +73,6 @@ def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int
     except (ProfileError, ValueError) as exc:
         _err(f"error: {exc}\nnothing was started")
         return EXIT_USAGE
-    refusal = check_fits(resolved)
-    if refusal:
-        _err(f"error: the plan does not fit: {refusal}\nnothing was started")
-        return EXIT_USAGE
     fleet = resolved.profile.fleet
     paths = StatePaths(Path(state_dir).resolve() if state_dir else default_state_dir(fleet.name))
     client = SupervisorClient(paths.root)
@@ -83,6 +80,12 @@ def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int
     if client.alive():
         click.echo(f"fleet {fleet.name} is already supervised from {paths.root}")
     else:
+        # Servers a killed supervisor left running are re-adopted: their memory is the fleet's own.
+        refusal = check_fits(resolved, own=recorded_fleet(paths.root))
+        if refusal:
+            client.close()
+            _err(f"error: the plan does not fit: {refusal}\nnothing was started")
+            return EXIT_USAGE
         daemon = _spawn_daemon(resolved.profile.path, paths)
         click.echo(f"fleet {fleet.name}: supervisor pid {daemon.pid}, state in {paths.root}")
     deadline = time.monotonic() + timeout

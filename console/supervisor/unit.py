@@ -16,6 +16,7 @@ from pathlib import Path
 from console.launchers.base import Launcher, ProcessHandle
 from console.profile_schema import FleetSpec, ServerSpec, SupervisorSpec
 from console.supervisor.logfile import supervisor_note
+from console.supervisor.planning import PlanRefused
 from console.supervisor.policy import RestartPolicy
 from console.supervisor.states import REASON_UNHEALTHY, REASON_UNSUPERVISED, ExitInfo, State
 
@@ -180,6 +181,15 @@ class ServerUnit:
         try:
             for process in self.spec.processes:
                 self.handles.append(self.launcher.start(self.spec, process, self.log_path))
+        except PlanRefused as exc:  # it cannot fit the GPUs now: starting it again and again would not
+            self.error = f"refused: {exc}"
+            self._note(f"FATAL: {self.error}")
+            for handle in self.handles:
+                handle.signal_group(signal.SIGKILL)
+            self.handles = []
+            self._set(State.FATAL)
+            self.changed = True
+            return
         except Exception as exc:  # a start that fails (bad command, node gone) is a failed start
             self.error = f"start failed: {exc}"
             self._note(self.error)

@@ -98,6 +98,9 @@ class Server:
     error: str | None
     metrics: Metrics | None
     scraped_at: float | None
+    # The supervisor's plan this server was started with: kv_tokens, gpu_memory_utilization,
+    # cudagraph_capture_sizes (None on the CPU).
+    plan: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Server:
@@ -120,6 +123,7 @@ class Server:
             error=data.get("error") or None,
             metrics=Metrics.from_json(data.get("metrics")),
             scraped_at=_num(data.get("scraped_at")),
+            plan=data.get("plan") if isinstance(data.get("plan"), dict) else None,
         )
 
     @property

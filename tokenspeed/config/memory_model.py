@@ -1,8 +1,8 @@
 """The memory model of a server on one GPU: the formulas the console's planner predicts with and the
 server sizes its KV pool with, so the plan's numbers are the server's numbers.
 
-    free after load = free now - CUDA context - weights - request table   (the planner predicts it from
-                                                                          NVML; the server measures it)
+    free after load = free now - CUDA context - weights (and rotary table) - request table
+                      (the planner predicts it from NVML; the server measures it)
     held back       = CUDA-graph pool (+ FlashInfer's workspace)          (held while the pool is sized)
     KV budget       = free after load - held back - total * (1 - gpu_memory_utilization)
     KV tokens       = KV budget // (KV bytes per token * block_size) * block_size
@@ -105,6 +105,11 @@ def held_back_bytes(
         graph_reserve_bytes(hidden, intermediate, vocab, dtype_bytes, max(graph_sizes)) if graph_sizes else 0
     )
     return graphs + (FLASHINFER_WORKSPACE_BYTES if attention_backend == "flashinfer" else 0)
+
+
+def rotary_table_bytes(max_model_len: int, head_dim: int) -> int:
+    """The model's float32 cos|sin table, one row per position (built beside the weights)."""
+    return max_model_len * 2 * head_dim * 4
 
 
 def request_table_bytes(num_rows: int, max_context_len: int, block_size: int) -> int:

@@ -1,4 +1,5 @@
-"""GPUs screen: what the probe sees on each GPU (memory, other users) and the plan it makes from that."""
+"""GPUs screen: what the probe sees on each GPU (memory; whose: this fleet's servers, other fleets, unknown
+processes) and the plan of a restart now, made with this fleet's own memory counted free."""
 
 from __future__ import annotations
 
@@ -62,17 +63,38 @@ def gpu_table(gpus: list[dict[str, Any]]) -> Table:
     return table
 
 
-def other_users(gpus: list[dict[str, Any]]) -> Text:
-    """Memory other processes hold on each GPU (what the planner has to leave them)."""
+def owners_text(owners: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> Text:
+    """Per GPU, whose memory it holds: this fleet's servers, other fleets' servers, unknown processes."""
+    by_index = {o.get("index"): o for o in owners if isinstance(o, dict)}
     text = Text()
     for gpu in gpus:
-        others = gpu.get("used_by_others_mib")
-        if isinstance(others, (int, float)) and others > 0:
-            text.append(
-                f"GPU {gpu.get('index', '?')}: {fmt.mib(float(others))} used by other processes\n",
-                style="yellow",
-            )
-    return text or Text("no other processes on the GPUs", style="dim")
+        index = gpu.get("index", "?")
+        owner = by_index.get(index)
+        if owner is None:  # a probe without process lists (an older supervisor, or NVML refused them)
+            others = gpu.get("used_by_others_mib")
+            if isinstance(others, (int, float)) and others > 0:
+                text.append(f"GPU {index}: {fmt.mib(float(others))} used by processes\n", style="yellow")
+            continue
+        parts: list[tuple[str, str]] = []
+        own = owner.get("own") or {}
+        if own:
+            listed = ", ".join(f"{name} {fmt.mib(float(mib))}" for name, mib in sorted(own.items()))
+            parts.append((f"this fleet: {listed}", "green"))
+        fleets = owner.get("other_fleets") or {}
+        if fleets:
+            listed = ", ".join(f"{name} {fmt.mib(float(mib))}" for name, mib in sorted(fleets.items()))
+            parts.append((f"other fleets: {listed}", "cyan"))
+        unknown = owner.get("unknown") or {}
+        if unknown:
+            listed = ", ".join(f"pid {pid} {fmt.mib(float(mib))}" for pid, mib in sorted(unknown.items()))
+            parts.append((f"unknown others: {listed}", "yellow"))
+        if not parts:
+            parts.append(("no processes", "dim"))
+        text.append(f"GPU {index}: ")
+        for i, (part, style) in enumerate(parts):
+            text.append(("; " if i else "") + part, style=style)
+        text.append("\n")
+    return text or Text("no GPU processes", style="dim")
 
 
 _PLAN_COLUMNS = (
@@ -108,7 +130,7 @@ def plan_text(plan: Any) -> Table | Text:
     servers = plan.get("servers") if isinstance(plan, dict) else None
     if not isinstance(servers, list):
         return Text(json.dumps(plan, indent=2, sort_keys=True, default=str))
-    verdict = (
+    verdict = plan.get("verdict") or (
         "fits" if plan.get("fits", True) else f"REFUSED: {plan.get('reason') or 'see the servers below'}"
     )
     table = Table(title=f"fleet {plan.get('fleet', '?')}: {verdict}", expand=True, title_justify="left")
@@ -140,7 +162,7 @@ class GpusScreen(ConsoleScreen):
         yield from self.compose_header()
         with VerticalScroll(id="gpus-body"):
             yield Static("", id="gpus-table")
-            yield Static("Other users", classes="section")
+            yield Static("Whose memory", classes="section")
             yield Static("", id="gpus-others")
             yield Static("Plan", classes="section")
             yield Static("", id="gpus-plan")
@@ -171,7 +193,8 @@ class GpusScreen(ConsoleScreen):
             self.query_one("#gpus-table", Static).update(
                 Text(f"no GPU found on {host}: {note}; servers run with --device cpu", style="yellow")
             )
-        self.query_one("#gpus-others", Static).update(other_users(gpus))
+        owners = probe.get("owners") if isinstance(probe.get("owners"), list) else []
+        self.query_one("#gpus-others", Static).update(owners_text(owners, gpus))
         plan = probe.get("plan")
         if plan is None and probe.get("error"):
             self.query_one("#gpus-plan", Static).update(Text(f"plan: {probe['error']}", style="bold red"))

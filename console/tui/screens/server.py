@@ -115,6 +115,34 @@ def live_text(info: dict[str, Any]) -> str:
     return "\n".join(lines) or "(the server reported no live state)"
 
 
+def planned_vs_running(plan: dict[str, Any] | None, info: dict[str, Any] | None) -> str:
+    """The supervisor's plan next to what the server reports: KV tokens, memory fraction, CUDA graphs."""
+    if not plan:
+        return ""
+    info = info or {}
+    args, _ = split_info(info) if info else ({}, None)
+
+    def graphs(sizes: Any) -> str:
+        return f"{len(sizes)} sizes up to {max(sizes)}" if isinstance(sizes, list) and sizes else "none"
+
+    rows = [
+        ("KV tokens", plan.get("kv_tokens"), info.get("max_total_num_tokens")),
+        ("gpu_memory_utilization", plan.get("gpu_memory_utilization"), args.get("gpu_memory_utilization")),
+        (
+            "CUDA graphs",
+            graphs(plan.get("cudagraph_capture_sizes")),
+            graphs(args.get("cudagraph_capture_sizes")) if args else None,
+        ),
+    ]
+    lines = [
+        f"{what}: planned {planned}, running {'-' if running is None else running}"
+        for what, planned, running in rows
+    ]
+    if plan.get("fits") is False and plan.get("reason"):
+        lines.append(f"plan refused: {plan['reason']}")
+    return "\n".join(lines)
+
+
 class ServerScreen(ConsoleScreen):
     MODE = "server"
     NEEDS_SERVER = True
@@ -183,8 +211,10 @@ class ServerScreen(ConsoleScreen):
         for plot_id, _title, key, _render, _ratio in PLOTS:
             self.query_one(f"#{plot_id}", MetricPlot).update_series(data.history.series(key))
         self.query_one("#server-latency", Static).update(latency_text(data.history))
+        planned = planned_vs_running(server.plan if server is not None else None, data.info)
         if data.info is not None:
-            self.query_one("#server-live", Static).update(live_text(data.info))
+            live = live_text(data.info)
+            self.query_one("#server-live", Static).update(f"{live}\n{planned}" if planned else live)
             args, mapping = split_info(data.info)
             if self._args_for != (data.name, args):
                 # Arguments only change with a new process: redraw the long table only then.

@@ -86,8 +86,7 @@ class ParallelGroups:
     def effective(self, kind: str) -> RankGroup:
         """The group a dense or MoE part really uses: its own if inside the attention TP group."""
         group = self.get(kind)
-        inner = set(self.attn_tp.ranks)
-        if set(group.ranks) <= inner:
+        if list(group.ranks) == self.mapping.effective_group(kind, self.rank):
             return group
         return RankGroup(
             kind=kind,

@@ -291,6 +291,14 @@ class Mapping:
         self._check_rank(rank)
         return next(g for g in self.groups(kind) if rank in g)
 
+    def effective_group(self, kind: str, rank: int) -> list[int]:
+        """The ranks a dense or MoE part really shards over: its own group when that lies inside the
+        attention TP group, else the attention TP group (parts never shard across attention DP ranks,
+        which run different batches). The memory model sizes weights with it."""
+        group = self.group_of(kind, rank)
+        inner = self.group_of("attn_tp", rank)
+        return group if set(group) <= set(inner) else inner
+
     def all_groups(self) -> dict[str, list[list[int]]]:
         return {kind: self.groups(kind) for kind in GROUP_KINDS}
 
