@@ -281,10 +281,10 @@ class Supervisor:
             "error": unit.error,
             "metrics": self.metrics[spec.name] if running else None,
             "scraped_at": self.scraped_at[spec.name],
+            "plan": _plan_json(self.plans.planned(spec.name)),
         }
 
     def fleet_json(self) -> dict:
-            "plan": _plan_json(self.plans.planned(spec.name)),
         now = time.time()
         return {
             "name": self.fleet.name,
@@ -341,9 +341,6 @@ class Supervisor:
         return self._rolling is not None and not self._rolling.done()
 
 
-def remove_socket(path: Path) -> None:
-    try:
-        path.unlink()
 def _plan_json(plan: ServerPlan | None) -> dict | None:
     """The planned values a running server reports back in /get_server_info (the Server screen's
     "planned X, running X")."""
@@ -358,5 +355,8 @@ def _plan_json(plan: ServerPlan | None) -> dict | None:
     }
 
 
+def remove_socket(path: Path) -> None:
+    try:
+        path.unlink()
     except FileNotFoundError:
         pass
