@@ -1,0 +1,204 @@
+"""The grouped expert GEMMs over rows aligned by expert (`moe_align.py`), on the tensor cores.
+
+- `gate_up_silu`: act[row] = silu(x[token] @ gate_e^T) * (x[token] @ up_e^T), one program per (block of
+  BLOCK_M rows of expert e, BLOCK_N columns of the intermediate dimension): the gate and up halves of
+  `w13` are read by the same program into two accumulators, so SiLU-and-mul runs in the epilogue and the
+  [rows, 2I] gate|up tensor never goes to memory.
+- `down`: per_pair[pair] = weight[pair] * act[row] @ down_e^T, written at the pair's own row, float32.
+
+Rows of padding (sorted id == num_pairs) are neither read nor written; blocks owned by no expert return.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed.runtime.kernels.moe_align import ExpertAlignment
+
+
+@triton.jit
+def _gate_up_silu_kernel(
+    X,
+    W,
+    Act,
+    Sorted,
+    BlockExpert,
+    num_pairs,
+    num_experts,
+    INTER,
+    K,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_am,
+    TOP_K: tl.constexpr,
+    IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(BlockExpert + pid_m)
+    if e < num_experts:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        ids = tl.load(Sorted + rows)
+        valid = ids < num_pairs
+        tok = (ids // TOP_K).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < INTER
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptr = X + tok[:, None] * stride_xm + offs_k[None, :]
+        g_ptr = W + e.to(tl.int64) * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        u_ptr = g_ptr + INTER * stride_wn
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptr, mask=valid[:, None], other=0.0)
+                g = tl.load(g_ptr, mask=nmask[None, :], other=0.0)
+                u = tl.load(u_ptr, mask=nmask[None, :], other=0.0)
+            else:
+                kmask = offs_k + k0 < K
+                a = tl.load(a_ptr, mask=valid[:, None] & kmask[None, :], other=0.0)
+                g = tl.load(g_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
+                u = tl.load(u_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
+            if IEEE:
+                acc_g += tl.dot(a, g, input_precision="ieee")
+                acc_u += tl.dot(a, u, input_precision="ieee")
+            else:
+                acc_g += tl.dot(a, g)
+                acc_u += tl.dot(a, u)
+            a_ptr += BLOCK_K
+            g_ptr += BLOCK_K
+            u_ptr += BLOCK_K
+        h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+        out = Act + rows[:, None].to(tl.int64) * stride_am + offs_n[None, :]
+        tl.store(out, h.to(Act.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    Act,
+    W,
+    Out,
+    Sorted,
+    BlockExpert,
+    Weights,
+    num_pairs,
+    num_experts,
+    N,
+    K,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(BlockExpert + pid_m)
+    if e < num_experts:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        ids = tl.load(Sorted + rows)
+        valid = ids < num_pairs
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptr = Act + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+        b_ptr = W + e.to(tl.int64) * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptr, mask=valid[:, None], other=0.0)
+                b = tl.load(b_ptr, mask=nmask[None, :], other=0.0)
+            else:
+                kmask = offs_k + k0 < K
+                a = tl.load(a_ptr, mask=valid[:, None] & kmask[None, :], other=0.0)
+                b = tl.load(b_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
+            if IEEE:
+                acc += tl.dot(a, b, input_precision="ieee")
+            else:
+                acc += tl.dot(a, b)
+            a_ptr += BLOCK_K
+            b_ptr += BLOCK_K
+        w = tl.load(Weights + ids, mask=valid, other=0.0)
+        acc = acc * w[:, None]
+        out = Out + ids[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out, acc, mask=valid[:, None] & nmask[None, :])
+
+
+def gate_up_silu(x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k: int, cfg) -> torch.Tensor:
+    """[max_rows, I] SiLU(gate) * up per aligned row (rows of padding left unwritten)."""
+    num_experts, two_i, k_in = w13.shape
+    inter = two_i // 2
+    act = torch.empty((al.sorted_ids.numel(), inter), dtype=x.dtype, device=x.device)
+    ieee = x.dtype == torch.float32
+    bn, bk = (32, 32) if ieee else (cfg.block_n, cfg.block_k)
+    grid = (al.block_expert.numel(), triton.cdiv(inter, bn))
+    _gate_up_silu_kernel[grid](
+        x,
+        w13,
+        act,
+        al.sorted_ids,
+        al.block_expert,
+        al.num_pairs,
+        num_experts,
+        inter,
+        k_in,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        TOP_K=top_k,
+        IEEE=ieee,
+        EVEN_K=k_in % bk == 0,
+        BLOCK_M=al.block_m,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=4 if ieee else cfg.num_warps,
+        num_stages=2 if ieee else cfg.num_stages,
+    )
+    return act
+
+
+def down(
+    act: torch.Tensor, w2: torch.Tensor, al: ExpertAlignment, weights: torch.Tensor, cfg
+) -> torch.Tensor:
+    """[num_pairs, H] float32: each valid pair's expert output scaled by its routing weight."""
+    num_experts, n_out, k_in = w2.shape
+    out = torch.empty((al.num_pairs, n_out), dtype=torch.float32, device=act.device)
+    ieee = act.dtype == torch.float32
+    bn, bk = (32, 32) if ieee else (cfg.down_block_n, cfg.down_block_k)
+    grid = (al.block_expert.numel(), triton.cdiv(n_out, bn))
+    _down_kernel[grid](
+        act,
+        w2,
+        out,
+        al.sorted_ids,
+        al.block_expert,
+        weights,
+        al.num_pairs,
+        num_experts,
+        n_out,
+        k_in,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        out.stride(0),
+        IEEE=ieee,
+        EVEN_K=k_in % bk == 0,
+        BLOCK_M=al.block_m,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=4 if ieee else cfg.num_warps,
+        num_stages=2 if ieee else cfg.num_stages,
+    )
+    return out
