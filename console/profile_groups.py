@@ -86,6 +86,7 @@ def resolve_groups(profile, raw: RawProfile, platform: Any = None):
     stride = int(raw.data.get("fleet", {}).get("port_stride", 10))
     servers: list = []
     server_args: list = []
+    given: list = []
     base_argv: tuple[str, ...] = ()
     used_gpus: set[int] = set()
     for name, table in _groups(raw).items():
@@ -102,6 +103,7 @@ def resolve_groups(profile, raw: RawProfile, platform: Any = None):
         resolved = resolve_servers(profile, group_raw(raw, name), group_fleet, platform)
         servers += resolved.servers
         server_args += resolved.server_args
+        given += resolved.given_keys
         base_argv = base_argv or resolved.base_argv
         used_gpus.update(g for spec in resolved.servers for g in spec.gpus)
-    return ResolvedFleet(profile, tuple(servers), tuple(server_args), base_argv)
+    return ResolvedFleet(profile, tuple(servers), tuple(server_args), base_argv, tuple(given))

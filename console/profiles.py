@@ -146,6 +146,8 @@ class ResolvedFleet:
     servers: tuple[ServerSpec, ...]
     server_args: tuple[Any, ...]  # ServerArgs of each server (node rank 0), same order as servers
     base_argv: tuple[str, ...]  # what [server] stands for on the command line
+    # The [server] keys (with its group's) the profile sets for each server: the planner leaves them alone.
+    given_keys: tuple[frozenset[str], ...] = ()
 
 
 def _place(
@@ -238,7 +240,8 @@ def resolve_servers(
         specs.append(ServerSpec(name, replica, url_host, port, tuple(processes)))
     # Each server's arguments resolved exactly as its `tokenspeed serve` will resolve them.
     server_args = tuple(parse_server_args(raw, list(s.processes[0].argv), platform) for s in specs)
-    return ResolvedFleet(profile, tuple(specs), server_args, tuple(base))
+    given = (frozenset(server),) * len(specs)
+    return ResolvedFleet(profile, tuple(specs), server_args, tuple(base), given)
 
 
 def load_and_resolve(path: str | Path, platform: Any = None) -> ResolvedFleet:
