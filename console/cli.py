@@ -119,6 +119,15 @@ def console(target, fleet, state_dir, readonly, replay, at, interval) -> None:
 # ---------------------------------------------------------------- fleet
 
 
+def _maybe_json(json_mode: bool, impl, /, *args, **kwargs) -> int:
+    """With --json, an error is printed as {"error": ...} too (console/json_output.py)."""
+    if not json_mode:
+        return impl(*args, **kwargs)
+    from console.json_output import run_json
+
+    return run_json(impl, *args, **kwargs)
+
+
 def _fleet_options(fn):
     fn = click.option(
         "--state-dir", type=click.Path(file_okay=False), help="Supervisor state directory of the fleet."
@@ -156,7 +165,7 @@ def status(fleet: str | None, state_dir: str | None, as_json: bool) -> None:
     """Show each server's state, pid, port, restarts and last exit."""
     from console.supervisor.ctl import status as do_status
 
-    sys.exit(do_status(fleet, state_dir, as_json=as_json))
+    sys.exit(_maybe_json(as_json, do_status, fleet, state_dir, as_json=as_json))
 
 
 @main.command()
@@ -255,7 +264,7 @@ def profile_show(path: str, as_json: bool) -> None:
     """Show the servers a profile resolves to and the command line of each."""
     from console.profile_cli import show
 
-    sys.exit(show(path, as_json=as_json))
+    sys.exit(_maybe_json(as_json, show, path, as_json=as_json))
 
 
 @profile.command("plan")
@@ -275,7 +284,9 @@ def profile_plan(path: str, as_json: bool, gpus_from: str | None, model_config: 
     """Size each server against the GPUs: memory, KV tokens, capture sizes; refuse what cannot fit."""
     from console.profile_cli import plan
 
-    sys.exit(plan(path, as_json=as_json, gpus_from=gpus_from, model_config=model_config))
+    sys.exit(
+        _maybe_json(as_json, plan, path, as_json=as_json, gpus_from=gpus_from, model_config=model_config)
+    )
 
 
 @profile.command("new")
