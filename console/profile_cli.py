@@ -18,8 +18,14 @@ def validate(paths: list[str]) -> int:
     for path in paths:
         try:
             resolved = load_and_resolve(path)
-        except (ProfileError, ValueError) as exc:
-            click.echo(f"error: {exc}", err=True)
+        except (ProfileError, ValueError):
+            from console.profile_validate import all_errors
+
+            # Not only the first mistake: every one the loader finds, each with its file:line.
+            errors = all_errors(path)
+            for error in errors:
+                click.echo(f"error: {error}", err=True)
+            click.echo(f"{path}: {len(errors)} error(s)", err=True)
             failed += 1
             continue
         fleet = resolved.profile.fleet

@@ -67,7 +67,9 @@ def locate(path: Path, table: str, key: str) -> int | None:
             current = match.group(1).replace('"', "").replace(" ", "")
             if current == table and header_line is None:
                 header_line = number
-            if current == own_header and own_line is None:
+            # A table named only through its sub-tables ([group.dense] for a misspelled [groups]) is
+            # still found, at its first sub-table's header.
+            if own_line is None and (current == own_header or current.startswith(own_header + ".")):
                 own_line = number
             continue
         if current == table and key_re.match(text):
