@@ -61,7 +61,7 @@ def bench_backend(
                 continue
 
             def step(fb=fb):
-                torch.argmax(runner.graph_runner.replay(fb), dim=-1)
+                torch.argmax(runner.run(fb), dim=-1)
 
             with torch.inference_mode():
                 t = gc.time_cuda(step, iters=20, warmup=3)
@@ -95,8 +95,7 @@ def bench_backend(
         fb = gc.synthetic_batch(runner, bs, contexts[0])
 
         def eager(fb=fb):
-            runner.attn_backend.init_forward_metadata(fb)
-            torch.argmax(runner._forward(fb), dim=-1)
+            torch.argmax(runner.run(fb, use_graphs=False), dim=-1)
 
         with torch.inference_mode():
             t = gc.time_cuda(eager, iters=10, warmup=2)

@@ -63,8 +63,7 @@ def main() -> None:
             fb = gc.synthetic_batch(runner, 1, 0, new_tokens=length)
 
             def step(fb=fb, runner=runner):
-                runner.attn_backend.init_forward_metadata(fb)
-                torch.argmax(runner._forward(fb), dim=-1)
+                torch.argmax(runner.run(fb, use_graphs=False), dim=-1)
 
             with torch.inference_mode():
                 t = gc.time_cuda(step, iters=5, warmup=2)

@@ -13,7 +13,12 @@ from tokenspeed.runtime.engine.tokenizer import FALLBACK_CHAT_TEMPLATE, apply_ch
 
 def _args(**kw):
     base = dict(
-        model=None, tokenizer=None, tokenizer_mode="auto", skip_tokenizer_init=False, trust_remote_code=False
+        model=None,
+        tokenizer=None,
+        tokenizer_mode="auto",
+        skip_tokenizer_init=False,
+        trust_remote_code=False,
+        revision=None,
     )
     return SimpleNamespace(**{**base, **kw})
 

@@ -33,7 +33,7 @@ class Case:
     name: str
     model_path: str
     mapping: dict[str, int]  # Mapping fields besides world_size
-    moe: dict[str, Any] = dataclasses.field(default_factory=dict)  # MoEOptions fields
+    moe: dict[str, Any] = dataclasses.field(default_factory=dict)  # ExpertPlan fields
     record: bool = False  # record the expert distribution (saved next to the logits)
     rebalance_after: int | None = None  # live EPLB rebalance after this step (needs record)
 
@@ -74,20 +74,17 @@ def reference_logits(model_path: str) -> list[torch.Tensor]:
 
 
 def _run_case(case: Case, rank: int, world_size: int, out_dir: Path) -> None:
+    from tokenspeed.config.slices import ExpertPlan
     from tokenspeed.runtime.distributed.groups import build_groups
     from tokenspeed.runtime.distributed.mapping import Mapping
-    from tokenspeed.runtime.distributed.tensor_parallel import (
-        MoEOptions,
-        load_parallel_model,
-        local_kv_heads,
-    )
+    from tokenspeed.runtime.distributed.tensor_parallel import load_parallel_model, local_kv_heads
     from tokenspeed.runtime.models.model_config import ModelConfig
     from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 
     mapping = Mapping(world_size=world_size, **case.mapping)
     groups = build_groups(mapping, rank, "gloo")
     config = ModelConfig.from_pretrained(case.model_path)
-    pm = load_parallel_model(config, groups, moe=MoEOptions(**case.moe))
+    pm = load_parallel_model(config, groups, moe=ExpertPlan(**case.moe))
     local = dataclasses.replace(config, num_kv_heads=local_kv_heads(config.num_kv_heads, groups.attn_tp.size))
     recorder = None
     if case.record:

@@ -3,13 +3,11 @@ and the summaries a rebalance reports."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
+from tokenspeed.config.slices import ExpertPlan
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 from tokenspeed.runtime.moe.eplb_manager import moved_experts, replica_summary
-from tokenspeed.runtime.moe.recording_policy import recording_kept_by
 
 
 def step(rec: ExpertDistributionRecorder, experts: list[int]) -> None:
@@ -19,7 +17,7 @@ def step(rec: ExpertDistributionRecorder, experts: list[int]) -> None:
 
 def test_stop_of_a_kept_recorder_freezes_the_dump_and_keeps_counting():
     rec = ExpertDistributionRecorder(
-        "per_pass", 1, 4, kept_by=recording_kept_by(SimpleNamespace(enable_eplb=True))
+        "per_pass", 1, 4, kept_by=ExpertPlan(enable_eplb=True).kept_by
     )
     assert rec.recording and rec.state.kept_by == "--enable-eplb needs the expert load"
     rec.start()
@@ -41,7 +39,7 @@ def test_stop_of_a_kept_recorder_freezes_the_dump_and_keeps_counting():
 
 def test_stop_of_a_session_only_recorder_stops_counting():
     rec = ExpertDistributionRecorder("stat", 1, 4)
-    assert recording_kept_by(SimpleNamespace(enable_eplb=False)) is None
+    assert ExpertPlan(enable_eplb=False).kept_by is None
     assert not rec.recording
     rec.start()
     step(rec, [0, 1])

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tokenspeed.config import memory_model
+from tokenspeed.config.slices import GraphConfig
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
 from tokenspeed.runtime.layers.sampling.gpu_params import SamplingTensors, apply_full_adjustments, row_seed
@@ -45,12 +46,12 @@ def test_padding_picks_next_size_unless_disabled():
 
 
 def test_graphs_off_on_cpu_with_enforce_eager_or_torch_backend():
-    args = SimpleNamespace(enforce_eager=False, cudagraph_capture_sizes=None, max_cudagraph_capture_size=16)
-    assert cuda_graph.decode_graph_sizes(args, torch.device("cpu"), "triton", 64) is None
-    assert cuda_graph.decode_graph_sizes(args, torch.device("cuda"), "torch", 64) is None
-    assert cuda_graph.decode_graph_sizes(args, torch.device("cuda"), "triton", 64) == [1, 2, 4, 8, 16]
-    args.enforce_eager = True
-    assert cuda_graph.decode_graph_sizes(args, torch.device("cuda"), "triton", 64) is None
+    graphs = GraphConfig(max_capture_size=16)
+    assert cuda_graph.decode_graph_sizes(graphs, torch.device("cpu"), "triton", 64) is None
+    assert cuda_graph.decode_graph_sizes(graphs, torch.device("cuda"), "torch", 64) is None
+    assert cuda_graph.decode_graph_sizes(graphs, torch.device("cuda"), "triton", 64) == [1, 2, 4, 8, 16]
+    eager = GraphConfig(enforce_eager=True, max_capture_size=16)
+    assert cuda_graph.decode_graph_sizes(eager, torch.device("cuda"), "triton", 64) is None
 
 
 def test_graph_memory_reserve_grows_with_batch_and_counts_flashinfer_workspace():

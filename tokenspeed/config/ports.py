@@ -116,7 +116,7 @@ class PortArgs:
             if mapping.nnodes > 1:
                 # Worker nodes find the head's sockets at fixed offsets from --dist-init-addr, so the head
                 # must never move them: a head that moved would leave its workers talking to nobody.
-                if int(getattr(server_args, "node_rank", 0) or 0) == 0:
+                if server_args.node_rank == 0:
                     _require_free(ports, server_args.dist_init_addr)
                 break
             if all(is_port_available(p) for p in ports.values()):

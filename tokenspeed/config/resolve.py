@@ -15,6 +15,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from tokenspeed.config.flags import CPU_ATTENTION_BACKENDS, CPU_SAMPLING_BACKENDS, FIELD_CHOICES
+from tokenspeed.config.slices import ExpertPlan
 from tokenspeed.config.validate import check_inputs, validate
 from tokenspeed.platform import current_platform
 from tokenspeed.runtime.distributed.mapping import Mapping
@@ -68,7 +69,8 @@ def platform_facts(args: ServerArgs, platform: Any = None) -> PlatformFacts:
     )
 
 
-def resolve_server_args(args: ServerArgs, platform: Any = None) -> None:
+def resolve_server_args(args: ServerArgs, platform: Any = None) -> PlatformFacts:
+    """Fill what ``args`` leaves unset and validate it; returns the platform facts it was resolved against."""
     check_inputs(args)
     facts = platform_facts(args, platform)
     resolve_basic_defaults(args)
@@ -79,7 +81,9 @@ def resolve_server_args(args: ServerArgs, platform: Any = None) -> None:
     resolve_speculative_decoding(args)
     resolve_communication(args, facts)
     resolve_disaggregation(args)
+    resolve_experts(args)
     validate(args)
+    return facts
 
 
 def maybe_model_redirect(model: str) -> str:
@@ -355,6 +359,20 @@ def resolve_disaggregation(args: ServerArgs) -> None:
             f"a prefill server with data parallel size {args.mapping.attn_dp_size} needs "
             f"--load-balance-method round_robin (got {args.load_balance_method})"
         )
+
+
+def resolve_experts(args: ServerArgs) -> None:
+    if args.enable_eplb and args.expert_distribution_recorder_mode is None:
+        # Rebalancing needs load counts; the aggregate mode is the cheapest that gives them.
+        args.expert_distribution_recorder_mode = "stat"
+        logger.info("--enable-eplb: expert distribution recorder mode set to stat")
+    if (args.enable_eplb or args.init_expert_location is not None) and args.ep_dispatch_algorithm is None:
+        args.ep_dispatch_algorithm = "static"
+    if args.device == "cuda" and ExpertPlan.from_server_args(args).moves_experts and not args.enforce_eager:
+        # Expert-parallel layers pick their experts on the host each step, and the recorder's on/off state
+        # would be frozen into a captured graph: these servers run eagerly.
+        args.enforce_eager = True
+        logger.info("expert parallelism / expert recording: CUDA graphs off (as with --enforce-eager)")
 
 
 def _field_default(args: ServerArgs, name: str) -> Any:

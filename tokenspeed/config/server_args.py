@@ -26,7 +26,8 @@ FLA_CHUNK_SIZE = 64
 
 @dataclasses.dataclass
 class ServerArgs:
-    """Every setting of one server. Constructing it resolves defaults and validates (see ``resolve``)."""
+    """Every setting of one server. Constructing it resolves defaults and validates (``config.resolve``);
+    the resolved instance is frozen, copies with changes go through ``dataclasses.replace``."""
 
     # Model and tokenizer
     model: str
@@ -247,16 +248,25 @@ class ServerArgs:
     enable_allreduce_fusion: bool = False
     enable_expert_parallel: bool = False
 
-    # Not a field: the platform to resolve against (tests pass one; None probes the real machine).
+    # Not a field: the platform to resolve against (tests pass one; None probes the real machine). Once
+    # resolved, the instance keeps the facts it was resolved against under this name, so that
+    # ``dataclasses.replace`` resolves its copy against the same machine without probing it again.
     platform: dataclasses.InitVar[Any] = None
 
     def __post_init__(self, platform: Any = None) -> None:
-        self.resolve(platform)
+        object.__setattr__(self, "_gpu_memory_utilization_defaulted", False)
+        facts = resolve_server_args(self, platform)
+        object.__setattr__(self, "platform", facts)
+        # From here on the instance is frozen: every process and component reads the same resolution.
+        object.__setattr__(self, "_resolved", True)
 
-    def resolve(self, platform: Any = None) -> ServerArgs:
-        """Fill derived defaults and validate; running it again on a resolved instance changes nothing."""
-        resolve_server_args(self, platform)
-        return self
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_resolved", False):
+            raise dataclasses.FrozenInstanceError(
+                f"ServerArgs is resolved and frozen: cannot set {name!r}; "
+                f"build a copy with dataclasses.replace(args, {name}=...)"
+            )
+        object.__setattr__(self, name, value)
 
     @property
     def mamba_cache_chunk_size(self) -> int:
@@ -265,7 +275,7 @@ class ServerArgs:
     @property
     def gpu_memory_utilization_defaulted(self) -> bool:
         """True when ``gpu_memory_utilization`` came from the world-size default, not from the user."""
-        return getattr(self, "_gpu_memory_utilization_defaulted", False)
+        return bool(self.__dict__["_gpu_memory_utilization_defaulted"])
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as JSON-serialisable values; ``mapping`` includes its groups and rank placement."""

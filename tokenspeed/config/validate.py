@@ -6,15 +6,12 @@ Every error is a ``ValueError`` that names the flag and what would fix it.
 from __future__ import annotations
 
 import json
-import logging
 from typing import TYPE_CHECKING
 
 from tokenspeed.config.flags import CHOICES_CHECKED_ELSEWHERE, FIELD_CHOICES
 
 if TYPE_CHECKING:
     from tokenspeed.config.server_args import ServerArgs
-
-logger = logging.getLogger(__name__)
 
 _JSON_OBJECT_FIELDS = (
     "hf_overrides",
@@ -53,7 +50,7 @@ def check_inputs(args: ServerArgs) -> None:
     for name, allowed in FIELD_CHOICES.items():
         if name in CHOICES_CHECKED_ELSEWHERE:
             continue
-        value = getattr(args, name)
+        value = vars(args)[name]
         values = value if isinstance(value, list) else [value]
         for item in values:
             if item is not None and item not in allowed:
@@ -61,7 +58,7 @@ def check_inputs(args: ServerArgs) -> None:
                     f"{_flag(name)} {item!r} is not supported; choose one of {', '.join(map(str, allowed))}"
                 )
     for name in _POSITIVE_FIELDS:
-        value = getattr(args, name)
+        value = vars(args)[name]
         if value is not None and value < 1:
             raise ValueError(f"{_flag(name)} must be >= 1, got {value}")
     if args.ep_size is not None and args.ep_size < 1:
@@ -95,7 +92,7 @@ def check_inputs(args: ServerArgs) -> None:
             f"--speculative-num-draft-tokens must be >= 1, got {args.speculative_num_draft_tokens}"
         )
     for name in _JSON_OBJECT_FIELDS:
-        _check_json_object(name, getattr(args, name))
+        _check_json_object(name, vars(args)[name])
 
 
 def _check_json_object(name: str, text: str | None) -> None:
@@ -147,12 +144,6 @@ def validate(args: ServerArgs) -> None:
         raise ValueError(
             f"--deepseek-v4-prefill-chunk-size must be positive, got {args.deepseek_v4_prefill_chunk_size}"
         )
-    if args.enable_eplb and args.expert_distribution_recorder_mode is None:
-        # Rebalancing needs load counts; the aggregate mode is the cheapest that gives them.
-        args.expert_distribution_recorder_mode = "stat"
-        logger.info("--enable-eplb: expert distribution recorder mode set to stat")
-    if (args.enable_eplb or args.init_expert_location is not None) and args.ep_dispatch_algorithm is None:
-        args.ep_dispatch_algorithm = "static"
 
 
 def server_environment(args: ServerArgs) -> dict[str, str]:

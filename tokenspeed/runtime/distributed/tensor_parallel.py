@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from tokenspeed.config import memory_model
+from tokenspeed.config.slices import ExpertPlan
 from tokenspeed.runtime.distributed.groups import ParallelGroups
 from tokenspeed.runtime.distributed.tp_layers import (
     ShardedMergedColumnLinear,
@@ -48,27 +49,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class MoEOptions:
-    """The expert-parallel settings of `ServerArgs` that shape the model."""
-
-    init_expert_location: str = "trivial"
-    num_redundant_experts: int = 0
-    dispatch_algorithm: str = "static"
-    eplb_algorithm: str = "auto"
-    all2all_backend: str = "none"
-
-    @classmethod
-    def from_server_args(cls, args: object) -> MoEOptions:
-        return cls(
-            init_expert_location=getattr(args, "init_expert_location", None) or "trivial",
-            num_redundant_experts=int(getattr(args, "ep_num_redundant_experts", 0) or 0),
-            dispatch_algorithm=getattr(args, "ep_dispatch_algorithm", None) or "static",
-            eplb_algorithm=getattr(args, "eplb_algorithm", None) or "auto",
-            all2all_backend=getattr(args, "all2all_backend", None) or "none",
-        )
-
-
 def local_kv_heads(num_kv_heads: int, tp_size: int) -> int:
     """KV heads one rank stores (the memory model's rule, which the console's planner sizes with)."""
     return memory_model.kv_heads_per_rank(num_kv_heads, tp_size)
@@ -90,7 +70,7 @@ def _shard_mlp(mlp: GatedMLP, groups: ParallelGroups) -> None:
     mlp.down_proj = ShardedRowLinear(mlp.down_proj, group)
 
 
-def _expert_state(model: nn.Module, groups: ParallelGroups, moe: MoEOptions) -> ExpertParallelState:
+def _expert_state(model: nn.Module, groups: ParallelGroups, moe: ExpertPlan) -> ExpertParallelState:
     config = model.config
     location = ExpertLocation.from_init_arg(
         moe.init_expert_location,
@@ -106,14 +86,14 @@ def _expert_state(model: nn.Module, groups: ParallelGroups, moe: MoEOptions) -> 
 
 
 def apply_parallelism(
-    model: nn.Module, groups: ParallelGroups, moe: MoEOptions | None = None
+    model: nn.Module, groups: ParallelGroups, moe: ExpertPlan | None = None
 ) -> ExpertParallelState | None:
     """Swap the layers of `model` (in place) for this rank's shards; returns the EP state, if any.
 
     Expert parallelism (with redundant slots) is used when the MoE EP group has more than one rank or
     redundant experts are asked for; otherwise MoE layers are split over the MoE TP group.
     """
-    moe = moe or MoEOptions()
+    moe = moe or ExpertPlan()
     if moe.all2all_backend not in ALL2ALL_BACKENDS:
         raise ValueError(
             f"--all2all-backend {moe.all2all_backend!r} is not available in this build; "
@@ -163,7 +143,7 @@ def load_parallel_model(
     load_format: str = "auto",
     device: torch.device | str = "cpu",
     seed: int | None = 0,
-    moe: MoEOptions | None = None,
+    moe: ExpertPlan | None = None,
 ) -> ParallelModel:
     """Build the model on the meta device, shard it for this rank, materialise it and load its weights."""
     from tokenspeed.runtime.models.loader import load_model

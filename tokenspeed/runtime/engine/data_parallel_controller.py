@@ -22,9 +22,9 @@ from typing import Any
 import zmq
 
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
-from tokenspeed.runtime.engine.event_loop import configure_child_logging
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, StatsSnapshot, decode
 from tokenspeed.runtime.engine.process_watchdog import StopFlag, die_with_parent, parent_alive
+from tokenspeed.runtime.engine.rank_info import configure_child_logging
 
 logger = logging.getLogger("tokenspeed.dp_controller")
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from tokenspeed.config.server_args import ServerArgs
+from tokenspeed.config.slices import GraphConfig, RunnerConfig
 from tokenspeed.runtime.cache.allocator import PageAllocator
 from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
 from tokenspeed.runtime.cache.prefix_cache import create_prefix_cache
@@ -33,6 +35,9 @@ from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput, 
 from tokenspeed.runtime.engine.overlap import InFlightBatch, needs_host_tokens, overlap_mode
 from tokenspeed.runtime.engine.prompt_check import check_prompt
 from tokenspeed.runtime.execution.model_runner import ModelRunner
+from tokenspeed.runtime.models.model_config import ModelConfig
+from tokenspeed.runtime.parallel.experts import EXPERT_RECORD_METHODS, ExpertController, NoExperts
+from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
 from tokenspeed.runtime.scheduler.request import Request
 from tokenspeed.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenspeed.sampling_params import SamplingParams
@@ -43,47 +48,52 @@ _ABORT_REASONS = ("abort", "stop")
 _THROUGHPUT_WINDOW_S = 5.0
 
 
-def resolve_device(server_args: Any, device: torch.device | str | None) -> torch.device:
+def resolve_device(server_args: ServerArgs, device: torch.device | str | None) -> torch.device:
     if device is not None:
         return torch.device(device)
-    name = getattr(server_args, "device", None) or "cpu"
-    if name == "cuda":
-        return torch.device("cuda", getattr(server_args, "base_gpu_id", 0))
-    return torch.device(name)
+    if server_args.device == "cuda":
+        return torch.device("cuda", server_args.base_gpu_id)
+    return torch.device(server_args.device)
 
 
 class EngineCore:
     def __init__(
         self,
-        server_args: Any,
+        server_args: ServerArgs,
         *,
         dp_rank: int = 0,
         device: torch.device | str | None = None,
-        rank_runtime: Any = None,
+        peers: PeerSync | None = None,
+        experts: ExpertController | None = None,
     ):
-        """`rank_runtime` (tokenspeed.runtime.distributed.rank_runtime): set when this rank has TP/EP peers
-        or manages MoE experts; the runner then loads this rank's shard and follows its hooks."""
-        from tokenspeed.runtime.models.model_config import ModelConfig
-
+        """`peers` and `experts` (tokenspeed.runtime.parallel): set when this rank has TP/EP peers or
+        manages MoE experts; the runner then loads this rank's shard and rank 0 leads its peers' steps."""
         self.server_args = server_args
+        self.config = RunnerConfig.from_server_args(server_args)
         self.dp_rank = dp_rank
         self.device = resolve_device(server_args, device)
-        if server_args.seed is not None:
-            torch.manual_seed(server_args.seed)
+        self.peers: PeerSync = peers if peers is not None else NoPeers()
+        self.experts: ExpertController = experts if experts is not None else NoExperts()
+        torch.manual_seed(self.config.seed)
         self.model_config = ModelConfig.from_server_args(server_args)
-        max_num_seqs = server_args.max_num_seqs or 160
         self.runner = ModelRunner(
-            server_args, self.model_config, self.device, max_num_reqs=max_num_seqs, rank_runtime=rank_runtime
+            self.config,
+            GraphConfig.from_server_args(server_args),
+            self.model_config,
+            self.device,
+            max_num_reqs=self.config.max_num_seqs,
+            peers=self.peers,
+            experts=self.experts,
         )
-        bs = server_args.block_size
+        bs = self.config.block_size
         allocator = PageAllocator(self.runner.kv_pool.num_pages)
-        prefix_cache = create_prefix_cache(bool(server_args.enable_prefix_caching), allocator, bs)
+        prefix_cache = create_prefix_cache(self.config.enable_prefix_caching, allocator, bs)
         self.kv = KVCacheManager(allocator, self.runner.req_to_token, prefix_cache)
         self.max_model_len = self.model_config.max_model_len
         self.max_total_tokens = allocator.num_allocatable * bs
         self.max_req_input_len = min(self.max_model_len - 1, self.max_total_tokens - 1)
         self.scheduler = Scheduler(SchedulerConfig.from_server_args(server_args, self.max_model_len), self.kv)
-        self.stream_interval = max(1, int(getattr(server_args, "stream_interval", 1) or 1))
+        self.stream_interval = self.config.stream_interval
         self._eos = frozenset(self.model_config.eos_token_ids)
         self._vocab_size = self.model_config.vocab_size
         # Generated tokens per step over the last few seconds, so gen_throughput does not depend on how
@@ -92,7 +102,7 @@ class EngineCore:
         self._gen_events: collections.deque[tuple[float, int]] = collections.deque()
         self._iteration_tokens: collections.deque[int] = collections.deque(maxlen=4096)
         self._num_nan_aborted = 0
-        self.overlap, why = overlap_mode(server_args, rank_runtime)
+        self.overlap, why = overlap_mode(self.config, has_peers=peers is not None)
         logger.info("overlap scheduling: %s", why)
         self._in_flight: InFlightBatch | None = None
 
@@ -133,7 +143,10 @@ class EngineCore:
         return self.scheduler.abort_request(rid, reason)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        busy = self.scheduler.has_unfinished() or self._in_flight is not None
+        if not busy:
+            self.peers.keepalive()  # idle rank 0: pending expert operations, and a sign of life to peers
+        return busy
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -222,6 +235,13 @@ class EngineCore:
             timestamp=time.time(),
         )
         self._iteration_tokens.clear()
+        experts = self.experts.snapshot()
+        if experts is not None:
+            snap.expert_layers = experts.layers
+            snap.expert_load = experts.load
+            snap.expert_rank_load = experts.rank_load
+            snap.eplb_balancedness = experts.balancedness
+            snap.eplb_rebalances = experts.rebalances
         return snap
 
     def flush_cache(self) -> bool:
@@ -231,10 +251,27 @@ class EngineCore:
         self.kv.flush()
         return True
 
+    def control(self, method: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A control call other than flush_cache and stats (the MoE expert calls); ControlRefused when this
+        server cannot honour it, ValueError for an unknown one."""
+        if method == "rebalance_experts":
+            # before the next step, or at once when idle
+            self.experts.request_rebalance()
+            self.peers.keepalive(rebalance=True)
+            return self.experts.rebalance_answer()
+        if method in EXPERT_RECORD_METHODS:
+            return self.experts.control(method, args, self.dp_rank)
+        raise ValueError(f"unknown control call {method!r}")
+
     def shutdown(self) -> None:
-        for rid in list(self.scheduler.requests):
-            self.scheduler.abort_request(rid)
-        if self._in_flight is not None:
-            self._resolve_in_flight()  # the device finishes with the pool before it is dropped
-        self.scheduler.pop_outbox()
-        self.runner.shutdown()
+        try:
+            for rid in list(self.scheduler.requests):
+                self.scheduler.abort_request(rid)
+            if self._in_flight is not None:
+                self._resolve_in_flight()  # the device finishes with the pool before it is dropped
+            self.scheduler.pop_outbox()
+        finally:
+            try:
+                self.runner.shutdown()
+            finally:
+                self.peers.close()  # rank 0's peers stop; the rank leaves the torch.distributed world

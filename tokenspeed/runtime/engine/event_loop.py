@@ -13,11 +13,14 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
 
+import torch
 import zmq
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
+from tokenspeed.runtime.engine.engine_core import EngineCore
+from tokenspeed.runtime.engine.engine_protocol import EngineProtocol
 from tokenspeed.runtime.engine.io_struct import (
     AbortRequest,
     BatchOutput,
@@ -33,28 +36,14 @@ from tokenspeed.runtime.engine.io_struct import (
     encode,
 )
 from tokenspeed.runtime.engine.process_watchdog import StopFlag, die_with_parent, parent_alive
+from tokenspeed.runtime.engine.rank_info import RankInfo, configure_child_logging
+from tokenspeed.runtime.parallel.rank_engine import PeerEngine, build_rank_engine, needs_group_peers
 
 logger = logging.getLogger("tokenspeed.scheduler")
 
 _IDLE_POLL_MS = 50
 # The front end's /metrics needs fresh numbers, not every step's: stats go to it at most this often.
 _FRONTEND_STATS_INTERVAL_S = 0.1
-_EXPERT_RECORD_METHODS = (
-    "start_expert_distribution_record",
-    "stop_expert_distribution_record",
-    "dump_expert_distribution_record",
-)
-
-
-@dataclass
-class RankInfo:
-    """Where this process sits in the server (from `Mapping.placement`)."""
-
-    rank: int = 0
-    dp_rank: int = 0
-    tp_rank: int = 0
-    gpu_id: int = 0
-    num_local_ranks: int = 1
 
 
 @dataclass
@@ -69,45 +58,27 @@ class _StatsPacer:
     latest: StatsSnapshot | None = None
 
 
-def configure_child_logging(server_args: Any, prefix: str) -> None:
-    level = getattr(logging, str(getattr(server_args, "log_level", "info")).upper(), logging.INFO)
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s [{prefix}] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
+def build_engine(server_args: ServerArgs, info: RankInfo, nccl_port: int = 0) -> EngineProtocol | PeerEngine:
+    """The engine of this rank; the device index comes from the rank's placement.
 
-
-def build_engine(server_args: Any, info: RankInfo, nccl_port: int = 0):
-    """The EngineCore of this rank; the device index comes from the rank's placement.
-
-    With TP/EP peers or MoE expert management it is a `RankEngine` (rank 0 of a TP group) or a
-    `PeerEngine` (the others), from tokenspeed.runtime.distributed.rank_engine.
+    With TP/EP peers or MoE expert management it is built by tokenspeed.runtime.parallel.rank_engine: the
+    EngineCore leading its peers on rank 0 of a TP group, a `PeerEngine` on the others.
     """
-    from tokenspeed.runtime.engine.engine_core import EngineCore
-
     device = None
-    if str(getattr(server_args, "device", "cpu")).startswith("cuda"):
+    if server_args.device == "cuda":
         device = f"cuda:{info.gpu_id}"
-    elif getattr(server_args, "device", "cpu") == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        import torch
-
+    elif server_args.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # The HTTP process needs a core of its own, and several CPU ranks must not each grab every core:
         # an OpenMP team that spans busy cores spin-waits (on 2 cores, 2 threads made decode ~15x slower
         # than 1 under load).
         torch.set_num_threads(max(1, ((os.cpu_count() or 1) - 1) // info.num_local_ranks))
-    from tokenspeed.runtime.distributed.rank_runtime import needs_rank_runtime
-
-    if needs_rank_runtime(server_args):
-        from tokenspeed.runtime.distributed.rank_engine import build_rank_engine
-
+    if needs_group_peers(server_args):
         return build_rank_engine(server_args, info.rank, info.dp_rank, device, nccl_port)
     return EngineCore(server_args, dp_rank=info.dp_rank, device=device)
 
 
 def run_scheduler_process(
-    server_args: Any, endpoints: ServerEndpoints, info: RankInfo, parent_pid: int
+    server_args: ServerArgs, endpoints: ServerEndpoints, info: RankInfo, parent_pid: int
 ) -> None:
     """Entry point of a spawned scheduler process."""
     die_with_parent(parent_pid)
@@ -124,7 +95,7 @@ def run_scheduler_process(
 
 
 def _serve(
-    server_args: Any, endpoints: ServerEndpoints, info: RankInfo, parent_pid: int, stop: StopFlag
+    server_args: ServerArgs, endpoints: ServerEndpoints, info: RankInfo, parent_pid: int, stop: StopFlag
 ) -> int:
     ctx = zmq.Context(io_threads=1)
     out = ctx.socket(zmq.PUSH)
@@ -161,19 +132,13 @@ def _serve(
         engine.max_model_len,
         engine.max_req_input_len,
     )
-    if inp is None and hasattr(engine, "follow"):
+    if isinstance(engine, PeerEngine):
         engine.follow()  # a TP peer: runs its rank 0's steps until that rank shuts down
         return 0
-    if inp is None:
-        # Non-zero tensor-parallel ranks follow their group's rank 0 inside the engine (parallel issue);
-        # here they only stay alive until told to stop.
-        while not stop.is_set() and parent_alive(parent_pid):
-            time.sleep(0.2)
-        engine.shutdown()
-        return 0
+    assert inp is not None, "rank 0 of a TP group builds the leading engine"
 
-    pacer = _StatsPacer(load_interval=float(getattr(server_args, "load_watch_interval", 0.02) or 0.02))
-    decode_log_interval = int(getattr(server_args, "decode_log_interval", 40) or 0)
+    pacer = _StatsPacer(load_interval=float(server_args.load_watch_interval or 0.02))
+    decode_log_interval = int(server_args.decode_log_interval or 0)
     steps = 0
     try:
         while not stop.is_set():
@@ -202,7 +167,7 @@ def _serve(
     return 0
 
 
-def _drain_inputs(inp: zmq.Socket, out: zmq.Socket, engine: Any, info: RankInfo) -> None:
+def _drain_inputs(inp: zmq.Socket, out: zmq.Socket, engine: EngineProtocol, info: RankInfo) -> None:
     while True:
         try:
             raw = inp.recv(zmq.NOBLOCK)
@@ -237,31 +202,15 @@ def _drain_inputs(inp: zmq.Socket, out: zmq.Socket, engine: Any, info: RankInfo)
             logger.error("unexpected message %s on the scheduler input", type(msg).__name__)
 
 
-def _handle_rpc(engine: Any, req: RpcRequest, info: RankInfo) -> RpcResponse:
-    """Control calls. The engine may implement any method as `rpc_<method>(**args)`; a few are built in."""
+def _handle_rpc(engine: EngineProtocol, req: RpcRequest, info: RankInfo) -> RpcResponse:
+    """Control calls: flush_cache and stats here, the others by name through `engine.control`."""
     try:
         if req.method == "flush_cache":
             ok = engine.flush_cache()
             return RpcResponse(call_id=req.call_id, ok=ok is not False, result={"dp_rank": info.dp_rank})
         if req.method == "stats":
             return RpcResponse(call_id=req.call_id, ok=True, result=_snapshot_dict(engine.stats(), info))
-        handler = getattr(engine, f"rpc_{req.method}", None)
-        if handler is None:
-            if req.method == "rebalance_experts":
-                # a plain single-rank engine: no expert-parallel placement (maybe no experts at all)
-                from tokenspeed.runtime.moe.eplb_manager import HOW_TO_ENABLE
-
-                error = f"this server cannot rebalance experts; {HOW_TO_ENABLE}"
-                return RpcResponse(call_id=req.call_id, ok=False, error=error, refused="not_enabled")
-            if req.method in _EXPERT_RECORD_METHODS:
-                return RpcResponse(
-                    call_id=req.call_id,
-                    ok=False,
-                    error=f"{req.method}: expert distribution recording is not enabled in this server "
-                    "(it needs a MoE model and --expert-distribution-recorder-mode)",
-                )
-            return RpcResponse(call_id=req.call_id, ok=False, error=f"unknown control call {req.method!r}")
-        return RpcResponse(call_id=req.call_id, ok=True, result=handler(**req.args))
+        return RpcResponse(call_id=req.call_id, ok=True, result=engine.control(req.method, dict(req.args)))
     except ControlRefused as exc:
         logger.info("control call %s refused: %s", req.method, exc)
         return RpcResponse(call_id=req.call_id, ok=False, error=str(exc), refused=exc.code)
@@ -275,7 +224,7 @@ def _snapshot_dict(snap: StatsSnapshot, info: RankInfo) -> dict:
     return {k: getattr(snap, k) for k in snap.__dataclass_fields__}
 
 
-def _send_stats(engine: Any, info: RankInfo, out: zmq.Socket, load: zmq.Socket | None, pacer: _StatsPacer):
+def _send_stats(engine: EngineProtocol, info: RankInfo, out: zmq.Socket, load: zmq.Socket | None, pacer: _StatsPacer):
     now = time.monotonic()
     due_load = load is not None and now - pacer.last_load >= pacer.load_interval
     due_front = now - pacer.last_frontend >= _FRONTEND_STATS_INTERVAL_S

@@ -13,8 +13,8 @@ be sampled; this module decides when that is, and whether overlap is allowed at 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from tokenspeed.config.slices import RunnerConfig
 from tokenspeed.runtime.execution.model_runner import LaunchedBatch
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch
 from tokenspeed.runtime.scheduler.request import Request
@@ -31,10 +31,10 @@ class InFlightBatch:
         return any(not it.req.is_finished for it in self.batch.items)
 
 
-def overlap_mode(server_args: Any, rank_runtime: Any) -> tuple[bool, str]:
+def overlap_mode(config: RunnerConfig, has_peers: bool) -> tuple[bool, str]:
     """(on, why) for the start-up log."""
-    if getattr(server_args, "disable_overlap_schedule", False):
-        if getattr(server_args, "device", None) == "cpu":
+    if config.disable_overlap_schedule:
+        if config.device == "cpu":
             # The default there (see ServerArgs.disable_overlap_schedule); Engine(disable_overlap_schedule=False)
             # still turns it on.
             return False, (
@@ -42,7 +42,7 @@ def overlap_mode(server_args: Any, rank_runtime: Any) -> tuple[bool, str]:
                 "itself, so there is no device to run ahead)"
             )
         return False, "off (--disable-overlap-schedule)"
-    if rank_runtime is not None:
+    if has_peers:
         # Peers replay rank 0's batch decisions one step at a time, with the tokens on the host.
         return False, "off (this rank has tensor/expert-parallel peers or manages experts)"
     return True, "on (the next batch is scheduled and launched while the device runs the current one)"

@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from tokenspeed.config.server_args import ServerArgs
+
 logger = logging.getLogger("tokenspeed.requests")
 
 _CUT = 2048
@@ -28,11 +30,11 @@ class RequestLogger:
     tokenizer: Any = None
 
     @classmethod
-    def from_server_args(cls, server_args: Any, tokenizer: Any) -> RequestLogger:
+    def from_server_args(cls, server_args: ServerArgs, tokenizer: Any) -> RequestLogger:
         return cls(
-            log_requests=bool(getattr(server_args, "enable_log_requests", False)),
-            level=int(getattr(server_args, "log_requests_level", 0) or 0),
-            log_stats=bool(getattr(server_args, "enable_log_request_stats", False)),
+            log_requests=server_args.enable_log_requests,
+            level=server_args.log_requests_level,
+            log_stats=server_args.enable_log_request_stats,
             tokenizer=tokenizer,
         )
 

@@ -9,6 +9,8 @@ import logging
 import os
 from typing import Any
 
+from tokenspeed.config.server_args import ServerArgs
+
 logger = logging.getLogger(__name__)
 
 # Used only when the tokenizer files carry no chat template (tiny test models, base models), so that
@@ -23,18 +25,18 @@ FALLBACK_CHAT_TEMPLATE = (
 _SUPPORTED_MODES = ("auto", "slow")
 
 
-def get_tokenizer(server_args: Any):
+def get_tokenizer(server_args: ServerArgs):
     """The Hugging Face tokenizer for `server_args`, or None with `--skip-tokenizer-init`.
 
     Reads `--tokenizer` (defaults to the model folder), `--tokenizer-mode` (`auto` = fast tokenizer,
     `slow` = the Python one), `--trust-remote-code` and `--revision`.
     """
-    if getattr(server_args, "skip_tokenizer_init", False):
+    if server_args.skip_tokenizer_init:
         return None
-    path = getattr(server_args, "tokenizer", None) or getattr(server_args, "model", None)
+    path = server_args.tokenizer or server_args.model
     if not path:
         raise ValueError("no tokenizer to load: pass a model folder (or --tokenizer PATH)")
-    mode = getattr(server_args, "tokenizer_mode", "auto") or "auto"
+    mode = server_args.tokenizer_mode
     if mode not in _SUPPORTED_MODES:
         raise ValueError(
             f"--tokenizer-mode {mode} is not available in this build; use one of {list(_SUPPORTED_MODES)}"
@@ -44,8 +46,8 @@ def get_tokenizer(server_args: Any):
     return load_tokenizer(
         resolve_model_path(str(path)),
         use_fast=mode != "slow",
-        trust_remote_code=bool(getattr(server_args, "trust_remote_code", False)),
-        revision=getattr(server_args, "revision", None),
+        trust_remote_code=server_args.trust_remote_code,
+        revision=server_args.revision,
     )
 
 

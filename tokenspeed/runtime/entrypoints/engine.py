@@ -18,6 +18,7 @@ Data parallel replicas and other nodes are the server's business (`tokenspeed se
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import uuid
@@ -121,7 +122,7 @@ class Engine:
             if "log_level" not in kwargs:
                 # the ranks log like a server's schedulers; a library's caller sees their warnings and
                 # errors unless it asks for more with log_level
-                self.server_args.log_level = "warning"
+                self.server_args = dataclasses.replace(self.server_args, log_level="warning")
             self.core = RankClient(self.server_args)
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]

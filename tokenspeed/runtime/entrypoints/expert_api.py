@@ -19,9 +19,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from tokenspeed.config.server_args import ServerArgs
+from tokenspeed.config.slices import ExpertPlan
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
 from tokenspeed.runtime.entrypoints.server_state import ServerState
-from tokenspeed.runtime.moe.recording_policy import recording_kept_by
 
 EXPERT_RECORD = (
     "start_expert_distribution_record",
@@ -60,12 +61,15 @@ def _expert_record_route(state: ServerState, method: str):
     return route
 
 
-def stop_answer(server_args: Any, results: list[dict]) -> dict[str, Any]:
+def stop_answer(server_args: ServerArgs, results: list[dict]) -> dict[str, Any]:
     """The stop route's answer: the session stopped; whether the recorder still counts, and why."""
     recording = any(bool(r.get("recording")) for r in results)
     out: dict[str, Any] = {"ok": True, "recording": recording}
     if recording:
-        out["reason"] = recording_kept_by(server_args) or "the expert recorder is kept on by this server"
+        out["reason"] = (
+            ExpertPlan.from_server_args(server_args).kept_by
+            or "the expert recorder is kept on by this server"
+        )
         out["note"] = (
             "the recording session stopped: /dump_expert_distribution_record returns the load recorded "
             "between start and stop, while the recorder goes on counting for the reason above"

@@ -18,6 +18,7 @@ from typing import Any
 
 import uvicorn
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.process_watchdog import ChildProcess, ChildWatchdog
 from tokenspeed.runtime.entrypoints.http_server import build_app
 from tokenspeed.runtime.entrypoints.server_state import DRAINING, READY, ServerState
@@ -154,6 +155,5 @@ async def _warm_up(server: DrainingServer, state: ServerState, warmups: list[str
     )
 
 
-def args_url(server_args: Any) -> str:
-    url = getattr(server_args, "url", None)
-    return url() if callable(url) else f"http://{server_args.host}:{server_args.port}"
+def args_url(server_args: ServerArgs) -> str:
+    return server_args.url()

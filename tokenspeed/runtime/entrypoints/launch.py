@@ -13,8 +13,8 @@ import os
 from typing import Any
 
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
-from tokenspeed.runtime.engine.event_loop import RankInfo
 from tokenspeed.runtime.engine.process_watchdog import ChildProcess, terminate_children
+from tokenspeed.runtime.engine.rank_info import RankInfo
 
 logger = logging.getLogger("tokenspeed.launch")
 
@@ -27,7 +27,7 @@ class ServerProcesses:
 
     @property
     def node_rank(self) -> int:
-        return int(getattr(self.server_args, "node_rank", 0) or 0)
+        return self.server_args.node_rank
 
     def rank_infos(self) -> list[RankInfo]:
         mapping = self.server_args.mapping

@@ -55,7 +55,8 @@ def print_config(server_args: Any) -> None:
 
 
 def configure_logging(server_args: Any) -> None:
-    level = getattr(logging, str(server_args.log_level).upper(), logging.INFO)
+    level = logging.getLevelName(server_args.log_level.upper())
+    level = level if isinstance(level, int) else logging.INFO
     logging.basicConfig(
         level=level,
         format="%(asctime)s [main] %(levelname)s %(name)s: %(message)s",
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_model_source(server_args)
         check_device_present(server_args)
-        if int(getattr(server_args, "node_rank", 0) or 0) > 0:
+        if server_args.node_rank > 0:
             return _run_worker_node(server_args)
         return asyncio.run(_run_head(server_args))
     except ValueError as exc:
@@ -164,15 +165,15 @@ async def _run_head(server_args: Any) -> int:
     names = served_names(server_args)
     tokenizer = get_tokenizer(server_args)
     metrics = None
-    if getattr(server_args, "enable_metrics", False):
-        reporters = getattr(server_args, "metrics_reporters", None) or ["prometheus"]
+    if server_args.enable_metrics:
+        reporters = server_args.metrics_reporters or ["prometheus"]
         if "prometheus" not in reporters:
             raise ValueError(f"--metrics-reporters {reporters}: this build exports only 'prometheus'")
         from prometheus_client import disable_created_metrics
 
         # `*_created` timestamps double the exposition size and no dashboard of ours reads them.
         disable_created_metrics()
-        metrics = ServerMetrics(names[0], getattr(server_args, "app_key", None))
+        metrics = ServerMetrics(names[0], server_args.app_key)
 
     endpoints = ServerEndpoints.from_server_args(server_args)
     llm = AsyncLLM(

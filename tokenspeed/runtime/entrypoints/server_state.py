@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.async_llm import AsyncLLM
 from tokenspeed.runtime.metrics.collector import ServerMetrics
 
@@ -38,13 +39,13 @@ class ServerState:
         return not name or name in self.served_model_names or name == str(self.server_args.model)
 
 
-def served_names(server_args: Any) -> list[str]:
-    raw = getattr(server_args, "served_model_name", None) or str(server_args.model)
+def served_names(server_args: ServerArgs) -> list[str]:
+    raw = server_args.served_model_name or str(server_args.model)
     return [n.strip() for n in str(raw).split(",") if n.strip()] or [str(server_args.model)]
 
 
-def parse_preferred_sampling_params(server_args: Any) -> dict[str, Any] | None:
-    raw = getattr(server_args, "preferred_sampling_params", None)
+def parse_preferred_sampling_params(server_args: ServerArgs) -> dict[str, Any] | None:
+    raw = server_args.preferred_sampling_params
     if not raw:
         return None
     if isinstance(raw, dict):

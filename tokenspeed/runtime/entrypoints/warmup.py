@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.async_llm import AsyncLLM
 from tokenspeed.runtime.engine.tokenizer import apply_chat_template
 from tokenspeed.sampling_params import SamplingParams
@@ -65,10 +66,10 @@ WARMUPS: dict[str, Callable[[AsyncLLM], Awaitable[None]]] = {
 }
 
 
-def warmup_names(server_args) -> list[str]:
+def warmup_names(server_args: ServerArgs) -> list[str]:
     """The warm-ups to run, validated (ValueError names the unknown one and the known ones)."""
-    names = [] if getattr(server_args, "skip_server_warmup", False) else ["basic"]
-    extra = getattr(server_args, "warmups", None)
+    names = [] if server_args.skip_server_warmup else ["basic"]
+    extra = server_args.warmups
     for name in [n.strip() for n in (extra or "").split(",") if n.strip()]:
         if name not in WARMUPS:
             raise ValueError(f"--warmups: unknown warm-up {name!r}; available: {', '.join(WARMUPS)}")

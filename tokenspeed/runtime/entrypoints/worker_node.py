@@ -4,7 +4,7 @@ It runs only this node's scheduler processes; the head (node 0) owns the HTTP fr
 the server. How a worker ends, and the exit status a supervisor reads from it:
 
 - the head stops normally: each TP group's rank 0 sends its peers the stop message before it exits
-  (`RankEngine.shutdown`), the peers here exit 0 on it, and the worker follows them: exit 0;
+  (`EngineCore.shutdown`), the peers here exit 0 on it, and the worker follows them: exit 0;
 - the head crashes or its node goes away: the peers' collectives fail ("connection closed") and they
   exit non-zero within seconds; the worker stops whatever is left and exits 1;
 - SIGTERM/SIGINT to the worker itself: it stops its schedulers and exits 0 (the head then loses
@@ -50,7 +50,7 @@ def run_worker_node(server_args: Any) -> int:
         except BlockingIOError:
             pass
 
-    node = int(getattr(server_args, "node_rank", 0) or 0)
+    node = server_args.node_rank
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         procs.start()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from tokenspeed.config import memory_model
+from tokenspeed.config.slices import GraphConfig
 from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 
 logger = logging.getLogger(__name__)
@@ -241,19 +242,16 @@ def _ranges(sizes: list[int]) -> str:
     return ", ".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]}..{sizes[-1]} ({len(sizes)} sizes)"
 
 
-def decode_graph_sizes(server_args: Any, device: torch.device, attention_backend: str, max_num_reqs: int):
+def decode_graph_sizes(graphs: GraphConfig, device: torch.device, attention_backend: str, max_num_reqs: int):
     """Capture sizes for this run, or None when decode runs eagerly (CPU, --enforce-eager, or a backend
     that cannot be captured, which is logged rather than failed: eager decode is still correct)."""
     if device.type != "cuda":
         return None
-    if attention_backend == "torch" and not server_args.enforce_eager:
+    if attention_backend == "torch" and not graphs.enforce_eager:
         logger.info("CUDA graphs are off: --attention-backend torch plans on the host every step")
+    sizes = None if graphs.capture_sizes is None else list(graphs.capture_sizes)
     return memory_model.graph_capture_sizes(
-        server_args.enforce_eager,
-        attention_backend,
-        server_args.cudagraph_capture_sizes,
-        server_args.max_cudagraph_capture_size,
-        max_num_reqs,
+        graphs.enforce_eager, attention_backend, sizes, graphs.max_capture_size, max_num_reqs
     )
 
 
@@ -277,7 +275,7 @@ def build_graph_runner(
     req_to_token: torch.Tensor,
     device: torch.device,
     sizes: list[int] | None,
-    server_args: Any,
+    graphs: GraphConfig,
     max_context_len: int,
 ) -> CudaGraphRunner | None:
     if not sizes:
@@ -290,8 +288,8 @@ def build_graph_runner(
         device,
         sizes,
         max_context_len,
-        pad=not server_args.disable_cuda_graph_padding,
-        enable_gc=server_args.enable_cudagraph_gc,
+        pad=graphs.pad,
+        enable_gc=graphs.enable_gc,
     )
     try:
         with torch.inference_mode():

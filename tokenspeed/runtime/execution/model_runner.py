@@ -1,7 +1,7 @@
 """ModelRunner: the model, its KV pool, the attention backend and the sampler of one rank.
 
-It turns a `ScheduledBatch` into a `ForwardBatch`, runs the model and samples. `_forward` is the one
-place the model is called, so a CUDA-graph runner can take it over for decode batches.
+It turns a `ScheduledBatch` into a `ForwardBatch` (`prepare`), runs the model (`run`, a captured CUDA
+graph for decode batches that fit one) and samples.
 
 A step is `launch` (prepare, forward, sample; the sampled ids stay on the device and are copied to host
 memory without waiting) then `resolve` (wait for that copy, build the StepResult).
@@ -17,11 +17,19 @@ from typing import Any
 
 import torch
 
+from tokenspeed.config.slices import GraphConfig, RunnerConfig
 from tokenspeed.runtime.cache.kv_pool import KVPool, KVPoolSpec
 from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
+from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
+from tokenspeed.runtime.layers.attention import create_attention_backend
+from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
+from tokenspeed.runtime.layers.moe_backend import apply_moe_backend
 from tokenspeed.runtime.layers.sampling import create_sampler
+from tokenspeed.runtime.models.model_config import ModelConfig
+from tokenspeed.runtime.parallel.experts import ExpertController, NoExperts
+from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
 from tokenspeed.runtime.scheduler.request import Request
 
@@ -89,33 +97,26 @@ def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
 class ModelRunner:
     def __init__(
         self,
-        server_args: Any,
-        model_config: Any,
+        config: RunnerConfig,
+        graphs: GraphConfig,
+        model_config: ModelConfig,
         device: torch.device,
         max_num_reqs: int,
-        rank_runtime: Any = None,
+        peers: PeerSync | None = None,
+        experts: ExpertController | None = None,
     ):
-        from tokenspeed.runtime.layers.attention import create_attention_backend
-        from tokenspeed.runtime.models.loader import load_model
-
         self.device = device
         self.model_config = model_config
-        # With TP/EP peers (tokenspeed.runtime.distributed.rank_runtime) the model is this rank's shard and
-        # the KV cache and attention see this rank's heads (`kv_config`).
-        self.rank_runtime = rank_runtime
-        kv_config = model_config
-        if rank_runtime is not None:
-            self.model = rank_runtime.load_model(
-                model_config, server_args.load_format, device, server_args.seed
-            )
-            kv_config = rank_runtime.local_model_config(model_config)
-        else:
-            self.model = load_model(model_config, server_args.load_format, device, server_args.seed)
-        self.expert_recorder = None if rank_runtime is None else rank_runtime.recorder
-        from tokenspeed.runtime.layers.moe_backend import apply_moe_backend
-
-        apply_moe_backend(self.model, getattr(server_args, "moe_backend", "auto"), device)
-        bs = server_args.block_size
+        # With TP/EP peers (parallel/peer_sync.py) the model is this rank's shard and the KV cache and
+        # attention see this rank's heads (`kv_config`); alone, the null objects change nothing.
+        self.peers: PeerSync = peers if peers is not None else NoPeers()
+        self.experts: ExpertController = experts if experts is not None else NoExperts()
+        loaded = self.peers.load_model(model_config, config.load_format, device, config.seed)
+        self.model = loaded.model
+        self.experts.attach(self.model, model_config, loaded.expert_state, device)
+        kv_config = self.peers.local_model_config(model_config)
+        apply_moe_backend(self.model, config.moe_backend, device)
+        bs = config.block_size
         if bs < 1:
             raise ValueError(f"--block-size must be >= 1, got {bs}")
         self.spec = KVPoolSpec(
@@ -127,18 +128,14 @@ class ModelRunner:
         )
         # Allocated before the pool is sized, so the free memory measured already excludes it.
         self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
-        from tokenspeed.runtime.execution import cuda_graph
-        from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
-
-        attn_name = server_args.attention_backend or default_attention_backend(device, model_config.dtype)
-        graph_sizes = cuda_graph.decode_graph_sizes(server_args, device, attn_name, max_num_reqs)
+        attn_name = config.attention_backend or default_attention_backend(device, model_config.dtype)
+        graph_sizes = cuda_graph.decode_graph_sizes(graphs, device, attn_name, max_num_reqs)
         # Graph memory is held back before the pool takes what is left.
         with cuda_graph.hold_memory(
             cuda_graph.decode_graph_reserve(model_config, graph_sizes, attn_name), device
         ):
-            num_pages = plan_num_pages(server_args, self.spec, device, model_config.max_model_len)
-        if rank_runtime is not None:
-            num_pages = rank_runtime.agree_num_pages(num_pages)
+            num_pages = plan_num_pages(config, self.spec, device, model_config.max_model_len)
+        num_pages = self.peers.agree_num_pages(num_pages)
         self.kv_pool = KVPool(self.spec, num_pages, device)
         logger.info(
             "KV cache: %d pages of %d tokens (%.1f MiB)",
@@ -147,12 +144,10 @@ class ModelRunner:
             num_pages * bs * self.spec.bytes_per_token() / (1 << 20),
         )
         attn_opts = {}
-        if attn_name == "triton" and getattr(server_args, "triton_attention_reduce_in_fp32", False):
+        if attn_name == "triton" and config.triton_attention_reduce_in_fp32:
             attn_opts["reduce_in_fp32"] = True
         self.attn_backend = create_attention_backend(attn_name, kv_config, self.kv_pool, device, **attn_opts)
-        self.sampler = create_sampler(
-            server_args.sampling_backend or "torch", device, bool(server_args.enable_nan_detection)
-        )
+        self.sampler = create_sampler(config.sampling_backend or "torch", device, config.enable_nan_detection)
         self.graph_runner = cuda_graph.build_graph_runner(
             self._forward,
             self.attn_backend,
@@ -160,7 +155,7 @@ class ModelRunner:
             self.req_to_token.table,
             device,
             graph_sizes,
-            server_args,
+            graphs,
             model_config.max_model_len,
         )
 
@@ -213,22 +208,14 @@ class ModelRunner:
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=ext_lens,
             is_decode_only=batch.is_decode_only,
-            expert_recorder=self.expert_recorder,
+            expert_recorder=self.experts.recorder,
         )
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, prev: LaunchedBatch | None = None) -> LaunchedBatch:
         """Queue the forward and sampling of `batch`; `prev` is the launched batch not yet resolved."""
-        if self.rank_runtime is not None:
-            self.rank_runtime.before_forward(self, batch)  # peers follow this batch
-        fb = self.prepare(batch, prev)
-        if self.graph_runner is not None and self.graph_runner.can_run(fb):
-            logits = self.graph_runner.replay(fb)
-        else:
-            self.attn_backend.init_forward_metadata(fb)
-            logits = self._forward(fb)
-        if self.rank_runtime is not None:
-            self.rank_runtime.after_forward()
+        self.peers.before_forward(batch)  # peers follow this batch
+        logits = self.run(self.prepare(batch, prev))
         items: list[ScheduledRequest] = batch.items
         sampled = [i for i, it in enumerate(items) if it.sample]
         launched = LaunchedBatch(num_items=len(items), sampled=sampled)
@@ -265,8 +252,23 @@ class ModelRunner:
                     result.errors[i] = NAN_ERROR
         return result
 
+    @torch.inference_mode()
+    def run(self, fb: ForwardBatch, use_graphs: bool = True) -> torch.Tensor:
+        """The forward of a prepared batch: [B, vocab] logits of each request's last new token.
+
+        The one way a forward runs (rank 0's steps, a peer's copy of them, benchmarks): a captured graph
+        when one fits the batch (unless `use_graphs=False`), else eagerly; then the experts close the pass.
+        """
+        if use_graphs and self.graph_runner is not None and self.graph_runner.can_run(fb):
+            logits = self.graph_runner.replay(fb)
+        else:
+            self.attn_backend.init_forward_metadata(fb)
+            logits = self._forward(fb)
+        self.experts.after_forward()
+        return logits
+
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """[B, vocab] logits of each request's last new token."""
+        # what a CUDA graph captures: the model alone, without the per-pass expert bookkeeping
         return self.model.forward(fb)
 
     def shutdown(self) -> None:

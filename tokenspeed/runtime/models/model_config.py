@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.models.registry import supported_architectures
 
 DTYPE_CHOICES: dict[str, torch.dtype] = {
@@ -203,16 +204,16 @@ class ModelConfig:
         return config
 
     @classmethod
-    def from_server_args(cls, args: Any) -> ModelConfig:
-        device = getattr(args, "device", None) or "cuda"
+    def from_server_args(cls, args: ServerArgs) -> ModelConfig:
+        device = args.device
         if device.startswith("cuda") and not torch.cuda.is_available():
             device = "cpu"
         return cls.from_pretrained(
             args.model,
-            dtype=getattr(args, "dtype", "auto"),
-            hf_overrides=getattr(args, "hf_overrides", "{}"),
-            max_model_len=getattr(args, "max_model_len", None),
-            trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
+            dtype=args.dtype,
+            hf_overrides=args.hf_overrides,
+            max_model_len=args.max_model_len,
+            trust_remote_code=args.trust_remote_code,
             device=device,
         )
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from tokenspeed.config.slices import KEPT_BY_EPLB
 from tokenspeed.runtime.distributed.comm import broadcast_object
 from tokenspeed.runtime.engine.io_struct import ControlRefused
 from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState
-from tokenspeed.runtime.moe import recording_policy
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 from tokenspeed.runtime.moe.eplb_algorithm import balancedness, rank_loads
 from tokenspeed.runtime.moe.expert_location import ExpertLocation
@@ -181,7 +181,7 @@ class EPLBManager:
         self.steps = 0
         self.stats = EPLBStats()
         if periodic:
-            self.recorder.keep(recording_policy.EPLB)
+            self.recorder.keep(KEPT_BY_EPLB)
 
     def step_done(self) -> bool:
         """Count a forward pass; True when the next one should be preceded by a rebalance."""

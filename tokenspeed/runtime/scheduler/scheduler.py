@@ -22,6 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
 from tokenspeed.runtime.scheduler.request import Request, RequestStatus
@@ -36,11 +37,11 @@ class SchedulerConfig:
     enable_mixed_batch: bool = False
 
     @classmethod
-    def from_server_args(cls, args, max_model_len: int) -> SchedulerConfig:
+    def from_server_args(cls, args: ServerArgs, max_model_len: int) -> SchedulerConfig:
         chunk = args.chunked_prefill_size
         max_prefill = args.max_prefill_tokens
         return cls(
-            max_num_seqs=args.max_num_seqs or 160,
+            max_num_seqs=args.max_num_seqs,
             max_model_len=max_model_len,
             chunked_prefill_size=None if chunk is None or chunk <= 0 else min(chunk, max_prefill),
             max_prefill_tokens=max_prefill,
