@@ -6,7 +6,9 @@ $FAKE_CONTROL_DIR named after $TOKENSPEED_SERVER_NAME:
   NAME.ignore_term   ignore SIGTERM (the supervisor must SIGKILL after stop_timeout)
   NAME.unhealthy     /health answers 503
 Each start appends a line to NAME.starts, so tests can count starts. `GET /say?WORDS` prints WORDS on
-stdout (a line of its log), so tests can write into a server's log when they choose.
+stdout (a line of its log), so tests can write into a server's log when they choose. Each start also
+appends its arguments (a JSON list) to NAME.argv; with FAKE_CHILD=1 in its environment it starts a child
+process, as `tokenspeed serve` starts its scheduler ranks, and writes the child's pid to NAME.child.
 """
 
 import argparse
@@ -93,6 +95,13 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     with open(CONTROL / f"{NAME}.starts", "a") as f:
         f.write(f"{os.getpid()}:{args.node_rank}\n")
+    with open(CONTROL / f"{NAME}.argv", "a") as f:
+        f.write(json.dumps(sys.argv[1:]) + "\n")
+    if os.environ.get("FAKE_CHILD") == "1":
+        import subprocess
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        (CONTROL / f"{NAME}.child").write_text(str(child.pid))
     print(f"{NAME} starting on {args.host}:{args.port}", flush=True)
     if flag("crash"):
         print(f"{NAME} crashing", flush=True)
