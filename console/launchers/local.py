@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from console.launchers.base import Launcher, ProcessHandle
 from console.launchers.log_pump import LogPump, reopen_stdout_pipe
 from console.profile_schema import ProcessSpec, ServerSpec
 from console.supervisor.states import REASON_ADOPTED, ExitInfo
+from tokenspeed.config.ports import is_port_available
 
 
 def signal_group(pid: int, sig: signal.Signals) -> None:
@@ -106,14 +106,7 @@ def find_process(pid: int, create_time: float) -> psutil.Process | None:
 
 def port_in_use(host: str, port: int) -> bool:
     """Whether something already listens on host:port (a health check there would answer for it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
+    return not is_port_available(port, host)
 
 
 class LocalLauncher(Launcher):

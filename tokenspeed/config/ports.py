@@ -34,18 +34,24 @@ _CLUSTER_STEP = 10
 _MAX_PORT = 65535
 
 
-def is_port_available(port: int, host: str = "") -> bool:
-    """Whether a TCP listener could bind ``port`` now (on every interface when ``host`` is empty)."""
-    if not 0 < port <= _MAX_PORT:
-        return False
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # SO_REUSEADDR matches what ZMQ does: a port in TIME_WAIT is usable, one with a listener is not.
+def bind_error(port: int, host: str = "") -> OSError | None:
+    """Why a TCP listener could not bind ``host:port`` now (None: it could). An empty host means every
+    interface; an IPv6 address is probed over IPv6. The one "is this port free" of the tree."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR matches what ZMQ and uvicorn do: a port in TIME_WAIT is usable, one with a listener
+        # is not.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except OSError as exc:
+            return exc
+    return None
+
+
+def is_port_available(port: int, host: str = "") -> bool:
+    """Whether a TCP listener could bind ``port`` now (on every interface when ``host`` is empty)."""
+    return 0 < port <= _MAX_PORT and bind_error(port, host) is None
 
 
 def split_host_port(addr: str) -> tuple[str, int]:

@@ -15,9 +15,10 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import sys
 from typing import Any
+
+from tokenspeed.config.ports import bind_error
 
 logger = logging.getLogger("tokenspeed.serve")
 
@@ -116,15 +117,9 @@ def check_device_present(server_args: Any) -> None:
 
 
 def _check_port_free(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise ValueError(
-                f"--port {port} on {host} is not available ({exc}); choose another --port"
-            ) from exc
+    exc = bind_error(port, host)
+    if exc is not None:
+        raise ValueError(f"--port {port} on {host} is not available ({exc}); choose another --port") from exc
 
 
 def vocab_size_of(server_args: Any) -> int | None:
