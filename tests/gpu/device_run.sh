@@ -1,40 +1,97 @@
 #!/usr/bin/env bash
-# One device-tool call: GPU tests and benchmarks; one log ($OUT/run.log), the results JSON and the
-# FlashInfer JIT cache come back (the tool returns at most 8 files).
-#   source .whl/install.sh && bash tests/gpu/device_run.sh
+# GPU tests and benchmarks in stages that each fit one 10-minute device call; one log ($OUT/run.log), the
+# results JSON and the FlashInfer JIT cache come back (the tool returns at most 8 files).
+#   source .whl/install.sh && bash tests/gpu/device_run.sh tests|bench|e2e [more stages...]
+# Stages (the groups run their parts in this order):
+#   tests = kernels flashinfer engine   GPU tests: fused kernels, attention backends, samplers, engine
+#   bench = decode prefill moe offline  benchmarks/*.py on Llama-3.1-8B / Qwen3-30B-A3B shapes
+#   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
+#                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
+# `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.tgz: copy it into .whl/ (under 16 MB) and
+# every later call skips FlashInfer's JIT (.whl/install.sh unpacks it). Each part has its own time limit
+# (T_<PART> seconds) so a stuck one cannot eat the call.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 LOG="$OUT/run.log"
+PYT="python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts= --timeout 150"
 stage() { echo "=== $1 $(date -u +%T)" | tee -a "$LOG"; }
 run() { local t=$1; shift; timeout "$t" "$@" >> "$LOG" 2>&1; echo "--- exit $? ($*)" | tee -a "$LOG"; }
+WARM_PIDS=()
+
+warm() {  # compile FlashInfer's families in the background (no-op in effect when the cache was carried)
+  stage warm-flashinfer
+  for fam in prefill decode sampling; do
+    (timeout 240 python3 tests/gpu/warm_flashinfer.py $fam > /tmp/warm_$fam.log 2>&1; tail -n 2 /tmp/warm_$fam.log >> "$LOG") &
+    WARM_PIDS+=($!)
+  done
+}
+wait_warm() { for p in "${WARM_PIDS[@]}"; do wait "$p"; done; WARM_PIDS=(); }
+
+part_kernels() {
+  stage tests-kernels
+  run ${T_KERNELS:-120} $PYT tests/gpu/test_fused_ops.py tests/gpu/test_attention_backends.py \
+    tests/gpu/test_gpu_samplers.py -k "${K_KERNELS:-not flashinfer}"
+}
+part_flashinfer() {
+  wait_warm
+  stage tests-flashinfer
+  run ${T_FI:-90} $PYT tests/gpu/test_attention_backends.py tests/gpu/test_gpu_samplers.py -k "${K_FI:-flashinfer}"
+}
+part_engine() {
+  stage tests-engine
+  run ${T_ENGINE:-120} $PYT tests/gpu/test_engine_gpu.py tests/gpu/test_fused_moe.py
+}
+part_decode() {
+  stage bench-decode
+  run ${T_DECODE:-150} python3 benchmarks/decode.py --backends triton flashinfer ${DECODE_ARGS:-} --out "$OUT/gpu_decode.json"
+  grep -E "bandwidth|ratio=|eager|kernels/step|faster" "$LOG" | tail -60
+}
+part_prefill() {
+  stage bench-prefill
+  run ${T_PREFILL:-60} python3 benchmarks/prefill.py --out "$OUT/gpu_prefill.json"
+  grep -E "peak|share=" "$LOG" | tail -14
+}
+part_moe() {
+  stage bench-decode-moe
+  run ${T_MOE:-90} python3 benchmarks/decode.py --model qwen3moe --backends triton --contexts 1024 \
+    --batch-sizes 1 4 16 64 256 --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe.json"
+}
+part_offline() {
+  stage bench-offline
+  run ${T_OFFLINE:-80} python3 benchmarks/offline_throughput.py --workloads in1024_out256 --num-requests ${NREQ:-200} \
+    --hf-requests 32 --hf-batch 32 --out "$OUT/gpu_offline_throughput.json"
+}
+part_fleet() {
+  stage e2e-fleet
+  run ${T_FLEET:-150} $PYT -s tests/gpu/test_fleet_gpu.py
+}
+part_serving() {
+  stage bench-serving
+  run ${T_SERVING:-200} python3 benchmarks/serving_gpu.py ${SERVING_ARGS:-} --out "$OUT/gpu_serving.json"
+  grep -E "^serving|^offline|READY|goal" "$LOG" | tail -30
+}
+part_cache() {
+  wait_warm
+  tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer && ls -la "$OUT/flashinfer-cache.tgz" | tee -a "$LOG"
+}
+
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1
-stage warm-flashinfer
-for fam in prefill decode sampling; do
-  (timeout 240 python3 tests/gpu/warm_flashinfer.py $fam > /tmp/warm_$fam.log 2>&1; tail -n 2 /tmp/warm_$fam.log >> "$LOG") &
+[ $# -gt 0 ] || set -- tests
+warmed=0
+for s in "$@"; do
+  case $s in
+    tests) parts="kernels flashinfer engine" ;;
+    bench) parts="decode prefill moe offline" ;;
+    e2e) parts="fleet serving" ;;
+    *) parts=$s ;;
+  esac
+  for p in $parts; do
+    if [ $warmed = 0 ] && [ $p != cache ]; then warm; warmed=1; fi
+    "part_$p"
+  done
 done
-PYT="python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts= --timeout 120"
-stage tests-kernels
-run ${T_KERNELS:-120} $PYT tests/gpu/test_attention_backends.py tests/gpu/test_fused_ops.py tests/gpu/test_gpu_samplers.py -k "not flashinfer"
-stage bench-decode
-run ${T_DECODE:-150} python3 benchmarks/decode.py --backends triton flashinfer --out "$OUT/gpu_decode.json"
-grep -E "bandwidth|ratio=|eager" "$LOG" | tail -45
-stage bench-prefill
-run ${T_PREFILL:-60} python3 benchmarks/prefill.py --out "$OUT/gpu_prefill.json"
-grep -E "peak|share=" "$LOG" | tail -14
-wait
-stage tests-flashinfer
-run ${T_FI:-60} $PYT tests/gpu/test_attention_backends.py tests/gpu/test_gpu_samplers.py -k "flashinfer"
-tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer && ls -la "$OUT/flashinfer-cache.tgz" | tee -a "$LOG"
-stage tests-engine
-run ${T_ENGINE:-100} $PYT tests/gpu/test_engine_gpu.py tests/gpu/test_fused_moe.py
-stage bench-decode-moe
-run ${T_MOE:-90} python3 benchmarks/decode.py --model qwen3moe --backends triton --contexts 1024 \
-  --batch-sizes 1 4 16 64 256 --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe.json"
-stage bench-offline
-run ${T_OFFLINE:-80} python3 benchmarks/offline_throughput.py --workloads in1024_out256 --num-requests ${NREQ:-200} \
-  --hf-requests 32 --hf-batch 32 --out "$OUT/gpu_offline_throughput.json"
+wait_warm
 stage done
 grep -E "passed|failed|error|Error" "$LOG" | tail -30
-grep -E "speedup|transformers \{" "$LOG" | tail -4

@@ -1,5 +1,10 @@
-"""Compile one FlashInfer kernel family ahead of the tests (the device tool runs one process per family in
-parallel, so their JIT builds overlap): `python tests/gpu/warm_flashinfer.py prefill|decode|sampling`."""
+"""Compile one FlashInfer kernel family ahead of the tests (the device run starts one process per family in
+parallel, so their JIT builds overlap): `python tests/gpu/warm_flashinfer.py prefill|decode|sampling`.
+
+The families are the ones TokenSpeed loads with bf16 and head_dim 128: `prefill` is FlashInfer's FA2 batch
+prefill module, which serves the paged and ragged prefill wrappers and the tensor-core decode (GQA groups
+of 4 or more); `decode` the CUDA-core decode kernel (smaller groups, MHA); `sampling` the sampling kernels.
+"""
 
 from __future__ import annotations
 
@@ -19,18 +24,25 @@ def main(family: str) -> None:
     indptr = torch.tensor([0, 2], dtype=torch.int32)
     idx = torch.tensor([1, 2], dtype=torch.int32, device=dev)
     last = torch.tensor([5], dtype=torch.int32)
+    bf16 = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
     if family == "prefill":
-        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-        w.plan(torch.tensor([0, 7], dtype=torch.int32), indptr, idx, last, 32, 8, 128, 16, causal=True,
-               q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
+        w.plan(
+            torch.tensor([0, 7], dtype=torch.int32), indptr, idx, last, 32, 8, 128, 16, causal=True, **bf16
+        )
         w.run(torch.randn(7, 32, 128, device=dev, dtype=torch.bfloat16), (kv, kv))
+        r = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa2")
+        qo = torch.tensor([0, 7], dtype=torch.int32)
+        r.plan(qo, qo, 32, 8, 128, causal=True, **bf16)
+        k = torch.randn(7, 8, 128, device=dev, dtype=torch.bfloat16)
+        r.run(torch.randn(7, 32, 128, device=dev, dtype=torch.bfloat16), k, k)
+        d = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True, backend="fa2")
+        d.plan(indptr, idx, last, 32, 8, 128, 16, **bf16)
+        d.run(torch.randn(1, 32, 128, device=dev, dtype=torch.bfloat16), (kv, kv))
     elif family == "decode":
-        for tc, heads in ((True, 32), (False, 8)):
-            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
-            w.plan(
-                indptr, idx, last, heads, 8, 128, 16, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16
-            )
-            w.run(torch.randn(1, heads, 128, device=dev, dtype=torch.bfloat16), (kv, kv))
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=False)
+        w.plan(indptr, idx, last, 8, 8, 128, 16, **bf16)
+        w.run(torch.randn(1, 8, 128, device=dev, dtype=torch.bfloat16), (kv, kv))
     elif family == "sampling":
         import flashinfer.sampling as fs
 
