@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from console.profiles import ProfileError, load_and_resolve
+from tokenspeed.config.api_key import API_KEY_ENV
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -55,7 +56,8 @@ def show(path: str, as_json: bool) -> int:
                         "node_rank": p.node_rank,
                         "gpus": list(p.gpus),
                         "argv": list(p.argv),
-                        "env": dict(p.env),
+                        # The key stays out of what is printed (terminals, CI logs, tickets).
+                        "env": {k: "<secret>" if k == API_KEY_ENV else v for k, v in p.env},
                     }
                     for p in spec.processes
                 ],

@@ -31,6 +31,7 @@ from console.profile_schema import (
 )
 from console.profile_toml import ProfileError, RawProfile, did_you_mean, read_profile
 from console.supervisor.load import parse_load
+from tokenspeed.config.api_key import API_KEY_ENV
 
 __all__ = ["ProfileError", "ResolvedFleet", "load_profile", "resolve_profile", "load_and_resolve"]
 
@@ -195,7 +196,10 @@ def resolve_servers(
     profile: Profile, raw: RawProfile, fleet: FleetSpec, platform: Any = None
 ) -> ResolvedFleet:
     """The servers of one group: `fleet` gives their count, name prefix and first port; `raw` their [server]."""
-    base = server_argv(raw)
+    base = server_argv(_without_api_key(raw))
+    secret = _api_key_env(raw, profile)
+    # The key reaches each server through its environment; it is parsed here only to know it.
+    key_args = ["--api-key", secret[API_KEY_ENV]] if secret else []
     stride = int(raw.data.get("fleet", {}).get("port_stride", 10))
     server = raw.data.get("server", {})
     # Multi-node replicas and attention DP rendezvous at an explicit address; give each replica its own.
@@ -229,7 +233,7 @@ def resolve_servers(
             "--enable-metrics",
             *rendezvous(nodes, replica),
         ]
-        env = dict(profile.env)
+        env = {**profile.env, **secret}
         if not on_cpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         processes = []
@@ -239,9 +243,26 @@ def resolve_servers(
         url_host = nodes[0] if fleet.host in ("0.0.0.0", "::") else fleet.host
         specs.append(ServerSpec(name, replica, url_host, port, tuple(processes)))
     # Each server's arguments resolved exactly as its `tokenspeed serve` will resolve them.
-    server_args = tuple(parse_server_args(raw, list(s.processes[0].argv), platform) for s in specs)
+    server_args = tuple(parse_server_args(raw, [*s.processes[0].argv, *key_args], platform) for s in specs)
     given = (frozenset(server),) * len(specs)
     return ResolvedFleet(profile, tuple(specs), server_args, tuple(base), given)
+
+
+def _without_api_key(raw: RawProfile) -> RawProfile:
+    """`raw` less `[server] api_key`: a key on a command line is readable by every local user."""
+    server = {k: v for k, v in raw.data.get("server", {}).items() if k != "api_key"}
+    return dataclasses.replace(raw, data={**raw.data, "server": server})
+
+
+def _api_key_env(raw: RawProfile, profile: Profile) -> dict[str, str]:
+    """`{TOKENSPEED_API_KEY: key}` for the servers' environment: `[server] api_key`, else the same
+    variable in `[env]`; empty when the profile sets no key."""
+    key = raw.data.get("server", {}).get("api_key")
+    if key is None:
+        key = profile.env.get(API_KEY_ENV)
+    elif not isinstance(key, str) or not key:
+        raise raw.error("server", "api_key", f"expects a non-empty string, got {key!r}")
+    return {API_KEY_ENV: key} if key else {}
 
 
 def load_and_resolve(path: str | Path, platform: Any = None) -> ResolvedFleet:

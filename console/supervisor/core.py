@@ -196,8 +196,11 @@ class Supervisor:
         ok = False
         began = time.monotonic()
         try:
+            # The key too: a health path other than /health (say /health_generate) is behind it.
             response = await self.http.get(
-                unit.spec.url + self.fleet.health.path, timeout=self.fleet.health.timeout_s
+                unit.spec.url + self.fleet.health.path,
+                timeout=self.fleet.health.timeout_s,
+                headers=self.auth[unit.spec.name],
             )
             ok = response.status_code == 200
         except httpx.HTTPError:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 from typing import Any
 
+from tokenspeed.config.api_key import resolve_api_key
 from tokenspeed.config.flag_table import FlagRow, Opt, Switch, Toggle, add_groups
 from tokenspeed.config.flags import nullable_str
 from tokenspeed.config.runtime_flags import (
@@ -27,6 +29,7 @@ CLI_ALIAS_DESTS = {
     "model_path": "model",
     "tensor_parallel_size": "attn_tp_size",
     "expert_parallel_size": "ep_size",
+    "api_key_file": "api_key",  # read by namespace_to_fields (config/api_key.py)
 }
 
 
@@ -204,7 +207,19 @@ _LOGGING_FLAGS: tuple[FlagRow, ...] = (
     ),
     Opt("--app-key", str, "Application key attached to metrics."),
     Opt("--decode-log-interval", int, "Decode steps between batch log lines."),
-    Opt("--api-key", str, "Bearer key required by the HTTP API (OpenAI-compatible routes too)."),
+    Opt(
+        "--api-key",
+        str,
+        "Bearer key required by every HTTP route but /health. Visible to local users in the process "
+        "list: prefer --api-key-file or $TOKENSPEED_API_KEY, which also set it.",
+    ),
+    Opt(
+        "--api-key-file",
+        str,
+        "File holding the API key (mode 600: refused if group or others can read it). A TokenSpeed flag, "
+        "not in the upstream set.",
+        metavar="PATH",
+    ),
     Switch("--enable-cache-report", "Report cached prompt tokens in usage.prompt_tokens_details."),
     Opt(
         "--kv-events-config",
@@ -298,6 +313,8 @@ def namespace_to_fields(args: argparse.Namespace) -> dict[str, Any]:
         values["attn_tp_size"] = tp
     ep = values.pop("expert_parallel_size", None)
     values["ep_size"] = 1 if ep is None else ep
+    if "api_key" in values:
+        values["api_key"] = resolve_api_key(values["api_key"], values.pop("api_key_file", None), os.environ)
     if "metrics_reporters" in values:
         # Repeated flags can name a reporter twice; keep the first of each.
         values["metrics_reporters"] = list(dict.fromkeys(values["metrics_reporters"] or ["prometheus"]))
