@@ -28,6 +28,7 @@ import torch
 from tokenspeed.config import memory_model
 from tokenspeed.config.slices import GraphConfig
 from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+from tokenspeed.runtime.startup_progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -143,14 +144,8 @@ class CudaGraphRunner:
         free_before = torch.cuda.mem_get_info(self.device)[0]
         stream = torch.cuda.Stream(self.device)
         sizes = list(reversed(self.sizes))
-        bar = None
-        if progress:
-            try:
-                from tqdm import tqdm
-
-                bar = tqdm(total=len(sizes), desc="Capturing CUDA graphs", unit="graph")
-            except ImportError:  # pragma: no cover - tqdm ships with transformers
-                bar = None
+        # n/m on a terminal (redrawn) and in logs (a line every few seconds): capture can take minutes.
+        bar = Progress("CUDA graphs captured", len(sizes), logger, unit="items") if progress else None
         freeze = not self.enable_gc
         if freeze:
             # Garbage collection during capture only slows it down: nothing captured is garbage.
@@ -161,11 +156,10 @@ class CudaGraphRunner:
                 for bs in sizes:
                     self._capture_one(bs, stream)
                     if bar is not None:
-                        bar.set_postfix(bs=bs)
-                        bar.update(1)
+                        bar.advance(1)
         finally:
             if bar is not None:
-                bar.close()
+                bar.finish()
             if freeze:
                 gc.unfreeze()
         torch.cuda.synchronize(self.device)

@@ -8,7 +8,8 @@ deterministic for a seed on a given device type, for benchmarks that need only t
 from __future__ import annotations
 
 import json
-import sys
+import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,10 +18,11 @@ from torch import nn
 
 from tokenspeed.runtime.models.model_config import ModelConfig
 from tokenspeed.runtime.models.registry import get_model_class
+from tokenspeed.runtime.startup_progress import Progress, human_bytes
+
+logger = logging.getLogger(__name__)
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
-# More shards than this get a progress bar (when stderr is a terminal).
-_PROGRESS_MIN_SHARDS = 2
 
 
 def _indexed_files(folder: Path, index_name: str) -> list[Path] | None:
@@ -60,12 +62,13 @@ def weight_files(folder: str | Path, load_format: str) -> tuple[str, list[Path]]
 def iterate_weights(
     files: list[Path], fmt: str, show_progress: bool | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) from every file, on the CPU, one shard at a time."""
-    from tqdm.auto import tqdm
+    """Yield (name, tensor) from every file, on the CPU, one shard at a time.
 
-    if show_progress is None:
-        show_progress = sys.stderr.isatty() and len(files) >= _PROGRESS_MIN_SHARDS
-    for path in tqdm(files, desc="Loading weights", unit="shard", disable=not show_progress):
+    Progress (bytes read and rate) goes to stderr: redrawn in place on a terminal, a log line every few
+    seconds otherwise, and a summary line at the end; `show_progress=False` keeps it quiet."""
+    total = sum(p.stat().st_size for p in files if p.is_file())
+    progress = Progress("weights", total, logger) if show_progress is not False else None
+    for path in files:
         if not path.is_file():
             raise ValueError(f"weight file {path} named by the index is missing")
         if fmt == "safetensors":
@@ -73,13 +76,21 @@ def iterate_weights(
 
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    tensor = f.get_tensor(name)
+                    if progress is not None:
+                        progress.advance(tensor.numel() * tensor.element_size())
+                    yield name, tensor
         else:
             state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
             if not isinstance(state, dict):
                 raise ValueError(f"{path} does not hold a state dict of named tensors")
-            yield from state.items()
+            for name, tensor in state.items():
+                if progress is not None:
+                    progress.advance(tensor.numel() * tensor.element_size())
+                yield name, tensor
             del state
+    if progress is not None:
+        progress.finish()
 
 
 def _init_dummy(model: nn.Module, seed: int, std: float) -> None:
@@ -140,10 +151,15 @@ def load_model(
         files = weight_files(model_config.model_path, load_format)  # fail before allocating memory
     model = build_model(model_config, device, transform)
     if files is None:
+        started = time.monotonic()
         std = float(getattr(model_config.hf_config, "initializer_range", 0.02) or 0.02)
         _init_dummy(model, seed or 0, std)
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        logger.info("weights: %s of random values (--load-format dummy) in %.1f s", human_bytes(size),
+                    time.monotonic() - started)  # fmt: skip
     else:
         fmt, paths = files
+        logger.info("weights: reading %d %s file(s) from %s", len(paths), fmt, model_config.model_path)
         with torch.no_grad():
             model.load_weights(iterate_weights(paths, fmt))
     return model
