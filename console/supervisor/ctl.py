@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import click
 
 from console.client import SupervisorClient, SupervisorError, SupervisorUnavailable, find_state_dir
 from console.supervisor import statefile
+from console.supervisor.daemon import spawn as spawn_daemon
 from console.supervisor.load_report import LoadReport
 from console.supervisor.logfile import tail
 from console.supervisor.paths import StatePaths, default_state_dir
@@ -33,30 +32,6 @@ def _client(fleet: str | None, state_dir: str | None) -> SupervisorClient:
 
 
 # ------------------------------------------------------------------ up
-
-
-def _spawn_daemon(profile: Path, paths: StatePaths) -> subprocess.Popen:
-    paths.ensure()
-    log = os.open(paths.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "console.supervisor.daemon",
-                "--profile",
-                str(profile),
-                "--state-dir",
-                str(paths.root),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
-    finally:
-        os.close(log)
 
 
 def _summary(servers: list[dict]) -> str:
@@ -86,7 +61,7 @@ def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int
             client.close()
             _err(f"error: the plan does not fit: {refusal}\nnothing was started")
             return EXIT_USAGE
-        daemon = _spawn_daemon(resolved.profile.path, paths)
+        daemon = spawn_daemon(resolved.profile.path, paths)
         click.echo(f"fleet {fleet.name}: supervisor pid {daemon.pid}, state in {paths.root}")
     deadline = time.monotonic() + timeout
     last = ""

@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +22,33 @@ import psutil
 
 from console.profiles import ProfileError, load_and_resolve
 from console.supervisor.paths import StatePaths
+
+
+def spawn(profile: str | Path, paths: StatePaths) -> subprocess.Popen:
+    """Start the supervisor of `profile` detached: in its own session (so it outlives the terminal and
+    any console), stdin closed, stdout and stderr appended to `supervisor.log` (created 0600). The one
+    way `tokenspeed up` and `tokenspeed console` start a fleet."""
+    paths.ensure()
+    log = os.open(paths.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "console.supervisor.daemon",
+                "--profile",
+                str(Path(profile).resolve()),
+                "--state-dir",
+                str(paths.root),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(log)
 
 
 def _lock(paths: StatePaths):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -52,25 +50,10 @@ def fleet_state_dir(profile: str) -> Path:
 
 def start_supervisor(profile: str | Path, state_dir: str | Path, timeout: float = START_TIMEOUT_S) -> None:
     """Start the fleet's supervisor daemon detached (its own session, so it outlives this console)."""
+    from console.supervisor.daemon import spawn
+
     paths = StatePaths(Path(state_dir).resolve())
-    paths.ensure()
-    with open(paths.supervisor_log, "ab") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "console.supervisor.daemon",
-                "--profile",
-                str(Path(profile).resolve()),
-                "--state-dir",
-                str(paths.root),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=os.environ.copy(),
-        )
+    proc = spawn(profile, paths)
     deadline = time.monotonic() + timeout
     with SupervisorClient(paths.root, timeout=1.0) as client:
         while time.monotonic() < deadline:
