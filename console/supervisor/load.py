@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -142,6 +142,7 @@ class LoadStats:
 class Target:
     name: str
     url: str
+    headers: dict[str, str] = field(default_factory=dict)  # the server's API key, when it has one
 
 
 class LoadGenerator:
@@ -238,7 +239,7 @@ class LoadGenerator:
         self._sends.append(now)
         self._forget_sends(now)
         try:
-            response = await self._http.post(target.url + path, json=body)
+            response = await self._http.post(target.url + path, json=body, headers=target.headers)
             if response.is_error:
                 self._error(target, f"HTTP {response.status_code} from {path}: {_error_text(response)}")
                 return
@@ -283,6 +284,7 @@ def for_supervisor(sup) -> LoadGenerator | None:
     def targets() -> list[Target]:
         if sup.shutting_down:
             return []
-        return [Target(u.spec.name, u.spec.url) for u in sup.units.values() if u.state == State.READY]
+        ready = [u for u in sup.units.values() if u.state == State.READY]
+        return [Target(u.spec.name, u.spec.url, sup.auth[u.spec.name]) for u in ready]
 
     return LoadGenerator(spec, targets)

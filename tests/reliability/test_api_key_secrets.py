@@ -4,12 +4,14 @@ handed to the fleet's servers by environment (every local user can read /proc/PI
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
+from console.client import SupervisorClient
 from tests.console import conftest as console_fleets
 from tests.tiny_models import make_tiny_model
 from tokenspeed.config.cli import prepare_server_args
@@ -46,7 +48,9 @@ def test_a_profile_key_reaches_its_servers_by_environment_and_the_supervisor_use
     )
     # A health path behind the key: READY only if the supervisor's checks carry it.
     profile = fleet.profile.read_text().replace("[fleet.health]", '[fleet.health]\npath = "/v1/models"')
-    fleet.profile.write_text(profile)
+    # The built-in load generator sends it too.
+    load = "[load]\nrate_per_s = 4\nmax_tokens = 2\nconcurrency = 2\nchat_fraction = 0\n"
+    fleet.profile.write_text(profile + load)
     result = fleet.up("--timeout", "360", timeout=400)
     assert result.returncode == 0, result.stdout + result.stderr + fleet.cli("logs", "keyed-0").stdout
     server = fleet.servers()["keyed-0"]
@@ -60,8 +64,13 @@ def test_a_profile_key_reaches_its_servers_by_environment_and_the_supervisor_use
     assert httpx.get(server["url"] + "/v1/models", timeout=10).status_code == 401
     auth = {"Authorization": f"Bearer {key}"}
     assert httpx.get(server["url"] + "/v1/models", headers=auth, timeout=10).status_code == 200
-    # The supervisor scrapes /metrics with the key.
+    # The supervisor scrapes /metrics with the key, and its load generator is answered.
     fleet.wait_for(lambda s: s["keyed-0"]["metrics"] is not None, timeout=30, what="a scrape")
+    with SupervisorClient(fleet.state_dir) as client:
+        deadline = time.monotonic() + 30
+        while (load := client.fleet()["load"])["ok"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.3)
+    assert load["ok"] >= 2 and load["errors"] == 0, load
 
     show = console_fleets.tokenspeed("profile", "show", str(fleet.profile))
     assert show.returncode == 0, show.stderr
