@@ -252,7 +252,7 @@ def profile() -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def profile_validate(paths: tuple[str, ...]) -> None:
     """Check PROFILE files: every key, every server's resolved arguments."""
-    from console.profile_cli import validate
+    from console.profile.cli import validate
 
     sys.exit(validate(list(paths)))
 
@@ -262,7 +262,7 @@ def profile_validate(paths: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def profile_show(path: str, as_json: bool) -> None:
     """Show the servers a profile resolves to and the command line of each."""
-    from console.profile_cli import show
+    from console.profile.cli import show
 
     sys.exit(_maybe_json(as_json, show, path, as_json=as_json))
 
@@ -282,7 +282,7 @@ def profile_show(path: str, as_json: bool) -> None:
 )
 def profile_plan(path: str, as_json: bool, gpus_from: str | None, model_config: str | None) -> None:
     """Size each server against the GPUs: memory, KV tokens, capture sizes; refuse what cannot fit."""
-    from console.profile_cli import plan
+    from console.profile.cli import plan
 
     sys.exit(
         _maybe_json(as_json, plan, path, as_json=as_json, gpus_from=gpus_from, model_config=model_config)
@@ -301,7 +301,7 @@ def profile_plan(path: str, as_json: bool, gpus_from: str | None, model_config: 
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 def profile_new(path, model, name, replicas, tp, device, force) -> None:
     """Write a new profile for MODEL to PATH (sized for this machine)."""
-    from console.profile_cli import new
+    from console.profile.cli import new
 
     sys.exit(new(path, model=model, name=name, replicas=replicas, tp=tp, device=device, force=force))
 

@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from console.profile_schema import ProcessSpec, ServerSpec
+from console.profile.schema import ProcessSpec, ServerSpec
 from console.supervisor.states import ExitInfo
 
 DEFAULT_COMMAND = (sys.executable, "-m", "tokenspeed", "serve")

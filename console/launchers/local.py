@@ -17,7 +17,7 @@ import psutil
 
 from console.launchers.base import Launcher, ProcessHandle
 from console.launchers.log_pump import LogPump, reopen_stdout_pipe
-from console.profile_schema import ProcessSpec, ServerSpec
+from console.profile.schema import ProcessSpec, ServerSpec
 from console.supervisor.states import REASON_ADOPTED, ExitInfo
 from tokenspeed.config.ports import is_port_available
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from console.launchers.base import Launcher, ProcessHandle
-from console.profile_schema import ProcessSpec, ServerSpec
+from console.profile.schema import ProcessSpec, ServerSpec
 from console.supervisor.logfile import append
 from console.supervisor.states import ExitInfo
 

@@ -21,8 +21,8 @@ from console.gpu_owners import FleetProcesses, recorded_fleet
 from console.launchers.base import make_launcher
 from console.launchers.local import find_process, signal_group
 from console.monitoring.fleet_monitor import FleetMonitor
-from console.profile_plan import ServerPlan
-from console.profiles import ResolvedFleet
+from console.profile.fleet import ResolvedFleet
+from console.profile.plan import ServerPlan
 from console.supervisor import statefile
 from console.supervisor.history import MetricsHistory, ServerStatus
 from console.supervisor.load import LoadGenerator

@@ -40,8 +40,8 @@ def _summary(servers: list[dict]) -> str:
 
 def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int:
     from console.gpu_owners import recorded_fleet
-    from console.profile_plan import check_fits
-    from console.profiles import ProfileError, load_and_resolve
+    from console.profile.fleet import ProfileError, load_and_resolve
+    from console.profile.plan import check_fits
 
     try:
         resolved = load_and_resolve(profile)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from console.profiles import ProfileError, load_and_resolve
+from console.profile.fleet import ProfileError, load_and_resolve
 from console.supervisor.paths import StatePaths
 
 

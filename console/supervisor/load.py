@@ -98,8 +98,8 @@ _LIMITS = {
 
 
 def parse_load(raw) -> LoadSpec | None:
-    """The `[load]` table of a raw profile (`console.profile_toml.RawProfile`), checked; None without one."""
-    from console.profile_toml import did_you_mean
+    """The `[load]` table of a raw profile (`console.profile.toml.RawProfile`), checked; None without one."""
+    from console.profile.toml import did_you_mean
 
     table = raw.data.get("load")
     if table is None:
@@ -274,7 +274,7 @@ def _error_text(response: httpx.Response) -> str:
 
 def for_supervisor(sup) -> LoadGenerator | None:
     """The generator of a supervisor's profile `[load]` table (None without one), aimed at READY servers."""
-    from console.profile_toml import read_profile
+    from console.profile.toml import read_profile
     from console.supervisor.states import State
 
     spec = parse_load(read_profile(sup.resolved.profile.path))

@@ -20,8 +20,8 @@ from pathlib import Path
 from console.gpu_owners import FleetProcesses, GpuOwners, attribute, other_fleets, own_mib_by_gpu
 from console.launchers.base import Launcher, ProcessHandle
 from console.probe import Probe, probe_gpus
-from console.profile_plan import FleetPlan, ServerPlan, plan_with_platform
-from console.profile_schema import ProcessSpec, ServerSpec
+from console.profile.plan import FleetPlan, ServerPlan, plan_with_platform
+from console.profile.schema import ProcessSpec, ServerSpec
 from console.supervisor.logfile import append_line
 
 log = logging.getLogger("tokenspeed.supervisor")

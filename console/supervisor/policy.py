@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from console.profile_schema import BackoffSpec
+from console.profile.schema import BackoffSpec
 from console.supervisor.states import ExitInfo
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from console.launchers.base import Launcher, ProcessHandle
-from console.profile_schema import FleetSpec, ServerSpec, SupervisorSpec
+from console.profile.schema import FleetSpec, ServerSpec, SupervisorSpec
 from console.supervisor.logfile import supervisor_note
 from console.supervisor.planning import PlanRefused
 from console.supervisor.policy import RestartPolicy

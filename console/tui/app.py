@@ -306,7 +306,7 @@ class ConsoleApp(App):
     def launch_profile(self, path: str) -> str:
         """Start the fleet of a profile unless its supervisor already runs (called from a worker thread)."""
         from console.client import SupervisorClient
-        from console.profiles import load_profile
+        from console.profile.fleet import load_profile
         from console.supervisor.paths import default_state_dir
         from console.tui.launch import start_supervisor
 

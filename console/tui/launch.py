@@ -43,7 +43,7 @@ class OpenedSource:
 
 
 def fleet_state_dir(profile: str) -> Path:
-    from console.profiles import load_profile
+    from console.profile.fleet import load_profile
 
     return default_state_dir(load_profile(profile).fleet.name)
 

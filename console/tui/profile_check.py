@@ -44,8 +44,8 @@ def _as_file(text: str, target: Path) -> Iterator[str]:
 def plan_profile_text(text: str, path: str | Path) -> dict | str:
     """The probe's plan for the profile being edited (a dict as `tokenspeed profile plan --json`), or why not."""
     from console.probe import probe_gpus
-    from console.profile_plan import plan_with_platform
-    from console.profiles import load_and_resolve
+    from console.profile.fleet import load_and_resolve
+    from console.profile.plan import plan_with_platform
 
     with _as_file(text, Path(path)) as tmp:
         try:
@@ -55,7 +55,7 @@ def plan_profile_text(text: str, path: str | Path) -> dict | str:
 
 
 def check_profile_text(text: str, path: str | Path) -> CheckResult:
-    from console.profiles import ProfileError, load_and_resolve
+    from console.profile.fleet import ProfileError, load_and_resolve
 
     target = Path(path)
     with _as_file(text, target) as tmp:

@@ -128,7 +128,7 @@ class ReplaySource(DataSource):
         if not path or not Path(path).is_file():
             return []
         try:
-            from console.profiles import load_and_resolve
+            from console.profile.fleet import load_and_resolve
 
             return list(load_and_resolve(path).servers)
         except Exception:  # a profile edited since the recording: show names from the history alone

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from console.profiles import ProfileError, load_and_resolve
+from console.profile.fleet import ProfileError, load_and_resolve
 
 # The example profiles shipped with the repository.
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"

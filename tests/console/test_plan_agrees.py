@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from console.probe import load_probe
-from console.profile_plan import plan_with_platform, platform_facts
-from console.profiles import load_and_resolve
+from console.profile.fleet import load_and_resolve
+from console.profile.plan import plan_with_platform, platform_facts
 from tokenspeed.config import memory_model
 from tokenspeed.config.cli import prepare_server_args
 from tokenspeed.config.slices import ExpertPlan, GraphConfig

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from console.probe import GpuReading, Probe, load_probe, probe_gpus
-from console.profile_plan import GIB, check_fits, plan_with_platform
-from console.profiles import load_and_resolve
+from console.profile.fleet import load_and_resolve
+from console.profile.plan import GIB, check_fits, plan_with_platform
 from tests.console.conftest import tokenspeed
 from tokenspeed.config import memory_model
 

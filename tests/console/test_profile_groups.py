@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from console.profile_toml import read_profile
-from console.profiles import ProfileError, load_and_resolve, load_profile
+from console.profile.fleet import ProfileError, load_and_resolve, load_profile
+from console.profile.toml import read_profile
 from console.supervisor.load import LoadSpec, parse_load
 from tests.console.conftest import tokenspeed
 from tests.console.profile_files import PROFILES, error_of, write

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.profiles import load_and_resolve
+from console.profile.fleet import load_and_resolve
 from tests.console.conftest import tokenspeed
 from tests.console.profile_files import PROFILES, error_of, write
 from tokenspeed.config.cli import prepare_server_args

@@ -235,7 +235,7 @@ def test_grafana_and_prometheus_commands(tmp_path):
 def test_targets_list_every_node_of_a_multi_node_fleet():
     """Ray fleets: each server's target is its head node's address, whatever node the supervisor is on."""
     from console.monitoring.targets import server_targets
-    from console.profile_schema import ProcessSpec, ServerSpec
+    from console.profile.schema import ProcessSpec, ServerSpec
 
     def spec(name: str, nodes: list[str], port: int) -> ServerSpec:
         procs = tuple(ProcessSpec(r, n, (0, 1), (), ()) for r, n in enumerate(nodes))

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from console import metrics_math
-from console.profile_schema import BackoffSpec
+from console.profile.schema import BackoffSpec
 from console.supervisor.history import MetricsHistory
 from console.supervisor.policy import RestartPolicy
 from console.supervisor.states import ExitInfo

@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from console.profile_toml import RawProfile, did_you_mean
+from console.profile.toml import RawProfile, did_you_mean
 
 # Keys the fleet sets for each server process; a profile sets them through [fleet] instead.
 FLEET_OWNED = {

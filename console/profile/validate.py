@@ -14,7 +14,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from console.profile_toml import ProfileError
+from console.profile.toml import ProfileError
 
 MAX_ERRORS = 20
 _HEADER = re.compile(r"^\s*\[")
@@ -57,7 +57,7 @@ def _relabel(exc: ProfileError, copy: Path, original: Path) -> ProfileError:
 
 def all_errors(path: str | Path) -> list[ProfileError]:
     """Every error the loader finds in the profile at `path` (empty when it loads)."""
-    from console.profiles import load_and_resolve
+    from console.profile.fleet import load_and_resolve
 
     original = Path(path).resolve()
     try:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from console.probe import Probe, probe_gpus
-from console.profile_model import checkpoint_bytes, find_config
+from console.profile.model import checkpoint_bytes, find_config
 from tokenspeed.config import memory_model as mm
 from tokenspeed.config.model_shape import ModelShape, model_shape
 
@@ -287,7 +287,7 @@ def plan_with_platform(
     running: bool = False,
 ) -> FleetPlan:
     """Re-resolve the profile for the probed GPUs (the seed's defaults depend on GPU memory), then plan."""
-    from console.profiles import resolve_profile
+    from console.profile.fleet import resolve_profile
 
     facts = platform_facts(probe)
     if facts is not None:

@@ -8,7 +8,7 @@ A profile file is TOML:
     [supervisor]                 # the keys of SupervisorSpec: how the supervisor heals its servers
     [env]                        # environment of every server process
 
-`console.profiles` turns the file into these objects; the supervisor and the launchers read only these.
+`console.profile.fleet` turns the file into these objects; the supervisor and the launchers read only these.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from console.profile_args import parse_server_args, server_argv
-from console.profile_groups import check_groups, resolve_groups
-from console.profile_schema import (
+from console.profile.groups import check_groups, resolve_groups
+from console.profile.schema import (
     LAUNCHERS,
     RESTART_POLICIES,
     BackoffSpec,
@@ -29,7 +28,8 @@ from console.profile_schema import (
     ServerSpec,
     SupervisorSpec,
 )
-from console.profile_toml import ProfileError, RawProfile, did_you_mean, read_profile
+from console.profile.server import parse_server_args, server_argv
+from console.profile.toml import ProfileError, RawProfile, did_you_mean, read_profile
 from console.supervisor.load import parse_load
 from tokenspeed.config.api_key import API_KEY_ENV
 
@@ -125,7 +125,7 @@ def load_profile(path: str | Path) -> Profile:
             "unhealthy_restart_after_s",
             f"must be >= 0 (0 never restarts an UNHEALTHY server), got {supervisor.unhealthy_restart_after_s!r}",
         )
-    check_groups(raw)  # [groups.NAME]: console.profile_groups
+    check_groups(raw)  # [groups.NAME]: console.profile.groups
     parse_load(raw)  # [load]: console.supervisor.load
     env = raw.data.get("env", {})
     for key, value in env.items():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from console.profile_toml import RawProfile, did_you_mean
+from console.profile.toml import RawProfile, did_you_mean
 
 GROUP_KEYS = {"replicas"}
 # More GPU ids than any node has: later groups take theirs from the ids the earlier groups left.
@@ -50,7 +50,7 @@ def _groups(raw: RawProfile) -> dict[str, dict]:
 def check_groups(raw: RawProfile) -> None:
     """Shape of [groups]: each a table with a valid name and a replica count (ServerArgs keys are
     checked when the profile resolves, through the same parser as [server])."""
-    from console.profile_args import FLEET_OWNED, known_keys
+    from console.profile.server import FLEET_OWNED, known_keys
 
     keys = set(known_keys())
     for name, table in _groups(raw).items():
@@ -79,7 +79,7 @@ def group_raw(raw: RawProfile, name: str) -> GroupRaw:
 
 def resolve_groups(profile, raw: RawProfile, platform: Any = None):
     """Resolve each group as a fleet of its own, one after the other, and join them."""
-    from console.profiles import ResolvedFleet, resolve_servers
+    from console.profile.fleet import ResolvedFleet, resolve_servers
 
     check_groups(raw)
     fleet = profile.fleet

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from console.profiles import ProfileError, load_and_resolve
+from console.profile.fleet import ProfileError, load_and_resolve
 from tokenspeed.config.api_key import API_KEY_ENV
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -20,7 +20,7 @@ def validate(paths: list[str]) -> int:
         try:
             resolved = load_and_resolve(path)
         except (ProfileError, ValueError):
-            from console.profile_validate import all_errors
+            from console.profile.validate import all_errors
 
             # Not only the first mistake: every one the loader finds, each with its file:line.
             errors = all_errors(path)
@@ -83,7 +83,7 @@ def show(path: str, as_json: bool) -> int:
 
 def plan(path: str, as_json: bool, gpus_from: str | None, model_config: str | None = None) -> int:
     from console.probe import load_probe, probe_gpus
-    from console.profile_plan import format_plan, plan_with_platform
+    from console.profile.plan import format_plan, plan_with_platform
 
     try:
         resolved = load_and_resolve(path)
