@@ -2,12 +2,17 @@
 
 `current_platform()` answers once per process (NVML initialisation is not free and the answer
 cannot change while the process lives); the cache sits on the function, not in a module global.
-Machines without a GPU, or without the NVML library, report `cpu` without raising or warning.
+Machines without a GPU, or without the NVML library or NVIDIA driver, report `cpu` without raising or
+warning. Any other NVML failure (a driver that answers with an error, a device it cannot read) also
+reports `cpu`, since nothing here can use the GPU, but says so: a warning in the log and
+`Platform.nvml_error`, so a GPU machine that looks like a CPU machine is explained.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
 from dataclasses import dataclass
 from typing import Literal
@@ -17,6 +22,10 @@ PlatformKind = Literal["nvidia", "amd", "cpu"]
 # Hopper is compute capability 9.0; everything newer (Blackwell 10.x, 12.x) counts as "Hopper or newer".
 _HOPPER = (9, 0)
 _BYTES_PER_GIB = 1024**3
+# What NVML raises on a machine that simply has no NVIDIA GPU: not worth a warning.
+_NO_NVIDIA_GPU = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_NotFound")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,8 @@ class Platform:
     compute_capability: tuple[int, int] | None
     is_hopper_or_newer: bool
     num_gpus: int
+    # Set when NVML failed for another reason than "no NVIDIA GPU here" (the platform is then `cpu`).
+    nvml_error: str | None = None
 
     @property
     def is_nvidia(self) -> bool:
@@ -78,25 +89,30 @@ def _visible_indices(count: int) -> list[int]:
     return indices
 
 
-def _nvml_devices():
-    """Yield NVML handles of the visible GPUs; empty where NVML is missing or finds no driver."""
+def _nvml_devices() -> tuple[list, str | None]:
+    """NVML handles of the visible GPUs, and why there are none when NVML failed unexpectedly.
+
+    Empty without an error where NVML is missing or finds no driver (a CPU machine).
+    """
     try:
         import pynvml
     except ImportError:
-        return []
+        return [], None
     try:
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no NVIDIA GPU here
-        return []
-    try:
         count = pynvml.nvmlDeviceGetCount()
-        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_indices(count)]
-    except Exception:
-        return []
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_indices(count)], None
+    except Exception as exc:
+        if type(exc).__name__ in _NO_NVIDIA_GPU:
+            return [], None
+        return [], f"{type(exc).__name__}: {exc}"
 
 
-def _nvidia_platform() -> Platform | None:
-    handles = _nvml_devices()
+def _nvidia_platform() -> Platform | str | None:
+    """The NVIDIA platform; None without NVIDIA GPUs; the NVML error text when NVML failed unexpectedly."""
+    handles, error = _nvml_devices()
+    if error is not None:
+        return error
     if not handles:
         return None
     import pynvml
@@ -149,7 +165,7 @@ def _gpu_total_bytes(kind: PlatformKind) -> list[int]:
     if kind == "nvidia":
         import pynvml
 
-        return [int(pynvml.nvmlDeviceGetMemoryInfo(h).total) for h in _nvml_devices()]
+        return [int(pynvml.nvmlDeviceGetMemoryInfo(h).total) for h in _nvml_devices()[0]]
     if kind == "amd":
         import torch
 
@@ -165,4 +181,17 @@ CPU_PLATFORM = Platform(
 @functools.lru_cache(maxsize=1)
 def current_platform() -> Platform:
     """The platform of this process (cached: the hardware does not change under a running process)."""
-    return _nvidia_platform() or _amd_platform() or CPU_PLATFORM
+    nvidia = _nvidia_platform()
+    if isinstance(nvidia, Platform):
+        return nvidia
+    found = _amd_platform()
+    if found is not None:
+        return found
+    if nvidia is not None:
+        logger.warning(
+            "NVML failed (%s): no NVIDIA GPU can be used, this process runs as on a CPU machine; check the "
+            "driver with nvidia-smi",
+            nvidia,
+        )
+        return dataclasses.replace(CPU_PLATFORM, nvml_error=nvidia)
+    return CPU_PLATFORM

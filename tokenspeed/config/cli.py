@@ -14,7 +14,7 @@ from typing import Any
 
 from tokenspeed.config.api_key import resolve_api_key
 from tokenspeed.config.flag_table import FlagRow, Opt, Switch, Toggle, add_groups
-from tokenspeed.config.flags import nullable_str
+from tokenspeed.config.flags import FIELD_ALIASES, nullable_str
 from tokenspeed.config.runtime_flags import (
     DISAGGREGATION_FLAGS,
     KERNEL_FLAGS,
@@ -26,9 +26,7 @@ from tokenspeed.config.server_args import ServerArgs
 
 # Namespace attributes that are spellings of a field rather than fields themselves.
 CLI_ALIAS_DESTS = {
-    "model_path": "model",
-    "tensor_parallel_size": "attn_tp_size",
-    "expert_parallel_size": "ep_size",
+    **{dest: FIELD_ALIASES[dest] for dest in ("model_path", "tensor_parallel_size", "expert_parallel_size")},
     "api_key_file": "api_key",  # read by namespace_to_fields (config/api_key.py)
 }
 

@@ -77,6 +77,15 @@ FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
 # Checked by a dedicated rule with a more precise message than a choices error.
 CHOICES_CHECKED_ELSEWHERE = frozenset({"speculative_eagle_topk"})
 
+# Other spellings of a field (SGLang's and vLLM's), accepted by the CLI and the offline Engine alike.
+FIELD_ALIASES = {
+    "model_path": "model",
+    "tp_size": "attn_tp_size",
+    "tensor_parallel_size": "attn_tp_size",
+    "dp_size": "data_parallel_size",
+    "expert_parallel_size": "ep_size",
+}
+
 
 def str_to_bool(value: str | bool) -> bool:
     """Parse the usual spellings of a boolean flag value (``1/0``, ``true/false``, ``yes/no``, ``on/off``)."""

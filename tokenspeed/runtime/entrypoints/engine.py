@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from tokenspeed.config.flags import FIELD_ALIASES
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput
 from tokenspeed.sampling_params import SamplingParams
 
@@ -60,23 +61,14 @@ def _finish_reason(seq: _Sequence) -> dict[str, Any] | None:
     return {"type": "abort", "message": out.error or "aborted"}
 
 
-# SGLang-style spellings of the parallel sizes -> the ServerArgs field they set
-_ALIASES = {
-    "tp_size": "attn_tp_size",
-    "tensor_parallel_size": "attn_tp_size",
-    "dp_size": "data_parallel_size",
-    "expert_parallel_size": "ep_size",
-}
-
-
 def _fold_aliases(kwargs: dict[str, Any]) -> dict[str, Any]:
     out = dict(kwargs)
-    for alias, name in _ALIASES.items():
+    for alias, name in FIELD_ALIASES.items():
         if alias not in out:
             continue
         value = out.pop(alias)
         if name in out and out[name] != value:
-            raise ValueError(f"{alias}={value} and {name}={out[name]} set the same size; pass only one")
+            raise ValueError(f"{alias}={value} and {name}={out[name]} set the same field; pass only one")
         out[name] = value
     return out
 
