@@ -233,11 +233,28 @@ def prometheus(fleet: str | None, state_dir: str | None, scrape_interval: str, a
 
 
 @main.command()
-def grafana() -> None:
+@click.option("--check", "check_url", metavar="PROMETHEUS_URL", help="Run every panel's query there instead.")
+@click.option(
+    "--fleet", default=".*", show_default=True, help="With --check: the fleet (a regex) to ask about."
+)
+@click.option(
+    "--rate-window", default="1m", show_default=True, help="With --check: what $__rate_interval is."
+)
+def grafana(check_url: str | None, fleet: str, rate_window: str) -> None:
     """Print the Grafana dashboard (JSON) of TokenSpeed fleets: `tokenspeed grafana > dash.json`."""
-    from console.monitoring.grafana import render
+    if check_url is None:
+        from console.monitoring.grafana import render
 
-    click.echo(render(), nl=False)
+        click.echo(render(), nl=False)
+        return
+    from console.monitoring.dashboard_check import check, format_answers
+
+    answers = check(check_url, fleet, rate_window)
+    click.echo(format_answers(answers))
+    silent = [a for a in answers if a.error or not a.series]
+    if silent:
+        click.echo(f"error: {len(silent)} of {len(answers)} queries have no data", err=True)
+    sys.exit(EXIT_FAILED if silent else EXIT_OK)
 
 
 # ---------------------------------------------------------------- profiles

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import GaugeMetricFamily
 
 PREFIX = "tokenspeed_fleet:"
+RESTART_REASONS = ("exit_code", "signal", "startup_timeout", "unhealthy", "start_failed", "operator")
 STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
 _HEALTH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -116,9 +117,12 @@ class FleetMetrics:
         self.health_failures = Counter(
             PREFIX + "health_check_failures", "Failed health checks.", ["server"], registry=self.registry
         )
+        # Every series exists from the first scrape (at 0), so "no restarts" is a 0 and not a gap.
         for name in units:
             self.health.labels(server=name)
             self.health_failures.labels(server=name)
+            for reason in RESTART_REASONS:
+                self.restarts.labels(server=name, reason=reason)
         self._seen: dict[str, _Seen] = {}
 
     def observe(self) -> None:

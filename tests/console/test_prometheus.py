@@ -161,7 +161,8 @@ def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_an
     )
     assert new[0] > first
     restarts = prom.query(f'tokenspeed_fleet:server_restarts_total{{fleet="prom", server="{DENSE}"}}')
-    assert [(r["metric"]["reason"], float(r["value"][1])) for r in restarts] == [("signal", 1.0)], restarts
+    counted = {r["metric"]["reason"]: float(r["value"][1]) for r in restarts}
+    assert counted["signal"] == 1.0 and sum(counted.values()) == 1.0, counted
     print(f"restarted process scraped {time.time() - killed_at:.1f}s after kill -9")
 
     # Every query of the shipped dashboard answers with at least one number over this fleet.
@@ -194,6 +195,12 @@ def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_an
         raise AssertionError("dashboard queries without data:\n" + "\n".join(missing)) from None
 
     print(f"dashboard answered {time.monotonic() - started:.1f}s")
+    # The same check as an operator runs it: every panel's query, with its latest values.
+    check = tokenspeed(
+        "grafana", "--check", f"http://127.0.0.1:{port}", "--fleet", "prom", "--rate-window", RATE_WINDOW
+    )
+    assert check.returncode == 0 and "NO DATA" not in check.stdout, check.stdout + check.stderr
+    assert f"{DENSE} READY=1" in check.stdout, check.stdout
     # A stopped server leaves the targets file, and Prometheus stops scraping it.
     from console.client import SupervisorClient
 
