@@ -15,7 +15,10 @@ Writes benchmarks/results/gpu_decode.json.
     python benchmarks/decode.py [--model llama8b|qwen3moe] [--backends flashinfer triton] [--batch-sizes 1 ... 256]
 
 For the MoE model the weights counted are the dense ones plus the expected share of experts a batch
-activates (uniform routing), and experts run the fused Triton MoE (`--moe-backend triton`).
+activates (uniform routing), and each `--moe-configs` entry (benchmarks/moe_bench.py) gets its rows:
+`default` (no MoE flags: `--moe-backend auto`, the fused Triton MoE on CUDA), `record` (expert recording
+kept on for metrics), `eplb`, `triton`, `torch` (the reference, decoding eagerly); the eager rows also
+give the kernels of one MoE layer, fused against the torch reference.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_common as gc  # noqa: E402
-from benchmarks import kernel_profile  # noqa: E402
+from benchmarks import kernel_profile, moe_bench  # noqa: E402
 from benchmarks.gpu_common import gc_collect_cuda  # noqa: E402
 
 DEFAULT_BS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -41,9 +44,18 @@ MODELS = {
 
 
 def bench_backend(
-    model_dir: str, backend: str, batch_sizes, contexts, bw: float, max_tokens: int, model_cfg: dict, **extra
+    model_dir: str,
+    backend: str,
+    batch_sizes,
+    contexts,
+    bw: float,
+    max_tokens: int,
+    model_cfg: dict,
+    moe_config: str | None = None,
+    **extra,
 ) -> list[dict]:
-    core = gc.make_core(
+    make_core = moe_bench.make_core if moe_config else gc.make_core
+    core = make_core(
         model_dir,
         attention_backend=backend,
         sampling_backend="greedy",
@@ -58,13 +70,15 @@ def bench_backend(
     experts = model_cfg.get("num_experts")
     per_token_kv = runner.kv_pool.spec.bytes_per_token()
     rows = []
+    tag = {"moe_config": moe_config} if moe_config else {}
+    name = f"{backend}/{moe_config}" if moe_config else backend
     for ctx in contexts:
         for bs in batch_sizes:
             try:
                 fb = gc.synthetic_batch(runner, bs, ctx)
             except ValueError as e:
                 print(f"{backend} ctx={ctx} bs={bs}: skipped ({e})")
-                rows.append(dict(backend=backend, context=ctx, batch=bs, skipped=str(e)))
+                rows.append(dict(backend=backend, context=ctx, batch=bs, skipped=str(e), **tag))
                 continue
 
             def step(fb=fb):
@@ -92,10 +106,11 @@ def bench_backend(
                 ratio=round(limit / t, 4),
                 sync_step_ms=round(t_sync * 1e3, 4),
                 sync_ratio=round(limit / t_sync, 4),
+                **tag,
             )
             rows.append(row)
             print(
-                f"{backend:10s} ctx={ctx:5d} bs={bs:4d} step={t * 1e3:8.3f} ms  tok/s={bs / t:9.0f}  "
+                f"{name:10s} ctx={ctx:5d} bs={bs:4d} step={t * 1e3:8.3f} ms  tok/s={bs / t:9.0f}  "
                 f"limit={limit * 1e3:7.3f} ms  ratio={limit / t:.3f}  "
                 f"(sync step={t_sync * 1e3:8.3f} ms ratio={limit / t_sync:.3f})"
             )
@@ -118,10 +133,16 @@ def bench_backend(
         rows.append(
             dict(
                 backend=backend, context=contexts[0], batch=bs, eager=True, step_ms=round(t * 1e3, 4),
-                kernel_profile=kp,
+                kernel_profile=kp, **tag,
             )
         )  # fmt: skip
-        print(f"{backend:10s} ctx={contexts[0]:5d} bs={bs:4d} eager step={t * 1e3:8.3f} ms")
+        if moe_config:
+            try:
+                rows[-1]["moe_layer_kernels"] = moe_bench.moe_layer_kernels(runner, fb)
+                print(f"{name:10s} bs={bs:4d} kernels per MoE layer: {rows[-1]['moe_layer_kernels']}")
+            except Exception as e:  # a diagnostic, like the step profile
+                print(f"{name}: MoE kernel count failed: {e!r}")
+        print(f"{name:10s} ctx={contexts[0]:5d} bs={bs:4d} eager step={t * 1e3:8.3f} ms")
         for label in ("unfused", "fused") if "error" not in kp else ():
             print(kernel_profile.describe(f"{backend:10s} bs={bs:4d} kernels/step {label:7s}", kp[label]))
     core.shutdown()
@@ -163,7 +184,11 @@ def main() -> None:
     ap.add_argument("--max-total-tokens", type=int, default=540_000)
     ap.add_argument("--model", choices=sorted(MODELS), default="llama8b")
     ap.add_argument(
-        "--moe-backend", default="triton", help="for the MoE model (the reference cannot be graphed)"
+        "--moe-configs",
+        nargs="+",
+        default=["default", "record"],
+        choices=sorted(moe_bench.MOE_CONFIGS),
+        help="MoE configurations to time (MoE model only)",
     )
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_decode.json"))
     args = ap.parse_args()
@@ -172,12 +197,15 @@ def main() -> None:
     print(f"device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
     model_cfg, label = MODELS[args.model]
     model_dir = gc.write_config(model_cfg, args.model)
-    extra = {"moe_backend": args.moe_backend} if "num_experts" in model_cfg else {}
+    configs = args.moe_configs if "num_experts" in model_cfg else [None]
     rows = []
     for backend in args.backends:
-        rows += bench_backend(
-            model_dir, backend, args.batch_sizes, args.contexts, bw, args.max_total_tokens, model_cfg, **extra
-        )
+        for moe_config in configs:
+            extra = moe_bench.MOE_CONFIGS[moe_config] if moe_config else {}
+            rows += bench_backend(
+                model_dir, backend, args.batch_sizes, args.contexts, bw, args.max_total_tokens, model_cfg,
+                moe_config, **extra,
+            )  # fmt: skip
     faster = faster_backend(rows)
     if len(args.backends) > 1:
         print("faster backend per context/batch: " + ", ".join(f"{k}={v}" for k, v in faster.items()))

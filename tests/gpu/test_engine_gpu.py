@@ -81,9 +81,7 @@ def test_greedy_matches_transformers_on_gpu(references, arch, config):
     params = {"max_new_tokens": MAX_NEW, "temperature": 0.0}
     with Engine(model=path, device="cuda", dtype="float32", **kwargs) as engine:
         runner = engine.core.runner
-        if config == "eager" or arch == "qwen3_moe":
-            # The torch reference experts loop over `unique(ids).tolist()`, a host sync that a graph
-            # cannot capture: the runner detects it and decodes eagerly instead of failing.
+        if config == "eager":
             assert runner.graph_runner is None
         else:
             assert runner.graph_runner is not None and runner.graph_runner.graphs

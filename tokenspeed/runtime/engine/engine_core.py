@@ -242,6 +242,7 @@ class EngineCore:
             snap.expert_rank_load = experts.rank_load
             snap.eplb_balancedness = experts.balancedness
             snap.eplb_rebalances = experts.rebalances
+            snap.eplb_rebalance_seconds = experts.rebalance_seconds
         return snap
 
     def flush_cache(self) -> bool:

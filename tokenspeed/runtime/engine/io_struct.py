@@ -87,6 +87,7 @@ class StatsSnapshot:
     expert_rank_load: list[list[int]] | None = None  # [moe layer][EP rank] tokens
     eplb_balancedness: list[float] | None = None  # [moe layer] mean / max tokens per EP rank
     eplb_rebalances: int = 0
+    eplb_rebalance_seconds: float = 0.0  # decoding stalled by all rebalances so far
 
     @property
     def kv_usage(self) -> float:

@@ -104,7 +104,13 @@ class Engine:
         mapping = self.server_args.mapping
         _check_offline_layout(mapping)
         if mapping.world_size == 1:
-            self.core = EngineCore(self.server_args)
+            from tokenspeed.runtime.parallel.rank_engine import build_rank_engine, needs_group_peers
+
+            # experts to record, rebalance or replicate: the same rank engine `serve` builds, in process
+            if needs_group_peers(self.server_args):
+                self.core = build_rank_engine(self.server_args, 0, 0, None, nccl_port=0)
+            else:
+                self.core = EngineCore(self.server_args)
             self.tokenizer = get_tokenizer(self.server_args)
         else:
             from tokenspeed.runtime.entrypoints.rank_client import RankClient

@@ -11,6 +11,7 @@ reads it from that batch's device output, so nothing waits for the host to learn
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
 from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
-from tokenspeed.runtime.layers.moe_backend import apply_moe_backend
+from tokenspeed.runtime.layers.moe.backend import apply_moe_backend
 from tokenspeed.runtime.layers.sampling import create_sampler
 from tokenspeed.runtime.models.model_config import ModelConfig
 from tokenspeed.runtime.parallel.experts import ExpertController, NoExperts
@@ -268,7 +269,10 @@ class ModelRunner:
         return logits
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
-        # what a CUDA graph captures: the model alone, without the per-pass expert bookkeeping
+        # what a CUDA graph captures: the model alone, without the per-pass expert bookkeeping; the
+        # recorder's device counting is part of it (the capture batch is built without a recorder)
+        if fb.expert_recorder is None and self.experts.recorder is not None:
+            fb = dataclasses.replace(fb, expert_recorder=self.experts.recorder)
         return self.model.forward(fb)
 
     def shutdown(self) -> None:

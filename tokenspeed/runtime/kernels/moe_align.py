@@ -30,6 +30,19 @@ class ExpertAlignment:
     block_expert: torch.Tensor  # [max_blocks] int32 expert of each block; num_experts = skip
     num_pairs: int
     block_m: int
+    pairs: bool = False  # one block per pair: sorted_ids holds each pair's expert (pairs_as_blocks)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_pairs if self.pairs else self.block_expert.numel()
+
+
+def pairs_as_blocks(topk_ids: torch.Tensor, block_m: int) -> ExpertAlignment:
+    """The small-batch layout: block p is routed pair p alone (its expert read from the ids), no launch.
+
+    At a few tokens nearly every pair has its own expert, so grouping would save no weight reads."""
+    flat = topk_ids.reshape(-1)
+    return ExpertAlignment(flat, flat, flat.numel(), block_m, pairs=True)
 
 
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:

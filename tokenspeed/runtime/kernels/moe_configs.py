@@ -1,9 +1,9 @@
 """Block sizes of the fused MoE kernels per decode batch size, per GPU: one table, read once per backend.
 
 A row `(max_tokens, config)` applies to steps of at most `max_tokens` tokens (the first row that fits).
-`gemv=True` takes the small-batch path (`moe_gemv.py`: routed rows only, no grouping); otherwise the
-grouped tensor-core GEMMs (`moe_gemm.py`) with BLOCK_M rows per block. The gate/up kernel reads gate and
-up columns into two accumulators, so its `block_n` covers 2 * block_n rows of `w13`.
+`pairs=True` takes the small-batch layout (one routed pair per block, no grouping launch); otherwise
+pairs are grouped by expert into blocks of `block_m` rows. The gate/up kernel reads gate and up columns
+into two accumulators, so its `block_n` covers 2 * block_n rows of `w13`.
 
 The H200 rows were measured on the Qwen3-30B-A3B expert shape (128 experts, hidden 2048, intermediate
 768, top-8) with `benchmarks/moe_tune.py`; other GPUs start from the same rows (a Hopper-class default)
@@ -24,34 +24,17 @@ class MoeKernelConfig:
     down_block_k: int = 128
     num_warps: int = 4
     num_stages: int = 3
-    gemv: bool = False
-    gemv_block_n: int = 16
-    gemv_block_k: int = 256
-    gemv_down_block_n: int = 16
-    gemv_down_block_k: int = 256
-    gemv_warps: int = 4
+    pairs: bool = False
 
 
-_SMALL = MoeKernelConfig(gemv=True)
+# From benchmarks/moe_tune.py on the H200 (results/gpu_moe_tune.json): at 1 token the grouped m16n32k128
+# layer took 30.7 us, m16n64k128 31.1 us, the CUDA-core GEMV path tried before it 38.8-84 us (limit 17.7);
+# m16n64k128 was best or within 1% from 4 to 64 tokens, m32n64k128 best at 256 (87% of the limit).
 _HOPPER: tuple[tuple[int, MoeKernelConfig], ...] = (
-    (4, _SMALL),
-    (32, MoeKernelConfig(block_m=16, block_n=64, block_k=128, down_block_n=64, down_block_k=128)),
-    (
-        128,
-        MoeKernelConfig(
-            block_m=16, block_n=64, block_k=128, down_block_n=128, down_block_k=128, num_stages=3
-        ),
-    ),
-    (
-        512,
-        MoeKernelConfig(
-            block_m=32, block_n=64, block_k=128, down_block_n=128, down_block_k=128, num_stages=3
-        ),
-    ),
-    (
-        4096,
-        MoeKernelConfig(block_m=64, block_n=64, block_k=64, down_block_n=128, down_block_k=64, num_stages=3),
-    ),
+    (2, MoeKernelConfig(pairs=True, block_m=16, block_n=32, block_k=128, down_block_n=64, down_block_k=128)),
+    (128, MoeKernelConfig(block_m=16, block_n=64, block_k=128, down_block_n=64, down_block_k=128)),
+    (512, MoeKernelConfig(block_m=32, block_n=64, block_k=128, down_block_n=128, down_block_k=128)),
+    (4096, MoeKernelConfig(block_m=64, block_n=64, block_k=64, down_block_n=128, down_block_k=64)),
     (
         1 << 62,
         MoeKernelConfig(

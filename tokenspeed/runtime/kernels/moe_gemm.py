@@ -4,9 +4,13 @@
   BLOCK_M rows of expert e, BLOCK_N columns of the intermediate dimension): the gate and up halves of
   `w13` are read by the same program into two accumulators, so SiLU-and-mul runs in the epilogue and the
   [rows, 2I] gate|up tensor never goes to memory.
-- `down`: per_pair[pair] = weight[pair] * act[row] @ down_e^T, written at the pair's own row, float32.
+- `down`: per_pair[pair] = weight[pair] * act[row] @ down_e^T, written at the pair's own row, float32;
+- `sum_pairs`: each token's k rows added in float32 (rows of remote experts skipped), in x's dtype. No
+  atomics anywhere, so results do not depend on scheduling.
 
 Rows of padding (sorted id == num_pairs) are neither read nor written; blocks owned by no expert return.
+With `pairs` alignment (small batches: `moe_align.pairs_as_blocks`) each program takes one routed pair
+as row 0 of its tile: no grouping launch, and each routed expert's rows are read once per pair.
 """
 
 from __future__ import annotations
@@ -36,16 +40,23 @@ def _gate_up_silu_kernel(
     TOP_K: tl.constexpr,
     IEEE: tl.constexpr,
     EVEN_K: tl.constexpr,
+    PAIRS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e = tl.load(BlockExpert + pid_m)
-    if e < num_experts:
+    if PAIRS:
+        # one routed pair per program, in row 0 of the tile; act is indexed by pair
+        e = tl.load(Sorted + pid_m)
+        ids = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
+        rows = ids
+    else:
+        e = tl.load(BlockExpert + pid_m)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         ids = tl.load(Sorted + rows)
+    if (e >= 0) & (e < num_experts):
         valid = ids < num_pairs
         tok = (ids // TOP_K).to(tl.int64)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -98,16 +109,22 @@ def _down_kernel(
     stride_om,
     IEEE: tl.constexpr,
     EVEN_K: tl.constexpr,
+    PAIRS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e = tl.load(BlockExpert + pid_m)
-    if e < num_experts:
+    if PAIRS:
+        e = tl.load(Sorted + pid_m)
+        ids = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
+        rows = ids
+    else:
+        e = tl.load(BlockExpert + pid_m)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         ids = tl.load(Sorted + rows)
+    if (e >= 0) & (e < num_experts):
         valid = ids < num_pairs
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = offs_n < N
@@ -135,14 +152,28 @@ def _down_kernel(
         tl.store(out, acc, mask=valid[:, None] & nmask[None, :])
 
 
+@triton.jit
+def _sum_pairs_kernel(PerPair, Ids, Out, N, stride_p, stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        p = t.to(tl.int64) * TOP_K + j
+        e = tl.load(Ids + p)
+        acc += tl.load(PerPair + p * stride_p + offs, mask=mask & (e >= 0), other=0.0)
+    tl.store(Out + t.to(tl.int64) * stride_o + offs, acc.to(Out.dtype.element_ty), mask=mask)
+
+
 def gate_up_silu(x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k: int, cfg) -> torch.Tensor:
-    """[max_rows, I] SiLU(gate) * up per aligned row (rows of padding left unwritten)."""
+    """[rows, I] SiLU(gate) * up per aligned row (per pair with `al.pairs`; padding rows unwritten)."""
     num_experts, two_i, k_in = w13.shape
     inter = two_i // 2
-    act = torch.empty((al.sorted_ids.numel(), inter), dtype=x.dtype, device=x.device)
+    rows = al.num_pairs if al.pairs else al.sorted_ids.numel()
+    act = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
     bn, bk = (32, 32) if ieee else (cfg.block_n, cfg.block_k)
-    grid = (al.block_expert.numel(), triton.cdiv(inter, bn))
+    grid = (al.num_blocks, triton.cdiv(inter, bn))
     _gate_up_silu_kernel[grid](
         x,
         w13,
@@ -160,6 +191,7 @@ def gate_up_silu(x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k:
         TOP_K=top_k,
         IEEE=ieee,
         EVEN_K=k_in % bk == 0,
+        PAIRS=al.pairs,
         BLOCK_M=al.block_m,
         BLOCK_N=bn,
         BLOCK_K=bk,
@@ -177,7 +209,7 @@ def down(
     out = torch.empty((al.num_pairs, n_out), dtype=torch.float32, device=act.device)
     ieee = act.dtype == torch.float32
     bn, bk = (32, 32) if ieee else (cfg.down_block_n, cfg.down_block_k)
-    grid = (al.block_expert.numel(), triton.cdiv(n_out, bn))
+    grid = (al.num_blocks, triton.cdiv(n_out, bn))
     _down_kernel[grid](
         act,
         w2,
@@ -195,10 +227,23 @@ def down(
         out.stride(0),
         IEEE=ieee,
         EVEN_K=k_in % bk == 0,
+        PAIRS=al.pairs,
         BLOCK_M=al.block_m,
         BLOCK_N=bn,
         BLOCK_K=bk,
         num_warps=4 if ieee else cfg.num_warps,
         num_stages=2 if ieee else cfg.num_stages,
+    )
+    return out
+
+
+def sum_pairs(per_pair: torch.Tensor, ids: torch.Tensor, out_dtype) -> torch.Tensor:
+    """[T * k, H] -> [T, H]: each token's k rows summed (rows of ids < 0 skipped), in float32."""
+    t, top_k = ids.shape
+    n = per_pair.shape[1]
+    out = torch.empty((t, n), dtype=out_dtype, device=per_pair.device)
+    block = min(1024, triton.next_power_of_2(n))
+    _sum_pairs_kernel[(t, triton.cdiv(n, block))](
+        per_pair, ids, out, n, per_pair.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block, num_warps=4
     )
     return out

@@ -1,21 +1,28 @@
 """Expert-distribution recorder: how many tokens each (layer, physical expert) received.
 
-The MoE layers call `record(layer_id, topk_physical_ids)` during the forward; the runner calls
-`end_pass()` after each step. Counting stays on the device (index_add into a [layers, experts] tensor),
-so recording costs no host sync per layer; the host reads the window only when asked (metrics, EPLB,
-dumps).
+Counting happens on the device, in the persistent buffers of `ExpertCounts`: the MoE layers' routing
+adds each step's choices into `device_counts(layer)` (the fused router with atomics, inside captured
+CUDA graphs too), and the runner calls `end_pass()` after each step, which is host bookkeeping only.
+The host reads the window when asked: `metrics_counts` (asynchronously, at most every
+`METRICS_INTERVAL_S`), `window_counts` (waits; EPLB and dumps).
 
 Modes (the seed's names):
-- stat: per-pass count matrices in a ring buffer of `buffer_size` passes (-1: unbounded running total).
+- stat: the load over the last `buffer_size` passes (-1 or None: since the window started).
 - stat_approx: as stat; our counts are exact, the mode is kept so profiles written for it still load.
-- per_pass: as stat, and `dump()` returns every pass in the buffer instead of their sum.
-- per_token: as per_pass, plus the routed expert ids of every token of every pass.
+- per_pass: as stat, and `dump()` returns every pass in the buffer instead of their sum (a device copy
+  of the cumulative counts per pass; still graph-safe).
+- per_token: as per_pass, plus the routed expert ids of every token of every pass. Those ids are copied
+  to the host from inside the forward, which a CUDA graph cannot do: servers in this mode decode eagerly
+  (`device_counts` is None and the layers call `record` instead).
+
+A captured graph counts on every replay whether or not anyone records; recording on and off is kept by
+the window: `start` restarts it, and the load of a stopped session is frozen at `stop`.
 
 Who keeps it on. A user records a session (`start` .. `stop`, the /start|stop_expert_distribution_record
-routes). `--enable-eplb` and `--enable-expert-distribution-metrics` need the load all the time: the recorder
-is then `kept_by` that flag (`recording_policy`) and counts with or without a session. `stop` always ends the session and freezes
-what `dump` returns (the load between start and stop); a kept recorder goes on counting into its window,
-which metrics and EPLB read.
+routes). `--enable-eplb` and `--enable-expert-distribution-metrics` need the load all the time: the
+recorder is then `kept_by` that flag (`ExpertPlan.kept_by`) and counts with or without a session. `stop`
+always ends the session and freezes what `dump` returns (the load between start and stop); a kept
+recorder goes on counting into its window, which metrics and EPLB read.
 """
 
 from __future__ import annotations
@@ -27,7 +34,11 @@ from pathlib import Path
 
 import torch
 
+from tokenspeed.runtime.moe.expert_counts import ExpertCounts
+
 MODES = ("stat", "stat_approx", "per_pass", "per_token")
+# How old the expert load exported as metrics may be: the host copies it at most this often.
+METRICS_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -63,26 +74,37 @@ class ExpertDistributionRecorder:
         self.num_layers = num_layers
         self.num_experts = num_physical_experts
         self.device = torch.device(device)
-        # None or -1 means unbounded: the sum of stat modes is then kept as one running total.
+        # None or -1 means unbounded: the window then runs from its start.
         self.buffer_size = None if buffer_size in (None, -1) else int(buffer_size)
         self.state = RecorderState(kept_by=kept_by)
+        self.counts = ExpertCounts(num_layers, num_physical_experts, self.device, self.buffer_size)
         self._frozen: dict | None = None  # what `dump` returns once a session stopped
-        self._current = torch.zeros((num_layers, num_physical_experts), dtype=torch.int64, device=self.device)
-        self._passes: deque[torch.Tensor] = deque(maxlen=self.buffer_size)
+        self._stopped: torch.Tensor | None = None  # the window when recording last went off
+        self._passes: deque[torch.Tensor] = deque(
+            maxlen=None if self.buffer_size is None else self.buffer_size + 1
+        )
         self._tokens: deque[list[torch.Tensor | None]] = deque(maxlen=self.buffer_size)
         self._current_tokens: list[torch.Tensor | None] = [None] * num_layers
-        self._total = torch.zeros_like(self._current)
+
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a captured CUDA graph can do all of this mode's recording (all but per_token)."""
+        return self.mode != "per_token"
 
     # ---- called from the forward -------------------------------------------------------------
     @property
     def recording(self) -> bool:
         return self.state.recording
 
+    def device_counts(self, layer_id: int) -> torch.Tensor | None:
+        """The int32 counts row the layer's routing adds into; None: call `record` with the ids."""
+        return self.counts.row(layer_id) if self.graph_safe else None
+
     def record(self, layer_id: int, topk_ids: torch.Tensor) -> None:
+        """Count on the host's call (per_token mode, or a layer without a device sink)."""
         if not self.state.recording:
             return
-        flat = topk_ids.reshape(-1).to(torch.int64)
-        self._current[layer_id].index_add_(0, flat, torch.ones_like(flat))
+        self.counts.add(layer_id, topk_ids)
         if self.mode == "per_token":
             self._current_tokens[layer_id] = topk_ids.detach().to("cpu", non_blocking=True)
 
@@ -90,19 +112,20 @@ class ExpertDistributionRecorder:
         if not self.state.recording:
             return
         self.state.passes += 1
-        if self.buffer_size is None and self.mode in ("stat", "stat_approx"):
-            self._total += self._current
-        else:
-            self._passes.append(self._current.clone())
-            if self.mode == "per_token":
-                self._tokens.append(self._current_tokens)
-                self._current_tokens = [None] * self.num_layers
-        self._current.zero_()
+        self.counts.end_pass()
+        if self.mode in ("per_pass", "per_token"):
+            if not self._passes:
+                self._passes.append(self.counts.window_start().clone())
+            self._passes.append(self.counts.cumulative())
+        if self.mode == "per_token":
+            self._tokens.append(self._current_tokens)
+            self._current_tokens = [None] * self.num_layers
 
     # ---- control (HTTP endpoints, EPLB) --------------------------------------------------------
     def start(self) -> None:
         self.reset()
         self._frozen = None
+        self._stopped = None
         self.state.session = True
         self.state.started_at = time.time()
 
@@ -110,25 +133,34 @@ class ExpertDistributionRecorder:
         """End the user's session: later dumps hold its load even if the window moves on (kept, EPLB)."""
         if self.state.session:
             self._frozen = self._collect()
+            if self.state.kept_by is None:
+                self._stopped = self.counts.current()
         self.state.session = False
 
     def keep(self, reason: str) -> None:
         """Count on every step from now on, with or without a session."""
         self.state.kept_by = reason
+        self._stopped = None
 
     def reset(self) -> None:
-        self._current.zero_()
-        self._total.zero_()
+        self.counts.restart()
         self._passes.clear()
         self._tokens.clear()
         self.state.passes = 0
+        if self._stopped is not None:
+            self._stopped = torch.zeros_like(self._stopped)
 
     def window_counts(self) -> torch.Tensor:
-        """Tokens per (layer, physical expert) over the recorded window, on the CPU."""
-        total = self._total.clone()
-        for p in self._passes:
-            total += p
-        return total.cpu()
+        """Tokens per (layer, physical expert) over the recorded window, on the CPU (waits)."""
+        if self._stopped is not None and not self.state.recording:
+            return self._stopped.cpu()
+        return self.counts.read()
+
+    def metrics_counts(self, max_age_s: float = METRICS_INTERVAL_S) -> torch.Tensor:
+        """The window for metrics: no wait, at most `max_age_s` old (see ExpertCounts.read_async)."""
+        if self._stopped is not None and not self.state.recording:
+            return self._stopped.cpu()
+        return self.counts.read_async(max_age_s)
 
     def dump(self, path: str | Path | None = None) -> dict:
         """The recorded distribution as plain data; also written to `path` (torch.save) when given.
@@ -151,7 +183,8 @@ class ExpertDistributionRecorder:
             "logical_count": self.window_counts(),
         }
         if self.mode in ("per_pass", "per_token"):
-            out["per_pass"] = [p.cpu() for p in self._passes]
+            snaps = list(self._passes)
+            out["per_pass"] = [(b - a).cpu() for a, b in zip(snaps, snaps[1:], strict=False)]
         if self.mode == "per_token":
             out["per_token"] = [list(t) for t in self._tokens]
         return out

@@ -8,9 +8,11 @@ puts "rebalance" in the batch decision its peers follow), so no request sees a h
    (every rank must apply the same one);
 3. per MoE layer, each slot whose expert changes gets its new weights: from a slot of the same rank that
    held that expert, else from the first rank that held it (point-to-point send/recv, matched because
-   every rank lists the transfers in the same order); old weights are read from a copy so a slot can be
-   both a source and a destination;
-4. the new location takes effect and the recorder window restarts.
+   every rank lists the transfers in the same order), written in place into the existing parameters;
+   the source slots are read from a copy so a slot can be both a source and a destination;
+4. the new location takes effect: the host placement is replaced and the device dispatch tables are
+   rewritten in place, so CUDA graphs captured before stay valid (nothing is re-captured); the recorder
+   window restarts. The time decoding stalled is logged and exported (`eplb_rebalance_seconds`).
 
 The same `rebalance` runs every `--eplb-rebalance-num-iterations` steps with `--enable-eplb` (periodic)
 and on demand (POST /rebalance_experts), which is the only trigger when EP or redundant experts are on
@@ -66,6 +68,7 @@ class RebalanceResult:
 @dataclass
 class EPLBStats:
     rebalances: int = 0
+    seconds: float = 0.0  # decoding stalled by all rebalances so far
     last: RebalanceResult | None = None
     history: list[RebalanceResult] = field(default_factory=list)
 
@@ -128,7 +131,11 @@ def plan_transfers(
 
 
 def apply_transfers(state: ExpertParallelState, transfers: list[Transfer]) -> None:
-    """Copy or send/receive the expert weights of every transfer (collective over the EP group)."""
+    """Copy or send/receive the expert weights of every transfer (collective over the EP group).
+
+    Weights move in place (`copy_` / `irecv` into the existing parameters), so CUDA graphs captured
+    before the rebalance read the new experts; only the slots this rank sends from are copied aside
+    first, so a slot can be both a source and a destination."""
     group = state.group
     me = group.rank_in_group
     by_layer: dict[int, list[Transfer]] = {}
@@ -136,22 +143,34 @@ def apply_transfers(state: ExpertParallelState, transfers: list[Transfer]) -> No
         by_layer.setdefault(t.layer, []).append(t)
     for layer, moves in by_layer.items():
         experts = state.layers[layer]
-        old = [experts.w13.detach().clone(), experts.w2.detach().clone()]
+        params = (experts.w13, experts.w2)
+        sources = sorted({t.src_local for t in moves if t.src_rank == me})
+        at = {slot: i for i, slot in enumerate(sources)}
+        index = torch.tensor(sources, dtype=torch.long, device=experts.w13.device)
+        old = [p.data.index_select(0, index) for p in params] if sources else []
         ops = []
         for i, t in enumerate(moves):
-            for j, (param, source) in enumerate(zip((experts.w13, experts.w2), old, strict=True)):
+            for j, param in enumerate(params):
                 tag = 2 * i + j
                 if t.dst_rank == me and t.src_rank == me:
-                    param.data[t.dst_local].copy_(source[t.src_local])
+                    param.data[t.dst_local].copy_(old[j][at[t.src_local]])
                 elif t.dst_rank == me:
                     peer = group.global_rank(t.src_rank)
                     ops.append(dist.P2POp(dist.irecv, param.data[t.dst_local], peer, group.device_group, tag))
                 elif t.src_rank == me:
                     peer = group.global_rank(t.dst_rank)
-                    ops.append(dist.P2POp(dist.isend, source[t.src_local], peer, group.device_group, tag))
+                    source = old[j][at[t.src_local]]
+                    ops.append(dist.P2POp(dist.isend, source, peer, group.device_group, tag))
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
+
+
+def _wait_for_device(state: ExpertParallelState) -> None:
+    """Let the steps already queued finish, so the stall measured is the rebalance's own."""
+    device = state.dispatch.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class EPLBManager:
@@ -228,8 +247,11 @@ class EPLBManager:
         )
 
     def rebalance(self) -> RebalanceResult:
-        start = time.perf_counter()
+        """Re-place and move the experts now, between two steps; `seconds` is how long decoding stalls
+        (from here until the moved weights have landed on the device)."""
         state = self.state
+        _wait_for_device(state)
+        start = time.perf_counter()
         old = state.location
         passes = self.recorder.state.passes
         counts = logical_counts(self.recorder.window_counts(), old.placement.phy2log, old.num_logical)
@@ -238,13 +260,13 @@ class EPLBManager:
             old.placement.phy2log, new.placement.phy2log, old.slots_per_rank, self._moe_layers()
         )
         apply_transfers(state, transfers)
-        state.location = new
-        state.version += 1
+        state.set_location(new)
         layers = self._moe_layers()
         before = balancedness(rank_loads(counts, old.placement, old.ep_size))[layers]
         after = balancedness(rank_loads(counts, new.placement, new.ep_size))[layers]
         self.recorder.reset()
         self.steps = 0  # the next periodic rebalance is a whole interval after this one
+        _wait_for_device(state)
         result = RebalanceResult(
             balancedness_before=[round(float(x), 4) for x in before],
             balancedness_after=[round(float(x), 4) for x in after],
@@ -258,10 +280,12 @@ class EPLBManager:
             replicas=replica_summary(new.placement.logcnt, layers),
         )
         self.stats.rebalances += 1
+        self.stats.seconds += result.seconds
         self.stats.last = result
         self.stats.history = (self.stats.history + [result])[-16:]
         logger.info(
-            "EPLB rebalance %d: moved %d expert slots in %.3fs, balancedness %.3f -> %.3f",
+            "EPLB rebalance %d: moved %d expert slots in place, decoding stalled %.3fs, "
+            "balancedness %.3f -> %.3f",
             self.stats.rebalances,
             result.moved_slots,
             result.seconds,

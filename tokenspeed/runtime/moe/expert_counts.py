@@ -28,9 +28,15 @@ RING_SNAPSHOTS = 64
 
 class ExpertCounts:
     def __init__(
-        self, num_layers: int, num_slots: int, device: torch.device | str = "cpu", window: int | None = None
+        self,
+        num_layers: int,
+        num_slots: int,
+        device: torch.device | str = "cpu",
+        window: int | None = None,
+        fold_passes: int = FOLD_PASSES,
     ):
         self.device = torch.device(device)
+        self.fold_passes = fold_passes
         shape = (num_layers, num_slots)
         self.live = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.acc = torch.zeros(shape, dtype=torch.int64, device=self.device)
@@ -60,7 +66,7 @@ class ExpertCounts:
 
     def end_pass(self) -> None:
         self.passes += 1
-        if self.passes % FOLD_PASSES == 0:
+        if self.passes % self.fold_passes == 0:
             self.acc += self.live
             self.live.zero_()
         if self.ring is not None and self.passes % self.stride == 0:

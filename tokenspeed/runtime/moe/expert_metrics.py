@@ -4,6 +4,7 @@
     tokenspeed:expert_rank_load{layer,ep_rank} tokens computed by each EP rank over the window
     tokenspeed:eplb_balancedness{layer}        mean / max tokens per EP rank (1.0 = balanced)
     tokenspeed:eplb_rebalances                 live rebalances done (counter)
+    tokenspeed:eplb_rebalance_seconds          time decoding stalled for rebalances (counter, seconds)
 
 Every series also carries the server's `model_name` and `dp_rank` labels (and `app_key` when set).
 """
@@ -40,7 +41,14 @@ class ExpertMetrics:
         self.rebalances = Counter(
             PREFIX + "eplb_rebalances", "Live expert rebalances (EPLB).", labels, registry=registry
         )
+        self.rebalance_seconds = Counter(
+            PREFIX + "eplb_rebalance_seconds",
+            "Seconds decoding stalled while live rebalances moved experts.",
+            labels,
+            registry=registry,
+        )
         self._last_rebalances: dict[tuple, int] = {}
+        self._last_seconds: dict[tuple, float] = {}
 
     def observe(self, snap: Any, labels: dict[str, str]) -> None:
         """Update from a StatsSnapshot; snapshots without expert figures are ignored."""
@@ -60,3 +68,7 @@ class ExpertMetrics:
         delta = done - self._last_rebalances.get(key, 0)
         self.rebalances.labels(**labels).inc(delta if delta >= 0 else done)
         self._last_rebalances[key] = done
+        stalled = float(getattr(snap, "eplb_rebalance_seconds", 0.0) or 0.0)
+        grew = stalled - self._last_seconds.get(key, 0.0)
+        self.rebalance_seconds.labels(**labels).inc(grew if grew >= 0 else stalled)
+        self._last_seconds[key] = stalled

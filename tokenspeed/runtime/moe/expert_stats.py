@@ -21,6 +21,7 @@ class ExpertLoadSnapshot:
     rank_load: list[list[int]]
     balancedness: list[float]
     rebalances: int = 0
+    rebalance_seconds: float = 0.0  # decoding stalled by all rebalances so far
     recording: bool = False
     passes: int = 0
 

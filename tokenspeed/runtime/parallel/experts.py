@@ -56,7 +56,7 @@ class ExpertController(Protocol):
     def take_ops(self, rebalance: bool = True) -> list[list[Any]]: ...
     def apply_ops(self, ops: list[list[Any]], from_leader: bool = False) -> None: ...
     def has_pending(self) -> bool: ...
-    def snapshot(self) -> ExpertLoadSnapshot | None: ...
+    def snapshot(self, fresh: bool = False) -> ExpertLoadSnapshot | None: ...
     def control(self, method: str, args: dict[str, Any], dp_rank: int) -> dict[str, Any]: ...
     def request_rebalance(self) -> None: ...
     def rebalance_answer(self) -> dict[str, Any]: ...
@@ -82,7 +82,7 @@ class NoExperts:
     def has_pending(self) -> bool:
         return False
 
-    def snapshot(self) -> ExpertLoadSnapshot | None:
+    def snapshot(self, fresh: bool = False) -> ExpertLoadSnapshot | None:
         return None
 
     def control(self, method: str, args: dict[str, Any], dp_rank: int) -> dict[str, Any]:
@@ -226,7 +226,7 @@ class RankExperts:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         name = f"expert_distribution_dp{dp_rank}_{int(time.time() * 1000)}_{os.getpid()}.pt"
         out = recorder.dump(folder / name)
-        snap = self.snapshot()
+        snap = self.snapshot(fresh=True)
         eplb = self.eplb
         return {
             "path": str(folder / name),
@@ -240,18 +240,22 @@ class RankExperts:
             "rebalances": [] if eplb is None else [vars(r) for r in eplb.stats.history],
         }
 
-    def snapshot(self) -> ExpertLoadSnapshot | None:
+    def snapshot(self, fresh: bool = False) -> ExpertLoadSnapshot | None:
+        """The expert load; for metrics (the default) the recorder's last asynchronous read, at most
+        a second old, so exporting never waits on the device; `fresh` waits for the current window."""
         if self.recorder is None:
             return None
         state = self.state
+        counts = self.recorder.window_counts() if fresh else self.recorder.metrics_counts()
         snap = expert_load_snapshot(
-            self.recorder.window_counts(),
+            counts,
             self.moe_layers,
             state.location.placement.phy2log if state is not None else None,
             self.num_logical_experts,
             state.group.size if state is not None else 1,
         )
         snap.rebalances = self.eplb.stats.rebalances if self.eplb is not None else 0
+        snap.rebalance_seconds = round(self.eplb.stats.seconds, 6) if self.eplb is not None else 0.0
         snap.recording = self.recorder.recording
         snap.passes = self.recorder.state.passes
         return snap

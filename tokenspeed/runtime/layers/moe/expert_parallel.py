@@ -17,18 +17,19 @@ MoE TP splits every expert's intermediate dimension instead; partial outputs are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tokenspeed.runtime.distributed.comm import all_reduce
 from tokenspeed.runtime.distributed.groups import RankGroup
 from tokenspeed.runtime.layers.linear import copy_weight
+from tokenspeed.runtime.layers.moe.backend import UsesMoeBackend, torch_experts
 from tokenspeed.runtime.layers.moe.experts import TorchExperts
-from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock
+from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock, recorder_sink
+from tokenspeed.runtime.moe.dispatch import DispatchView, ExpertDispatch, localize
 from tokenspeed.runtime.moe.expert_location import DISPATCH_ALGORITHMS, ExpertLocation
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ ALL2ALL_BACKENDS = ("none",)
 class ExpertParallelState:
     """What every MoE layer of one model shares: the placement, the dispatch rule and the EP group.
 
-    The EPLB manager swaps `location` between steps (after moving the weights) and bumps `version`.
+    The EPLB manager calls `set_location` between steps (after moving the weights): the host placement
+    is replaced and the device dispatch tables are rewritten in place, so captured graphs stay valid.
     """
 
     location: ExpertLocation
@@ -49,6 +51,7 @@ class ExpertParallelState:
     dispatch_algorithm: str = "static"
     version: int = 0
     layers: dict[int, ExpertParallelExperts] = field(default_factory=dict)
+    dispatch: ExpertDispatch = field(init=False)
 
     def __post_init__(self) -> None:
         if self.dispatch_algorithm not in DISPATCH_ALGORITHMS:
@@ -60,6 +63,23 @@ class ExpertParallelState:
             raise ValueError(
                 f"expert location is for EP size {self.location.ep_size}, the EP group has {self.group.size}"
             )
+        # any placement of these slots gives an expert at most 1 + (physical - logical) replicas
+        max_replicas = 1 + self.location.num_physical - self.location.num_logical
+        self.dispatch = ExpertDispatch(self.location, max_replicas)
+
+    def place_on(self, device: torch.device | str) -> None:
+        """Put the dispatch tables on the model's device (start-up, before any forward)."""
+        self.dispatch.to(device)
+
+    def set_location(self, location: ExpertLocation) -> None:
+        self.location = location
+        self.dispatch.update(location)
+        self.version += 1
+
+    def dispatch_view(self, layer_id: int) -> DispatchView:
+        return self.dispatch.view(
+            layer_id, self.dispatch_algorithm, self.group.size, self.group.rank_in_group, self.slots_per_rank
+        )
 
     @property
     def slots_per_rank(self) -> int:
@@ -74,26 +94,7 @@ def _param_like(like: torch.Tensor, shape: tuple[int, ...]) -> nn.Parameter:
     return nn.Parameter(torch.empty(shape, dtype=like.dtype, device=like.device), requires_grad=False)
 
 
-def _experts_forward(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
-    """Sum over (token, k) with ids >= 0 of weight * expert_ids(x); ids index the local w13/w2."""
-    out = torch.zeros_like(x)
-    inter = w2.shape[-1]
-    for expert in torch.unique(ids).tolist():
-        if expert < 0:
-            continue
-        token_idx, slot = torch.where(ids == expert)
-        gate_up = F.linear(x[token_idx], w13[expert])
-        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(h, w2[expert]) * weights[token_idx, slot, None]
-        out.index_add_(0, token_idx, y.to(out.dtype))
-    return out
-
-
 class ExpertParallelExperts(nn.Module):
-    fused_moe = None  # set by --moe-backend triton (kernels/fused_moe.py)
-
     """This rank's physical expert slots, stacked like `TorchExperts` (`w13` [S, 2I, H], `w2` [S, H, I])."""
 
     def __init__(self, full: TorchExperts, layer_id: int, state: ExpertParallelState):
@@ -144,13 +145,9 @@ class ExpertParallelExperts(nn.Module):
         index = torch.tensor(self.local_logical(), dtype=torch.long)
         return copy_weight(getattr(self, param_name), tensor[index], name)
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, physical: torch.Tensor) -> torch.Tensor:
-        s = self.state.slots_per_rank
-        local = physical - self.state.group.rank_in_group * s
-        local = torch.where((local >= 0) & (local < s), local, torch.full_like(local, -1))
-        if self.fused_moe is not None and x.is_cuda:
-            return self.fused_moe(x, self.w13, self.w2, topk_weights, local)
-        return _experts_forward(x, self.w13, self.w2, topk_weights, local)
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """The reference: `local` are this rank's slot indices, -1 for another rank's."""
+        return torch_experts(x, self.w13, self.w2, topk_weights, local)
 
     def extra_repr(self) -> str:
         return (
@@ -159,8 +156,6 @@ class ExpertParallelExperts(nn.Module):
 
 
 class TensorParallelExperts(nn.Module):
-    fused_moe = None  # set by --moe-backend triton (kernels/fused_moe.py)
-
     """Every expert on every rank, each with 1/size of its intermediate dimension (MoE TP)."""
 
     def __init__(self, full: TorchExperts, group: RankGroup):
@@ -202,12 +197,10 @@ class TensorParallelExperts(nn.Module):
         return copy_weight(self.w2, self._slice(tensor, 2), name)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        if self.fused_moe is not None and x.is_cuda:
-            return self.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
-        return _experts_forward(x, self.w13, self.w2, topk_weights, topk_ids)
+        return torch_experts(x, self.w13, self.w2, topk_weights, topk_ids)
 
 
-class ParallelMoeBlock(nn.Module):
+class ParallelMoeBlock(UsesMoeBackend):
     """A `SparseMoeBlock` with its experts sharded over `group`; partial outputs are summed."""
 
     def __init__(self, full: SparseMoeBlock, group: RankGroup, state: ExpertParallelState | None = None):
@@ -215,6 +208,7 @@ class ParallelMoeBlock(nn.Module):
         self.layer_id = full.layer_id
         self.gate = full.gate
         self.router = full.router
+        self.backend = full.backend
         self.group = group
         self.state = state
         if state is not None:
@@ -222,15 +216,24 @@ class ParallelMoeBlock(nn.Module):
         else:
             self.experts = TensorParallelExperts(full.experts, group)
 
+    def use_moe_backend(self, backend, device: torch.device) -> None:
+        super().use_moe_backend(backend, device)
+        if self.state is not None:
+            self.state.place_on(device)  # the dispatch tables the routing reads, once for all layers
+
     def forward(self, x: torch.Tensor, fb: ForwardBatch | None = None) -> torch.Tensor:
-        topk_weights, topk_ids = self.router(self.gate(x))
-        state = self.state
-        if state is not None:
-            # token t is owned by rank t mod size (see the module docstring); every rank agrees
-            owner = torch.arange(x.shape[0], device=x.device).unsqueeze(-1) % self.group.size
-            topk_ids = state.location.dispatch(
-                self.layer_id, topk_ids, state.dispatch_algorithm, ep_rank=owner
-            )
-        if fb is not None and fb.expert_recorder is not None:
-            fb.expert_recorder.record(self.layer_id, topk_ids)
-        return all_reduce(self.experts(x, topk_weights, topk_ids), self.group)
+        # token t is owned by rank t mod size (see the module docstring); every rank agrees
+        view = self.state.dispatch_view(self.layer_id) if self.state is not None else None
+        rec, counts = recorder_sink(fb, self.layer_id)
+        host_record = rec is not None and counts is None
+        # a recorder taking ids on the host gets physical slots: localize after it has seen them
+        route_view = replace(view, localize=False) if host_record and view is not None else view
+        mask = fb.out_cache_loc if counts is not None else None
+        weights, ids = self.backend.route(
+            self.gate(x), self.router.top_k, self.router.renormalize, route_view, counts, mask
+        )
+        if host_record:
+            rec.record(self.layer_id, ids)
+            if view is not None:
+                ids = localize(view, ids)
+        return all_reduce(self.backend.experts(self.experts, x, weights, ids), self.group)

@@ -1,14 +1,14 @@
 """Reference experts in plain PyTorch: each expert a gated MLP, tokens gathered per expert.
 
 Weights are stacked per layer: `w13` [E, 2 * I, H] (gate rows then up rows) and `w2` [E, H, I], the layout
-fused MoE kernels and expert-parallel sharding expect. Checkpoints may store experts one by one
+fused MoE kernels and expert-parallel sharding expect. The block's backend (`backend.py`) runs them;
+`forward` here is the reference loop. Checkpoints may store experts one by one
 (`experts.{e}.gate_proj.weight`) or already stacked (`experts.gate_up_proj`); both load.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tokenspeed.runtime.layers.linear import copy_weight
@@ -44,21 +44,11 @@ class TorchExperts(nn.Module):
             dst = self.w2[expert]
         return copy_weight(dst, tensor, name)
 
-    # Set by `--moe-backend triton` (kernels/fused_moe.enable_fused_moe): the fused experts on CUDA.
-    fused_moe = None
-
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        if self.fused_moe is not None and x.is_cuda:
-            return self.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
-        out = torch.zeros_like(x)
-        inter = self.intermediate_size
-        for expert in torch.unique(topk_ids).tolist():
-            token_idx, slot = torch.where(topk_ids == expert)
-            gate_up = F.linear(x[token_idx], self.w13[expert])
-            h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-            y = F.linear(h, self.w2[expert]) * topk_weights[token_idx, slot, None]
-            out.index_add_(0, token_idx, y.to(out.dtype))
-        return out
+        """The reference computation (MoE blocks call their backend instead; tests compare against this)."""
+        from tokenspeed.runtime.layers.moe.backend import torch_experts
+
+        return torch_experts(x, self.w13, self.w2, topk_weights, topk_ids)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}"

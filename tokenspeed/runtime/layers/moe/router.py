@@ -1,9 +1,15 @@
-"""Top-k expert selection from router logits."""
+"""Top-k expert selection from router logits: the block's routing settings and the reference forward.
+
+MoE blocks route through their backend (`backend.py`: the fused kernel on CUDA); this module's forward is
+the PyTorch reference the backends are checked against.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from tokenspeed.runtime.layers.moe.backend import torch_topk
 
 
 class TopKRouter(nn.Module):
@@ -14,12 +20,7 @@ class TopKRouter(nn.Module):
 
     def forward(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, E] logits -> (weights [T, k] in the logits' dtype, expert ids [T, k] int64)."""
-        # Softmax in float32 before top-k, then (optionally) renormalise the k kept probabilities.
-        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(router_logits.dtype), ids
+        return torch_topk(router_logits, self.top_k, self.renormalize)
 
     def extra_repr(self) -> str:
         return f"top_k={self.top_k}, renormalize={self.renormalize}"

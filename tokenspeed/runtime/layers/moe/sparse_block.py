@@ -1,21 +1,38 @@
-"""A sparse MoE block: router linear, top-k selection, experts; reports routing to the recorder."""
+"""A sparse MoE block: router linear, top-k selection, experts; counts the routed load for the recorder.
+
+Routing and experts run on the block's backend (`backend.py`). The expert-distribution recorder's
+counts are accumulated on the device, into the recorder's persistent buffer, by the routing itself, so a
+captured decode step keeps counting on every replay. CUDA-graph padding rows are not counted: they write
+their K/V to slot 0, the KV pool's reserved padding page (`cache/kv_pool.py`), which no real token uses,
+so `out_cache_loc != 0` marks the real tokens on the device.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from tokenspeed.runtime.layers.linear import ReplicatedLinear
+from tokenspeed.runtime.layers.moe.backend import UsesMoeBackend
 from tokenspeed.runtime.layers.moe.experts import TorchExperts
 from tokenspeed.runtime.layers.moe.router import TopKRouter
+from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 
 
-class SparseMoeBlock(nn.Module):
+def recorder_sink(fb: ForwardBatch | None, layer_id: int) -> tuple[object, torch.Tensor | None]:
+    """(recorder, device counts row): the row is None when the recorder takes ids on the host
+    (`record`, per_token mode, or any other recorder object)."""
+    rec = fb.expert_recorder if fb is not None else None
+    if isinstance(rec, ExpertDistributionRecorder):
+        return rec, rec.device_counts(layer_id)
+    return rec, None
+
+
+class SparseMoeBlock(UsesMoeBackend):
     def __init__(
         self,
         hidden_size: int,
@@ -32,7 +49,11 @@ class SparseMoeBlock(nn.Module):
         self.experts = TorchExperts(num_experts, hidden_size, intermediate_size)
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch | None = None) -> torch.Tensor:
-        topk_weights, topk_ids = self.router(self.gate(x))
-        if fb is not None and fb.expert_recorder is not None:
-            fb.expert_recorder.record(self.layer_id, topk_ids)
-        return self.experts(x, topk_weights, topk_ids)
+        rec, counts = recorder_sink(fb, self.layer_id)
+        mask = fb.out_cache_loc if counts is not None else None
+        weights, ids = self.backend.route(
+            self.gate(x), self.router.top_k, self.router.renormalize, None, counts, mask
+        )
+        if rec is not None and counts is None:
+            rec.record(self.layer_id, ids)
+        return self.backend.experts(self.experts, x, weights, ids)

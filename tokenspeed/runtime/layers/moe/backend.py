@@ -1,0 +1,195 @@
+"""`--moe-backend`: the implementation that routes tokens and runs the experts of every MoE layer.
+
+- `torch`: the reference (softmax/top-k in PyTorch; experts as a loop over the experts present in the
+  batch, which waits on the device once per layer, so a decode step with it cannot be a CUDA graph);
+  correct everywhere, the one used on the CPU.
+- `triton`: one fused routing kernel (top-k, renormalisation, replica dispatch, load counting) and the
+  fused experts (`kernels/fused_moe.py`); needs a CUDA GPU, never waits on the host, so decode steps are
+  captured whole.
+- `auto` (the default): `triton` on CUDA when Triton imports, else `torch`.
+
+The backend is chosen once from a registry of lazy factories, and each MoE block is handed the object
+(`use_moe_backend`); nothing is patched into classes or modules. Seed choices this build does not
+implement fail at start-up naming the available ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenspeed.runtime.moe.dispatch import DispatchView, localize, torch_dispatch
+
+logger = logging.getLogger(__name__)
+
+
+class MoeBackend(Protocol):
+    name: str
+
+    def route(
+        self,
+        logits: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        dispatch: DispatchView | None = None,
+        counts: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, E] logits -> (weights [T, k], expert ids [T, k]: local slots under EP, -1 for remote ones).
+
+        `counts` (per physical slot) gains one per routed choice of a token whose `token_mask` is not 0."""
+        ...
+
+    def experts(
+        self, module: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) with the stacked `module.w13` / `module.w2`."""
+        ...
+
+
+def torch_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference routing: float32 softmax, top-k, optional renormalisation, weights in the logits' dtype."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), ids
+
+
+def count_routed(counts: torch.Tensor, ids: torch.Tensor, token_mask: torch.Tensor | None) -> None:
+    """counts[slot] += 1 per routed choice of a live token, without a host sync."""
+    flat = ids.reshape(-1).long()
+    if token_mask is None:
+        ones = torch.ones_like(flat, dtype=counts.dtype)
+    else:
+        live = (token_mask != 0).to(counts.dtype)
+        ones = live.unsqueeze(-1).expand(ids.shape).reshape(-1)
+    counts.index_add_(0, flat, ones)
+
+
+def torch_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """Sum over (token, k) with ids >= 0 of weight * expert(x), one expert at a time (host sync)."""
+    out = torch.zeros_like(x)
+    inter = w2.shape[-1]
+    for expert in torch.unique(ids).tolist():
+        if expert < 0:
+            continue
+        token_idx, slot = torch.where(ids == expert)
+        gate_up = F.linear(x[token_idx], w13[expert])
+        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = F.linear(h, w2[expert]) * weights[token_idx, slot, None].to(h.dtype)
+        out.index_add_(0, token_idx, y.to(out.dtype))
+    return out
+
+
+class TorchMoe:
+    name = "torch"
+
+    def route(self, logits, top_k, renormalize, dispatch=None, counts=None, token_mask=None):
+        weights, ids = torch_topk(logits, top_k, renormalize)
+        if dispatch is not None:
+            ids = torch_dispatch(dispatch, ids)
+        if counts is not None:
+            count_routed(counts, ids, token_mask)
+        if dispatch is not None:
+            ids = localize(dispatch, ids)
+        return weights, ids
+
+    def experts(self, module, x, weights, ids):
+        return torch_experts(x, module.w13, module.w2, weights, ids)
+
+
+class TritonMoe:
+    """The fused kernels; block sizes from `kernels/moe_configs.py`'s table for this GPU."""
+
+    name = "triton"
+
+    def __init__(self, device: torch.device):
+        from tokenspeed.runtime.kernels import fused_moe, moe_configs, moe_routing
+
+        self._fused = fused_moe.fused_experts
+        self._route = moe_routing.fused_route
+        self._pick = moe_configs.pick
+        self.table = moe_configs.table_for(torch.cuda.get_device_name(device))
+
+    def route(self, logits, top_k, renormalize, dispatch=None, counts=None, token_mask=None):
+        if not logits.is_cuda:
+            return TorchMoe().route(logits, top_k, renormalize, dispatch, counts, token_mask)
+        return self._route(logits, top_k, renormalize, dispatch, counts, token_mask)
+
+    def experts(self, module, x, weights, ids):
+        if not x.is_cuda:
+            return torch_experts(x, module.w13, module.w2, weights, ids)
+        return self._fused(x, module.w13, module.w2, weights, ids, self._pick(self.table, x.shape[0]))
+
+
+class UsesMoeBackend(nn.Module):
+    """A MoE block: holds the backend its forward routes and runs experts with (torch until told)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backend: MoeBackend = TorchMoe()
+
+    def use_moe_backend(self, backend: MoeBackend, device: torch.device) -> None:
+        """Run on `device` with `backend` (called once the model is loaded, before any forward)."""
+        self.backend = backend
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _make_triton(device: torch.device) -> MoeBackend:
+    if device.type != "cuda":
+        raise ValueError("--moe-backend triton needs a CUDA GPU; use --moe-backend auto or torch on the CPU")
+    if not _triton_available():
+        raise ValueError(
+            "--moe-backend triton needs the triton package; install it or use --moe-backend torch"
+        )
+    return TritonMoe(device)
+
+
+MOE_BACKENDS: dict[str, Callable[[torch.device], MoeBackend]] = {
+    "torch": lambda device: TorchMoe(),
+    "triton": _make_triton,
+}
+CHOICES = ("auto", *MOE_BACKENDS)
+
+
+def resolve_moe_backend(name: str | None, device: torch.device | str) -> str:
+    """The backend `name` stands for on `device` ("auto": triton on CUDA when it imports, else torch)."""
+    name = name or "auto"
+    if name not in CHOICES:
+        raise ValueError(
+            f"--moe-backend {name!r} is not available in this build; choose one of {', '.join(CHOICES)}"
+        )
+    if name != "auto":
+        return name
+    return "triton" if torch.device(device).type == "cuda" and _triton_available() else "torch"
+
+
+def create_moe_backend(name: str | None, device: torch.device | str) -> MoeBackend:
+    return MOE_BACKENDS[resolve_moe_backend(name, device)](torch.device(device))
+
+
+def apply_moe_backend(model: nn.Module, name: str | None, device: torch.device | str) -> MoeBackend:
+    """Hand every MoE block of `model` the chosen backend; returns it."""
+    device = torch.device(device)
+    backend = create_moe_backend(name, device)
+    blocks = [m for m in model.modules() if isinstance(m, UsesMoeBackend)]
+    for block in blocks:
+        block.use_moe_backend(backend, device)
+    if blocks:
+        logger.info("MoE layers (%d): routing and experts on the %s backend", len(blocks), backend.name)
+    return backend
