@@ -15,7 +15,6 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from tokenspeed.config.flags import CPU_ATTENTION_BACKENDS, CPU_SAMPLING_BACKENDS, FIELD_CHOICES
-from tokenspeed.config.slices import ExpertPlan
 from tokenspeed.config.validate import check_inputs, validate
 from tokenspeed.platform import current_platform
 from tokenspeed.runtime.distributed.mapping import Mapping
@@ -368,11 +367,16 @@ def resolve_experts(args: ServerArgs) -> None:
         logger.info("--enable-eplb: expert distribution recorder mode set to stat")
     if (args.enable_eplb or args.init_expert_location is not None) and args.ep_dispatch_algorithm is None:
         args.ep_dispatch_algorithm = "static"
-    if args.device == "cuda" and ExpertPlan.from_server_args(args).moves_experts and not args.enforce_eager:
-        # Expert-parallel layers pick their experts on the host each step, and the recorder's on/off state
-        # would be frozen into a captured graph: these servers run eagerly.
+    per_token = args.expert_distribution_recorder_mode == "per_token"
+    if args.device == "cuda" and per_token and not args.enforce_eager:
+        # per_token recording copies every layer's routed ids to the host inside the forward, which a CUDA
+        # graph cannot capture; every other expert setup (EP, redundant experts, stat recording, EPLB)
+        # runs inside the graphs (runtime/moe/distribution_recorder.py)
         args.enforce_eager = True
-        logger.info("expert parallelism / expert recording: CUDA graphs off (as with --enforce-eager)")
+        logger.info(
+            "--expert-distribution-recorder-mode per_token: CUDA graphs off (it copies each layer's routed "
+            "expert ids to the host every step); use stat or per_pass to keep them"
+        )
 
 
 def _field_default(args: ServerArgs, name: str) -> Any:
