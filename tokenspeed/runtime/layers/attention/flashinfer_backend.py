@@ -160,7 +160,9 @@ class FlashInferAttentionBackend(AttentionBackend):
                 f"a captured decode batch needs {total} KV pages, more than the {out.numel()} sized for "
                 "--cuda-graph max context; raise the context bound or use --enforce-eager"
             )
-        indptr_host = torch.tensor(indptr, dtype=torch.int32).pin_memory()
+        # Pageable on purpose: a copy from pageable memory is staged when it is issued, so the next step may
+        # build its table while this one's copy still waits behind the device's queue.
+        indptr_host = torch.tensor(indptr, dtype=torch.int32)
         last = torch.tensor(
             [s - (n - 1) * ps for s, n in zip(seq_lens, pages, strict=True)], dtype=torch.int32
         )
