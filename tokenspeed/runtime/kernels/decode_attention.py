@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tokenspeed.runtime.kernels.online_softmax import attend_keys
+
 # Below this many tokens per split, a split's fixed cost (loading q, writing a partial row) outweighs
 # the parallelism it adds.
 MAX_SPLITS = 32
@@ -87,35 +89,11 @@ def _decode_stage1_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
 
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
-        loc = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0).to(tl.int64)
-        kv_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(
-            K_buf + loc[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        qk = qk * sm_scale
-        qk = tl.where(nmask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V_buf + loc[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
-        if FP32_PV:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        elif IEEE:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    acc, m_i, l_i = attend_keys(
+        q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_h, 0, start, end, sm_scale,
+        stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
+        CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV,
+    )  # fmt: skip
 
     # An empty split (short context) leaves l_i == 0: it writes zeros and lse = -inf, which stage 2
     # weighs by exp(-inf) = 0.

@@ -15,69 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _attend_block(
-    q,
-    acc,
-    m_i,
-    l_i,
-    K_buf,
-    V_buf,
-    req_to_token,
-    row,
-    kvh,
-    offs_m,
-    prefix,
-    lo,
-    hi,
-    sm_scale,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_r2t,
-    offs_d,
-    dmask,
-    CAUSAL: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr,
-    FP32_PV: tl.constexpr,
-):
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < hi
-        loc = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0).to(tl.int64)
-        kv_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(
-            K_buf + loc[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        qk = qk * sm_scale
-        if CAUSAL:
-            keep = (offs_n[None, :] <= (prefix + offs_m)[:, None]) & nmask[None, :]
-        else:
-            keep = nmask[None, :] & (offs_m[:, None] >= 0)
-        qk = tl.where(keep, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V_buf + loc[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
-        if FP32_PV:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        elif IEEE:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    return acc, m_i, l_i
+from tokenspeed.runtime.kernels.online_softmax import attend_keys
 
 
 @triton.jit
@@ -136,12 +74,12 @@ def _extend_kernel(
         # Keys before the block's first row are visible to every row; the band after needs the mask.
         full_hi = prefix + mblk * BLOCK_M
         kv_end = prefix + tl.minimum(ext, (mblk + 1) * BLOCK_M)
-        acc, m_i, l_i = _attend_block(
+        acc, m_i, l_i = attend_keys(
             q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, 0, full_hi, sm_scale,
             stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
             CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV,
         )  # fmt: skip
-        acc, m_i, l_i = _attend_block(
+        acc, m_i, l_i = attend_keys(
             q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, full_hi, kv_end, sm_scale,
             stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
             CAUSAL=True, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV,
