@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,12 +138,14 @@ class ModelRunner:
         ):
             num_pages = plan_num_pages(config, self.spec, device, model_config.max_model_len)
         num_pages = self.peers.agree_num_pages(num_pages)
+        kv_started = time.monotonic()
         self.kv_pool = KVPool(self.spec, num_pages, device)
         logger.info(
-            "KV cache: %d pages of %d tokens (%.1f MiB)",
+            "KV cache: %d pages of %d tokens (%.1f MiB), allocated in %.1f s",
             num_pages - 1,
             bs,
             num_pages * bs * self.spec.bytes_per_token() / (1 << 20),
+            time.monotonic() - kv_started,
         )
         attn_opts = {}
         if attn_name == "triton" and config.triton_attention_reduce_in_fp32:
