@@ -80,7 +80,8 @@ def start_server(model: str, backend: str, args, log: Path) -> tuple[subprocess.
     url = f"http://127.0.0.1:{port}"
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"{backend} server exited with {proc.returncode}; see {log}")
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            raise RuntimeError(f"{backend} server exited with {proc.returncode}; its log ends:\n{tail}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url, time.monotonic() - started
