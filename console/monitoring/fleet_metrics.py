@@ -5,7 +5,7 @@ target adds `fleet` and `role="supervisor"`):
 
     tokenspeed_fleet:server_state{server,state}          1 for the state the server is in, 0 for the others
     tokenspeed_fleet:server_restarts_total{server,reason} restarts: exit_code | signal | startup_timeout |
-                                                          unhealthy | start_failed | operator
+                                                          unhealthy | start_failed | unknown | operator
     tokenspeed_fleet:server_backoff_seconds{server}      seconds left before a BACKOFF server starts again
     tokenspeed_fleet:server_last_start_time_seconds{server}  Unix time of the server's latest start
     tokenspeed_fleet:health_check_seconds{server}        health-check latency (histogram)
@@ -29,7 +29,15 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import GaugeMetricFamily
 
 PREFIX = "tokenspeed_fleet:"
-RESTART_REASONS = ("exit_code", "signal", "startup_timeout", "unhealthy", "start_failed", "operator")
+RESTART_REASONS = (
+    "exit_code",
+    "signal",
+    "startup_timeout",
+    "unhealthy",
+    "start_failed",
+    "unknown",
+    "operator",
+)
 STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
 _HEALTH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -42,7 +50,9 @@ def restart_reason(unit: Any) -> str:
     if (unit.error or "").startswith("not healthy within"):
         return "startup_timeout"
     if exit_info is None or (exit_info.code is None and exit_info.signal is None):
-        return "start_failed"
+        # No status: the start itself failed, or (with a reason) the process was one this supervisor
+        # adopted or could not watch, so how it ended is not known.
+        return "unknown" if getattr(exit_info, "reason", None) else "start_failed"
     return "signal" if exit_info.signal else "exit_code"
 
 

@@ -84,3 +84,22 @@ def test_supervisor_metrics_want_the_fleets_api_key(make_fleet):
         ok = http.get(url + "/metrics", headers={"Authorization": "Bearer fleet-key"})
         assert ok.status_code == 200 and "tokenspeed_fleet:server_state" in ok.text
         assert http.get(url + "/health").status_code == 200  # like the servers: /health needs no key
+
+
+def test_restart_reasons_from_what_the_unit_recorded():
+    from types import SimpleNamespace
+
+    from console.monitoring.fleet_metrics import restart_reason
+    from console.supervisor.states import REASON_ADOPTED, REASON_UNHEALTHY, ExitInfo
+
+    def unit(exit_info, error=None):
+        return SimpleNamespace(last_exit=exit_info, error=error)
+
+    assert restart_reason(unit(ExitInfo(3, None, 0.0))) == "exit_code"
+    assert restart_reason(unit(ExitInfo(None, "SIGKILL", 0.0))) == "signal"
+    assert restart_reason(unit(ExitInfo(0, None, 0.0, REASON_UNHEALTHY))) == "unhealthy"
+    assert restart_reason(unit(ExitInfo(None, "SIGKILL", 0.0), "not healthy within startup_timeout_s=5")) == (
+        "startup_timeout"
+    )
+    assert restart_reason(unit(ExitInfo(None, None, 0.0))) == "start_failed"
+    assert restart_reason(unit(ExitInfo(None, None, 0.0, REASON_ADOPTED))) == "unknown"
