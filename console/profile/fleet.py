@@ -28,7 +28,7 @@ from console.profile.schema import (
     ServerSpec,
     SupervisorSpec,
 )
-from console.profile.server import parse_server_args, server_argv
+from console.profile.server import resolve_server, server_fields
 from console.profile.toml import ProfileError, RawProfile, did_you_mean, read_profile
 from console.supervisor.load import parse_load
 from tokenspeed.config.api_key import API_KEY_ENV
@@ -146,7 +146,7 @@ class ResolvedFleet:
     profile: Profile
     servers: tuple[ServerSpec, ...]
     server_args: tuple[Any, ...]  # ServerArgs of each server (node rank 0), same order as servers
-    base_argv: tuple[str, ...]  # what [server] stands for on the command line
+    base_fields: tuple[tuple[str, Any], ...]  # the ServerArgs fields [server] sets
     # The [server] keys (with its group's) the profile sets for each server: the planner leaves them alone.
     given_keys: tuple[frozenset[str], ...] = ()
 
@@ -196,56 +196,61 @@ def resolve_servers(
     profile: Profile, raw: RawProfile, fleet: FleetSpec, platform: Any = None
 ) -> ResolvedFleet:
     """The servers of one group: `fleet` gives their count, name prefix and first port; `raw` their [server]."""
-    base = server_argv(_without_api_key(raw))
+    fields = server_fields(_without_api_key(raw))
     secret = _api_key_env(raw, profile)
-    # The key reaches each server through its environment; it is parsed here only to know it.
-    key_args = ["--api-key", secret[API_KEY_ENV]] if secret else []
+    # The key reaches each server through its environment; it is resolved here only to know it.
+    key_field = {"api_key": secret[API_KEY_ENV]} if secret else {}
     stride = int(raw.data.get("fleet", {}).get("port_stride", 10))
-    server = raw.data.get("server", {})
     # Multi-node replicas and attention DP rendezvous at an explicit address; give each replica its own.
-    needs_rendezvous = (
-        int(server.get("nnodes", 1) or 1) > 1 or int(server.get("data_parallel_size", 1) or 1) > 1
-    )
+    needs_rendezvous = int(fields.get("nnodes") or 1) > 1 or int(fields.get("data_parallel_size") or 1) > 1
 
-    def rendezvous(nodes: list[str], replica: int) -> list[str]:
-        if not needs_rendezvous:
-            return []
-        return ["--dist-init-addr", f"{nodes[0]}:{fleet.dist_init_port + 10 * replica}"]
+    def owned(nodes: list[str], replica: int) -> dict[str, Any]:
+        """The fields the fleet sets for replica `replica` (a process adds its node rank)."""
+        mine: dict[str, Any] = {
+            "host": fleet.host,
+            "port": fleet.base_port + stride * replica,
+            "enable_metrics": True,
+        }
+        if needs_rendezvous:
+            mine["dist_init_addr"] = f"{nodes[0]}:{fleet.dist_init_port + 10 * replica}"
+        return mine
 
-    first_args = [*base, "--port", str(fleet.base_port), *rendezvous(list(fleet.nodes), 0)]
-    probe_args = parse_server_args(raw, first_args, platform)
-    nnodes = int(getattr(probe_args, "nnodes", 1) or 1)
-    on_cpu = getattr(probe_args, "device", "cuda") == "cpu"
-    world = probe_args.mapping.world_size if getattr(probe_args, "mapping", None) else 1
+    resolved: dict[tuple, Any] = {}
+
+    def resolve(replica: int, nodes: list[str]):
+        """The server's ServerArgs, resolved once (with the key, which its command line leaves out).
+        Replica 0's first node is the fleet's first node, so the resolution that sizes the fleet is it."""
+        mine = owned(nodes, replica)
+        key = tuple(sorted(mine.items()))
+        if key not in resolved:
+            resolved[key] = resolve_server(raw, fields, {**mine, **key_field}, platform)
+        return resolved[key]
+
+    first = resolve(0, list(fleet.nodes))
+    nnodes = first.nnodes
+    on_cpu = first.device == "cpu"
+    world = first.mapping.world_size
     if world % nnodes:
         raise raw.error("server", "nnodes", f"world size {world} does not split over {nnodes} nodes")
     per_node = 0 if on_cpu else world // nnodes
     specs = []
     for replica, (nodes, gpus) in enumerate(_place(raw, fleet, nnodes, per_node)):
-        port = fleet.base_port + stride * replica
-        name = f"{fleet.name}-{replica}"
-        common = [
-            *base,
-            "--host",
-            fleet.host,
-            "--port",
-            str(port),
-            "--enable-metrics",
-            *rendezvous(nodes, replica),
-        ]
+        common = {**fields, **owned(nodes, replica)}
         env = {**profile.env, **secret}
         if not on_cpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         processes = []
         for rank, node in enumerate(nodes):
-            argv = [*common, "--node-rank", str(rank)] if nnodes > 1 else common
-            processes.append(ProcessSpec(rank, node, tuple(gpus), tuple(argv), tuple(sorted(env.items()))))
+            mine = {**common, "node_rank": rank} if nnodes > 1 else common
+            processes.append(
+                ProcessSpec(rank, node, tuple(gpus), tuple(mine.items()), tuple(sorted(env.items())))
+            )
+        port = common["port"]
         url_host = nodes[0] if fleet.host in ("0.0.0.0", "::") else fleet.host
-        specs.append(ServerSpec(name, replica, url_host, port, tuple(processes)))
-    # Each server's arguments resolved exactly as its `tokenspeed serve` will resolve them.
-    server_args = tuple(parse_server_args(raw, [*s.processes[0].argv, *key_args], platform) for s in specs)
-    given = (frozenset(server),) * len(specs)
-    return ResolvedFleet(profile, tuple(specs), server_args, tuple(base), given)
+        specs.append(ServerSpec(f"{fleet.name}-{replica}", replica, url_host, port, tuple(processes)))
+    server_args = tuple(resolve(spec.replica, [p.node for p in spec.processes]) for spec in specs)
+    given = (frozenset(raw.data.get("server", {})),) * len(specs)
+    return ResolvedFleet(profile, tuple(specs), server_args, tuple(fields.items()), given)
 
 
 def _without_api_key(raw: RawProfile) -> RawProfile:

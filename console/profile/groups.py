@@ -87,7 +87,7 @@ def resolve_groups(profile, raw: RawProfile, platform: Any = None):
     servers: list = []
     server_args: list = []
     given: list = []
-    base_argv: tuple[str, ...] = ()
+    base_fields: tuple = ()
     used_gpus: set[int] = set()
     for name, table in _groups(raw).items():
         replicas = int(table.get("replicas", fleet.replicas))
@@ -104,6 +104,6 @@ def resolve_groups(profile, raw: RawProfile, platform: Any = None):
         servers += resolved.servers
         server_args += resolved.server_args
         given += resolved.given_keys
-        base_argv = base_argv or resolved.base_argv
+        base_fields = base_fields or resolved.base_fields
         used_gpus.update(g for spec in resolved.servers for g in spec.gpus)
-    return ResolvedFleet(profile, tuple(servers), tuple(server_args), base_argv, tuple(given))
+    return ResolvedFleet(profile, tuple(servers), tuple(server_args), base_fields, tuple(given))

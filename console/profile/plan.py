@@ -56,8 +56,9 @@ class ServerPlan:
     concurrent_seqs: int | None = None
     max_cudagraph_capture_size: int | None = None
     cudagraph_capture_sizes: list[int] = field(default_factory=list)
-    # What the supervisor adds to this server's `tokenspeed serve` command line (flags the profile left
-    # unset); empty when the profile sets them all, on the CPU, or when the plan does not fit.
+    # What the supervisor adds to this server's `tokenspeed serve` (fields the profile left unset, and
+    # their flags); empty when the profile sets them all, on the CPU, or when the plan does not fit.
+    planned_fields: dict[str, Any] = field(default_factory=dict)
     planned_flags: list[str] = field(default_factory=list)
     fits: bool = True
     reason: str | None = None
@@ -100,16 +101,24 @@ class FleetPlan:
         }
 
 
-def planned_flags(args: Any, given: set[str], plan: dict) -> list[str]:
-    """Flags for the planned values the profile did not set itself (`given`: its [server] keys)."""
-    flags: list[str] = []
+def planned_fields(given: set[str], plan: dict) -> dict[str, Any]:
+    """The planned values the profile did not set itself (`given`: its [server] keys), as ServerArgs
+    fields for the server's command line."""
+    fields: dict[str, Any] = {}
     if not {"gpu_memory_utilization", "max_total_tokens"} & given:
-        flags += ["--gpu-memory-utilization", str(plan["gpu_memory_utilization"])]
+        fields["gpu_memory_utilization"] = plan["gpu_memory_utilization"]
     sizes = plan["cudagraph_capture_sizes"]
     if sizes and not {"max_cudagraph_capture_size", "cudagraph_capture_sizes"} & given:
-        flags += ["--max-cudagraph-capture-size", str(plan["max_cudagraph_capture_size"])]
-        flags += ["--cudagraph-capture-sizes", *map(str, sizes)]
-    return flags
+        fields["max_cudagraph_capture_size"] = plan["max_cudagraph_capture_size"]
+        fields["cudagraph_capture_sizes"] = list(sizes)
+    return fields
+
+
+def _applied(given: set[str], plan: dict) -> dict[str, Any]:
+    from tokenspeed.config.argv import to_argv
+
+    fields = planned_fields(given, plan)
+    return {"planned_fields": fields, "planned_flags": to_argv(fields)}
 
 
 def plan_server(
@@ -180,7 +189,7 @@ def plan_server(
     )
     if shape is None:
         notes.append("model config.json not found locally: weights and KV not sized")
-        return ServerPlan(**base, planned_flags=planned_flags(args, given, base), notes=notes)
+        return ServerPlan(**base, **_applied(given, base), notes=notes)
     dtype_bytes = mm.compute_dtype_bytes(args.dtype, shape.config_dtype, "cuda")
     max_len = min(int(args.max_model_len or shape.max_position), shape.max_position)
     weights = shape.weights_bytes_per_gpu(
@@ -233,7 +242,7 @@ def plan_server(
             "lower max_model_len or use more GPUs"
         )
         return ServerPlan(**plan, fits=False, reason=reason)
-    return ServerPlan(**plan, planned_flags=planned_flags(args, given, plan))
+    return ServerPlan(**plan, **_applied(given, plan))
 
 
 def _sharded_over(mapping: Any, kind: str) -> int:

@@ -13,8 +13,10 @@ A profile file is TOML:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RESTART_POLICIES = ("always", "on-failure", "no")
 LAUNCHERS = ("local", "ray")
@@ -82,8 +84,21 @@ class ProcessSpec:
     node_rank: int
     node: str
     gpus: tuple[int, ...]
-    argv: tuple[str, ...]  # arguments of `tokenspeed serve`
+    # The ServerArgs fields its `tokenspeed serve` gets: the profile's [server], the fleet's own (host,
+    # port, ...) and the plan's; spelled as a command line only when the process starts (`argv`).
+    fields: tuple[tuple[str, Any], ...]
     env: tuple[tuple[str, str], ...]
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The arguments of its `tokenspeed serve`."""
+        from tokenspeed.config.argv import to_argv
+
+        return tuple(to_argv(dict(self.fields)))
+
+    def with_fields(self, extra: dict[str, Any]) -> ProcessSpec:
+        """The same process with `extra` fields added (the plan's)."""
+        return dataclasses.replace(self, fields=(*self.fields, *extra.items()))
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,27 @@
-"""`[server]` table -> the command line of `tokenspeed serve`, flag by flag, through ServerArgs' own parser.
+"""The `[server]` table -> ServerArgs fields -> a resolved `ServerArgs`, with errors on the profile's key.
 
-Going through the argparse parser that `tokenspeed serve` uses (rather than building ServerArgs
-directly) means a profile and a hand-typed command resolve through exactly the same code: aliases,
-`str_to_bool` flags, `--no-...` negations and every resolution rule.
+    fields = server_fields(raw)                          # names, types and choices checked, per key
+    args = resolve_server(raw, fields, owned, platform)  # ServerArgs.from_dict: `tokenspeed serve`'s rules
+
+No command line is involved: the fields are checked against `ServerArgs`' own field types and choices,
+and resolved by `ServerArgs.from_dict`, the code `tokenspeed serve` runs after parsing its flags. The
+command line (`tokenspeed.config.argv.to_argv`) is spelled only when a process is started.
+
+A rule of resolution that fails (a value out of range, two fields that contradict each other) is put on
+the profile key it comes from by resolving again without each key in turn: the keys whose absence lets
+the profile resolve are the ones to change. The message is never parsed.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
+import dataclasses
 import functools
-import io
 import json
-import re
-from dataclasses import dataclass
+import types
+import typing
+from typing import Any
 
-from console.profile.toml import RawProfile, did_you_mean
+from console.profile.toml import ProfileError, RawProfile, did_you_mean
 
 # Keys the fleet sets for each server process; a profile sets them through [fleet] instead.
 FLEET_OWNED = {
@@ -26,143 +32,153 @@ FLEET_OWNED = {
     "base_gpu_id": "[fleet] gpus",
     "gpu_id_step": "[fleet] gpus",
 }
+# Derived when the arguments resolve; never written.
+_DERIVED = {"mapping"}
 
 
-@functools.lru_cache(maxsize=1)
-def serve_parser() -> argparse.ArgumentParser:
-    from tokenspeed.config.cli import add_cli_args
-
-    parser = argparse.ArgumentParser(prog="tokenspeed serve", allow_abbrev=False)
-    add_cli_args(parser)
-    return parser
-
-
-@functools.lru_cache(maxsize=1)
-def server_field_names() -> frozenset[str]:
-    import dataclasses
-
+@functools.cache
+def _field_types() -> dict[str, Any]:
     from tokenspeed.config.server_args import ServerArgs
 
-    return frozenset(f.name for f in dataclasses.fields(ServerArgs))
+    hints = typing.get_type_hints(ServerArgs)
+    return {f.name: hints[f.name] for f in dataclasses.fields(ServerArgs) if f.name not in _DERIVED}
 
 
-@dataclass(frozen=True)
-class _Option:
-    flag: str
-    action: argparse.Action
+@functools.cache
+def _aliases() -> dict[str, str]:
+    """Other names a profile may use for a field: the flags' own spellings (`tensor_parallel_size`)."""
+    from tokenspeed.config.cli import CLI_ALIAS_DESTS
 
-
-def _options_for(key: str) -> list[argparse.Action]:
-    """Every optional action that writes `key`, or whose flag is spelled from `key` (`ep_size` -> --ep-size)."""
-    spellings = {"--" + key, "--" + key.replace("_", "-")}
-    found = []
-    for action in serve_parser()._actions:
-        if not action.option_strings or isinstance(action, argparse._HelpAction):
-            continue
-        if action.dest == key or spellings & set(action.option_strings):
-            found.append(action)
-    return found
+    return {alias: field for alias, field in CLI_ALIAS_DESTS.items() if field in _field_types()}
 
 
 def known_keys() -> list[str]:
-    dests = {a.dest for a in serve_parser()._actions if a.option_strings}
-    return sorted((server_field_names() | dests) - {"help"})
+    return sorted({*_field_types(), *_aliases()})
 
 
-def _long_flag(action: argparse.Action, key: str = "") -> str:
-    """The flag a reader recognises: the one spelled from the key, else the longest."""
-    for spelled in ("--" + key.replace("_", "-"), "--" + key):
-        if spelled in action.option_strings:
-            return spelled
-    longs = [s for s in action.option_strings if s.startswith("--")]
-    return max(longs, key=len) if longs else action.option_strings[0]
+def _choices(name: str) -> tuple[Any, ...] | None:
+    from tokenspeed.config.flags import FIELD_CHOICES
+
+    return FIELD_CHOICES.get(name)
 
 
-def _scalar(raw: RawProfile, key: str, action: argparse.Action, value) -> str:
-    if isinstance(value, dict | list):
-        text = json.dumps(value)
-    elif isinstance(value, bool):
-        text = "true" if value else "false"
-    else:
-        text = str(value)
-    if action.type is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise raw.error("server", key, f"expects an integer, got {value!r}")
-    if action.type is float and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise raw.error("server", key, f"expects a number, got {value!r}")
-    if callable(action.type) and action.type not in (int, float, str):
-        try:
-            action.type(text)
-        except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
-            raise raw.error("server", key, f"invalid value {value!r}: {exc}") from None
-    if action.choices is not None:
-        converted = action.type(text) if callable(action.type) else text
-        if converted not in action.choices:
-            choices = ", ".join(map(str, action.choices))
-            hint = did_you_mean(text, [str(c) for c in action.choices])
-            raise raw.error("server", key, f"{value!r} is not one of: {choices}{hint}")
-    return text
+def _kinds(annotation: Any) -> list[Any]:
+    """The alternatives of a field's type, None left out (TOML has no null)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(annotation) if a is not type(None)]
+    return [annotation]
 
 
-def _flag_args(raw: RawProfile, key: str, value) -> list[str]:
-    actions = _options_for(key)
-    if not actions:
-        raise raw.error("server", key, "is a ServerArgs field but has no command-line flag; it cannot be set")
-    switches = [a for a in actions if a.nargs == 0]
-    if switches:
-        if not isinstance(value, bool):
-            raise raw.error("server", key, f"expects true or false, got {value!r}")
-        for action in switches:
-            if getattr(action, "const", None) is value:
-                return [_long_flag(action, key)]
-        if all(a.default == value for a in switches):
-            return []  # asking for the default of a one-way switch
-        raise raw.error("server", key, f"has no flag that sets it to {str(value).lower()}")
-    action = actions[0]
-    flag = _long_flag(action, key)
-    if action.nargs in ("+", "*") or isinstance(action.nargs, int):
-        values = value if isinstance(value, list) else [value]
-        return [flag, *(_scalar(raw, key, action, v) for v in values)]
-    return [flag, _scalar(raw, key, action, value)]
+def _matches(kind: Any, value: Any) -> bool:
+    origin = typing.get_origin(kind)
+    if origin is typing.Literal:
+        return value in typing.get_args(kind)
+    if origin is list:
+        (item,) = typing.get_args(kind) or (Any,)
+        return isinstance(value, list) and all(item is Any or _matches(item, v) for v in value)
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str)
+    return isinstance(kind, type) and isinstance(value, kind)
 
 
-def server_argv(raw: RawProfile) -> list[str]:
-    """The `tokenspeed serve` arguments that `[server]` stands for (fleet-owned keys excluded)."""
+def _describe(kinds: list[Any]) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    out = []
+    for kind in kinds:
+        if typing.get_origin(kind) is typing.Literal:
+            out.append("one of " + ", ".join(map(repr, typing.get_args(kind))))
+        elif typing.get_origin(kind) is list:
+            out.append("a list")
+        else:
+            out.append(names.get(kind, getattr(kind, "__name__", str(kind))))
+    return " or ".join(out)
+
+
+def check_value(raw: RawProfile, key: str, value: Any, table: str = "server") -> Any:
+    """`value` as field `key` takes it (a TOML table for a JSON-text field becomes its JSON), or a
+    ProfileError naming the key, the type it expects and, for a choice, the closest one."""
+    field = _aliases().get(key, key)
+    kinds = _kinds(_field_types()[field])
+    if isinstance(value, dict) and str in kinds:
+        value = json.dumps(value)
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not any(_matches(kind, value) for kind in kinds):
+        raise raw.error(table, key, f"expects {_describe(kinds)}, got {value!r}")
+    choices = _choices(field)
+    if choices is not None and value not in choices:
+        hint = did_you_mean(str(value), [str(c) for c in choices])
+        raise raw.error(table, key, f"{value!r} is not one of: {', '.join(map(str, choices))}{hint}")
+    return value
+
+
+def check_key(raw: RawProfile, table: str, key: str, extra: tuple[str, ...] = ()) -> None:
+    if key in FLEET_OWNED:
+        raise raw.error(table, key, f"is set per server by the fleet; use {FLEET_OWNED[key]}")
+    if key not in _field_types() and key not in _aliases():
+        raise raw.error(table, key, f"is not a ServerArgs field{did_you_mean(key, [*known_keys(), *extra])}")
+
+
+def server_fields(raw: RawProfile) -> dict[str, Any]:
+    """The ServerArgs fields `[server]` sets, checked one key at a time (fleet-owned keys refused)."""
     server = raw.data.get("server", {})
     if not isinstance(server, dict):
         raise raw.error("", "server", "must be a table: [server]")
     if "model" not in server:
         raise raw.error("server", "model", "is required: the model path or name of every server")
-    keys = set(known_keys())
-    argv: list[str] = []
+    from tokenspeed.config.argv import NoFlag, field_argv
+
+    fields: dict[str, Any] = {}
     for key, value in server.items():
-        if key in FLEET_OWNED:
-            raise raw.error("server", key, f"is set per server by the fleet; use {FLEET_OWNED[key]}")
-        if key not in keys:
-            raise raw.error("server", key, f"is not a ServerArgs field{did_you_mean(key, keys)}")
-        argv += _flag_args(raw, key, value)
-    return argv
+        check_key(raw, "server", key)
+        field = _aliases().get(key, key)
+        fields[field] = check_value(raw, key, value)
+        try:
+            field_argv(field, fields[field])  # its server is started with a command line: it must have one
+        except NoFlag as exc:
+            raise raw.error("server", key, str(exc)) from None
+    return fields
 
 
-def parse_server_args(raw: RawProfile, argv: list[str], platform=None):
-    """ServerArgs from `argv` exactly as `tokenspeed serve` builds it; errors point into the profile."""
-    from tokenspeed.config.cli import prepare_server_args
+def _resolve(fields: dict[str, Any], platform: Any):
+    from tokenspeed.config.server_args import ServerArgs
 
-    captured = io.StringIO()
+    return ServerArgs.from_dict(fields, platform=platform)
+
+
+def resolve_server(raw: RawProfile, fields: dict[str, Any], owned: dict[str, Any], platform: Any = None):
+    """ServerArgs of `fields` plus the fleet's own (`owned`: host, port, ...), as `tokenspeed serve` would
+    resolve them; a resolution error becomes a ProfileError on the profile key it comes from."""
     try:
-        with contextlib.redirect_stderr(captured):
-            return prepare_server_args(argv, platform=platform)
-    except SystemExit:
-        message = captured.getvalue().strip().splitlines()
-        raise _blame(raw, message[-1] if message else "invalid arguments") from None
+        return _resolve({**fields, **owned}, platform)
     except (ValueError, TypeError) as exc:
-        raise _blame(raw, str(exc)) from None
+        raise blame(raw, fields, owned, platform, exc) from None
 
 
-def _blame(raw: RawProfile, message: str):
-    """Attach a resolution error to the [server] key whose flag or name the message mentions."""
-    server = raw.data.get("server", {})
-    for key in server:
-        names = {key, *(s for a in _options_for(key) for s in a.option_strings)}
-        if any(re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", message) for n in names):
-            return raw.error("server", key, message)
-    return raw.error("server", next(iter(server), ""), message)
+def blame(raw: RawProfile, fields: dict[str, Any], owned: dict[str, Any], platform: Any, exc: Exception):
+    """The error on the key(s) whose absence lets the arguments resolve; else on [server] itself."""
+    culprits = []
+    for key in fields:
+        if key == "model":
+            continue  # without it nothing resolves: it tells nothing
+        rest = {k: v for k, v in fields.items() if k != key}
+        try:
+            _resolve({**rest, **owned}, platform)
+        except (ValueError, TypeError):
+            continue
+        culprits.append(key)
+    written = {_aliases().get(k, k): k for k in raw.data.get("server", {})}
+    if not culprits:
+        return raw.error("server", "", str(exc))
+    also = [written.get(k, k) for k in culprits[1:]]
+    suffix = f" (together with {', '.join(f'[server] {k}' for k in also)})" if also else ""
+    return raw.error("server", written.get(culprits[0], culprits[0]), f"{exc}{suffix}")
+
+
+__all__ = ["FLEET_OWNED", "ProfileError", "blame", "known_keys", "resolve_server", "server_fields"]

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import psutil
 
+from console.probe import probe_gpus
 from console.profile.fleet import ProfileError, load_and_resolve
+from console.profile.plan import platform_facts
 from console.supervisor.paths import StatePaths
 
 
@@ -105,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error("another supervisor already runs in %s", paths.root)
         return 3
     try:
-        resolved = load_and_resolve(args.profile)
+        # Resolved once, for the GPUs the probe sees (the seed's defaults depend on them): the plan and
+        # every server's command line come from this resolution.
+        resolved = load_and_resolve(args.profile, platform_facts(probe_gpus()))
     except (ProfileError, ValueError) as exc:
         log.error("%s", exc)
         return 2

@@ -20,7 +20,7 @@ from pathlib import Path
 from console.gpu_owners import FleetProcesses, GpuOwners, attribute, other_fleets, own_mib_by_gpu
 from console.launchers.base import Launcher, ProcessHandle
 from console.probe import Probe, probe_gpus
-from console.profile.plan import FleetPlan, ServerPlan, plan_with_platform
+from console.profile.plan import FleetPlan, ServerPlan, plan_fleet
 from console.profile.schema import ProcessSpec, ServerSpec
 from console.supervisor.logfile import append_line
 
@@ -59,6 +59,7 @@ class FleetPlans:
     """The plan each server was last started with, and how to plan again."""
 
     def __init__(self, resolved, state_dir: Path, own: FleetProcesses | None = None):
+        """`resolved`: the fleet as resolved for this machine's GPUs (the daemon's one resolution)."""
         self.resolved = resolved
         self.state_dir = state_dir
         plan = self.plan_now(own).plan
@@ -86,7 +87,7 @@ class FleetPlans:
         owners = attribute(probe, own, other_fleets(self.state_dir))
         try:
             running = bool(own.servers)
-            plan = plan_with_platform(self.resolved, probe, own_mib=own_mib_by_gpu(owners), running=running)
+            plan = plan_fleet(self.resolved, probe, own_mib=own_mib_by_gpu(owners), running=running)
             return GpuView(probe, owners, plan, None)
         except (ValueError, OSError) as exc:
             return GpuView(probe, owners, None, str(exc))
@@ -137,8 +138,8 @@ class PlannedLauncher(Launcher):
         else:
             plan = self.plans.planned(server.name)
         self._started.add(server.name)
-        if plan is not None and plan.planned_flags:
-            process = dataclasses.replace(process, argv=(*process.argv, *plan.planned_flags))
+        if plan is not None and plan.planned_fields:
+            process = process.with_fields(plan.planned_fields)
         return self.inner.start(server, process, log_path)
 
     def adopt(self, server: ServerSpec, process: ProcessSpec, record: dict, log_path: Path):

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import difflib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from tokenspeed.config.api_key import resolve_api_key
@@ -35,6 +36,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     # Prefix matching would make adding a flag a breaking change for scripts using an abbreviation.
     parser.allow_abbrev = False
     add_groups(parser, _GROUPS)
+
+
+def flag_rows() -> Iterator[FlagRow]:
+    """Every row of the ``tokenspeed serve`` flags, in ``--help`` order (``config.argv`` spells fields
+    back into flags with them)."""
+    for _title, rows in _GROUPS:
+        yield from rows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -109,6 +109,8 @@ def resolve_basic_defaults(args: ServerArgs) -> None:
         args.served_model_name = args.model
     if args.seed is None:
         args.seed = random.randint(0, 1 << 30)
+    # Prometheus unless told otherwise, each reporter once: the same from a command line or a dict.
+    args.metrics_reporters = list(dict.fromkeys(args.metrics_reporters or ["prometheus"]))
 
 
 def resolve_config_aliases(args: ServerArgs) -> None:
