@@ -5,7 +5,8 @@ process's stdin (a pipe). It copies what arrives into LOG through `LogWriter`, w
 without losing a line (see logfile.py), and exits when every writer of the pipe has closed it: when
 the server and everything it started are gone. It runs in its own session, so a stop of the server's
 process group leaves it the time to write the server's last words; it never depends on the
-supervisor, so a supervisor crash costs the server nothing.
+supervisor, so a supervisor crash costs the server nothing. Should it die, the launcher starts another
+on the same pipe, whose read end it keeps (console/launchers/log_pump.py): no line is lost.
 
 It imports only the standard library and logfile.py: one runs per server, and its start is on the
 path of every server start.
