@@ -51,6 +51,10 @@ def test_two_node_server_through_ray_agents(ray_cluster, make_fleet):
     assert all(psutil.pid_exists(p["pid"]) for p in ranks)
     server = fleet.servers()[name]
     assert server["state"] == "READY" and server["pids"] == [p["pid"] for p in ranks]
+    # Prometheus finds the server at its head node (rank 0 serves HTTP) in the supervisor's file_sd targets.
+    (target,) = json.loads((fleet.state_dir / "prometheus" / "servers.json").read_text())
+    assert target["targets"] == [f"{server['host']}:{server['port']}"], target
+    assert target["labels"]["server"] == name and target["labels"]["node"] == server["node"], target
 
     assert len(agent_processes()) == 2
     # Log lines of the non-HTTP rank travel back from its node into the server's log.
