@@ -144,3 +144,21 @@ def test_rebalance_moves_experts_in_place_and_keeps_greedy_output(tmp_path):
             for slot in slots[1:]:
                 assert torch.equal(layer.w13[slot], layer.w13[slots[0]])
                 assert torch.equal(layer.w2[slot], layer.w2[slots[0]])
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--enable-expert-distribution-metrics"],
+        ["--expert-distribution-recorder-mode", "per_pass"],
+        ["--ep-num-redundant-experts", "4", "--enable-eplb"],
+        ["--tp", "2", "--ep-size", "2", "--enable-eplb"],
+    ],
+)
+def test_expert_setups_keep_cuda_graphs(flags):
+    from tokenspeed.config.cli import prepare_server_args
+    from tokenspeed.config.resolve import PlatformFacts
+
+    hopper = PlatformFacts(kind="nvidia", is_hopper_or_newer=True, gpu_memory_gb=80)
+    args = prepare_server_args(["MODEL", *flags], platform=hopper)
+    assert args.device == "cuda" and not args.enforce_eager
