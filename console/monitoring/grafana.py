@@ -1,6 +1,6 @@
 """The Grafana dashboard of a TokenSpeed fleet, generated from panels.py: `tokenspeed grafana > dash.json`.
 
-Grafana 10+ JSON model (schemaVersion 39). Import it (Dashboards > New > Import) and pick the Prometheus
+Grafana 10+ JSON model (schemaVersion 38). Import it (Dashboards > New > Import) and pick the Prometheus
 data source that scrapes the fleet (`tokenspeed prometheus` writes its scrape config). Variables: the data
 source, `fleet`, `server` and `model`, each with "All".
 """
@@ -11,7 +11,7 @@ import json
 
 from console.monitoring.panels import ROWS, Panel
 
-SCHEMA_VERSION = 39
+SCHEMA_VERSION = 38  # Grafana 10.0; later versions migrate it on import
 UID = "tokenspeed-fleet"
 _DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 _WIDTH = 24
