@@ -23,6 +23,7 @@ from pathlib import Path
 NAME = os.environ.get("TOKENSPEED_SERVER_NAME", "server")
 CONTROL = Path(os.environ.get("FAKE_CONTROL_DIR", "."))
 STARTED = time.time()
+PLANNED: dict = {}  # the plan's values this process was started with
 
 
 def flag(kind: str) -> bool:
@@ -73,7 +74,8 @@ class Handler(BaseHTTPRequestHandler):
             print(self.path.split("?", 1)[1], flush=True)
             self._send(200, "")
         elif self.path == "/get_server_info":
-            self._send(200, json.dumps({"model": "fake", "name": NAME}), "application/json")
+            info = {"model": "fake", "name": NAME, **PLANNED}
+            self._send(200, json.dumps(info), "application/json")
         else:
             self._send(404, "")
 
@@ -92,7 +94,15 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--node-rank", type=int, default=0)
+    # What a planned server reports back in /get_server_info (a real one resolves these and sizes KV).
+    parser.add_argument("--gpu-memory-utilization", type=float)
+    parser.add_argument("--cudagraph-capture-sizes", type=int, nargs="+")
     args, _ = parser.parse_known_args()
+    if args.gpu_memory_utilization is not None:
+        PLANNED.update(
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            cudagraph_capture_sizes=args.cudagraph_capture_sizes,
+        )
     with open(CONTROL / f"{NAME}.starts", "a") as f:
         f.write(f"{os.getpid()}:{args.node_rank}\n")
     with open(CONTROL / f"{NAME}.argv", "a") as f:

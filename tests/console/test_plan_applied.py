@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 from console.client import SupervisorClient
+from console.tui.screens.gpus import owners_text
+from console.tui.screens.server import planned_vs_running
 from tests.console.conftest import FAKE_SERVER, free_base_port, tokenspeed
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -111,6 +113,14 @@ def test_plan_applied_attributed_and_replanned(tmp_path):
             assert owners["own"] == {"gp-0": 102400.0}
             assert owners["other_fleets"] == {"other/other-0": 2048.0}
             assert owners["unknown"] == {str(os.getpid()): 1024.0}
+            # The GPU screen's words for it.
+            shown = owners_text(view["owners"], view["probe"]["gpus"]).plain
+            assert "GPU 0: this fleet: gp-0 100.0 GiB; other fleets: other/other-0 2.0 GiB" in shown
+            assert f"unknown others: pid {os.getpid()} 1.0 GiB" in shown
+            # The Server screen's: what was planned, what the server runs with.
+            planned_text = planned_vs_running(server["plan"], client.info("gp-0"))
+            assert "gpu_memory_utilization: planned 0.88, running 0.88" in planned_text
+            assert "CUDA graphs: planned 23 sizes up to 160, running 23 sizes up to 160" in planned_text
             # Its own 100 GiB count as free: the plan fits as running, with 3 GiB less than when idle.
             assert view["plan"]["verdict"] == "fits as running"
             running = view["plan"]["servers"][0]
