@@ -119,6 +119,13 @@ def console(target, fleet, state_dir, readonly, replay, at, interval) -> None:
 # ---------------------------------------------------------------- fleet
 
 
+def _json_command():
+    """The command class of `--json` commands: usage errors come out as JSON too (console/json_output.py)."""
+    from console.json_output import JsonCommand
+
+    return JsonCommand
+
+
 def _maybe_json(json_mode: bool, impl, /, *args, **kwargs) -> int:
     """With --json, an error is printed as {"error": ...} too (console/json_output.py)."""
     if not json_mode:
@@ -158,7 +165,7 @@ def down(fleet: str | None, state_dir: str | None, timeout: float) -> None:
     sys.exit(do_down(fleet, state_dir, timeout=timeout))
 
 
-@main.command()
+@main.command(cls=_json_command())
 @_fleet_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(fleet: str | None, state_dir: str | None, as_json: bool) -> None:
@@ -274,7 +281,7 @@ def profile_validate(paths: tuple[str, ...]) -> None:
     sys.exit(validate(list(paths)))
 
 
-@profile.command("show")
+@profile.command("show", cls=_json_command())
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def profile_show(path: str, as_json: bool) -> None:
@@ -284,7 +291,7 @@ def profile_show(path: str, as_json: bool) -> None:
     sys.exit(_maybe_json(as_json, show, path, as_json=as_json))
 
 
-@profile.command("plan")
+@profile.command("plan", cls=_json_command())
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(

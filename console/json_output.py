@@ -14,6 +14,8 @@ import json
 import sys
 from collections.abc import Callable
 
+import click
+
 
 def _error_text(stderr: str) -> str:
     lines = [line.removeprefix("error: ") for line in stderr.strip().splitlines()]
@@ -45,3 +47,19 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+class JsonCommand(click.Command):
+    """A click command whose usage errors (an unknown option, a missing argument) are JSON too when
+    `--json` is among its arguments; without it they stay click's usual message."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_json = "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if not wants_json:
+                raise
+            sys.stdout.write(json.dumps({"error": exc.format_message(), "exit_code": exc.exit_code}) + "\n")
+            exc.show()
+            ctx.exit(exc.exit_code)

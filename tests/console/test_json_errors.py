@@ -32,3 +32,17 @@ def test_profile_show_and_plan_json_on_a_bad_profile(tmp_path):
     assert "file not found" in _json_error(
         tokenspeed("profile", "show", str(tmp_path / "nope.toml"), "--json"), 2
     )
+
+
+def test_usage_errors_are_json_with_json_and_click_messages_without():
+    for args in (
+        ("status", "--json", "--bogus"),
+        ("profile", "plan", "--json"),
+        ("profile", "show", "--json"),
+    ):
+        result = tokenspeed(*args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        body = json.loads(result.stdout)
+        assert body["exit_code"] == 2 and body["error"] in result.stderr, (args, body)
+    plain = tokenspeed("status", "--bogus")
+    assert plain.returncode == 2 and plain.stdout == "" and "No such option '--bogus'" in plain.stderr
