@@ -139,7 +139,10 @@ def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_an
             return None
         return active if len(active) == 3 and all(t["health"] == "up" for t in active) else None
 
-    active = wait_until(all_up, 30, "Prometheus to scrape 3 targets")
+    try:
+        active = wait_until(all_up, 30, "Prometheus to scrape 3 targets")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{(tmp / 'prometheus.log').read_text()[-2000:]}") from None
     print(f"targets up {time.monotonic() - started:.1f}s")
     scraped = {t["labels"]["instance"]: t["labels"] for t in active}
     for group in listed:
