@@ -133,10 +133,10 @@ class PlannedLauncher(Launcher):
         self._started: set[str] = set()
 
     def start(self, server: ServerSpec, process: ProcessSpec, log_path: Path) -> ProcessHandle:
-        if process.node_rank == 0 and server.name in self._started:
+        plan = self.plans.planned(server.name)
+        if process.node_rank == 0 and (server.name in self._started or (plan is not None and not plan.fits)):
+            # A restart, or a start the last plan refused: plan against the GPUs as they are now.
             plan = self.plans.replan(server.name, self.own(), log_path)
-        else:
-            plan = self.plans.planned(server.name)
         self._started.add(server.name)
         if plan is not None and plan.planned_fields:
             process = process.with_fields(plan.planned_fields)
