@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenspeed.config.server_args import ServerArgs
+
 # States in which a server has a process that serves (or is about to serve) /metrics.
 SCRAPED_STATES = ("STARTING", "READY", "UNHEALTHY")
 DEFAULT_GROUP = "default"
@@ -74,9 +76,9 @@ def group_of(fleet: str, server: str) -> str:
     return middle or DEFAULT_GROUP
 
 
-def model_of(server_args: Any) -> str:
+def model_of(server_args: ServerArgs) -> str:
     """The served model name, as the server's own `model_name` label spells it."""
-    raw = getattr(server_args, "served_model_name", None) or str(getattr(server_args, "model", ""))
+    raw = server_args.served_model_name or str(server_args.model)
     return str(raw).split(",")[0].strip()
 
 

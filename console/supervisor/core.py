@@ -78,7 +78,7 @@ class Supervisor:
         self.http = httpx.AsyncClient(trust_env=False)
         # Servers started with an api_key want it on every route but /health (metrics, info, admin).
         self.auth = {
-            spec.name: {"Authorization": f"Bearer {args.api_key}"} if getattr(args, "api_key", None) else {}
+            spec.name: {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
             for spec, args in zip(resolved.servers, resolved.server_args, strict=True)
         }
         self._tasks: set[asyncio.Task] = set()

@@ -88,7 +88,7 @@ def test_max_new_tokens_zero_and_n_samples(engine):
 
 
 def test_prompt_longer_than_the_context_is_a_clear_error(engine):
-    with pytest.raises(ValueError, match=r"300 tokens, but at most 255 fit \(max_model_len 256"):
+    with pytest.raises(ValueError, match=r"300 tokens; this server accepts at most 255 \(max model length 256"):
         engine.generate(input_ids=list(range(5, 305)), sampling_params=GREEDY)
     with pytest.raises(ValueError, match="temperature"):
         engine.generate("hi", {"temperature": -1})

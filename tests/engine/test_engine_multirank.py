@@ -125,7 +125,7 @@ def test_tp2_stop_strings_early_close_and_errors(llama_tp2):
     assert not llama_tp2.core.has_unfinished()
     with pytest.raises(ValueError, match="temperature"):
         llama_tp2.generate("hi", {"temperature": -1})
-    with pytest.raises(ValueError, match=r"600 tokens, but at most 511 fit"):
+    with pytest.raises(ValueError, match=r"600 tokens; this server accepts at most 511 "):
         llama_tp2.generate(input_ids=list(range(5, 605)), sampling_params=GREEDY)
     stats = llama_tp2.get_stats()
     assert stats.num_running == 0 and stats.kv_pages_total > 0

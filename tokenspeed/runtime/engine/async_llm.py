@@ -32,6 +32,12 @@ from tokenspeed.runtime.engine.io_struct import (
     decode,
     encode,
 )
+from tokenspeed.runtime.engine.prompt_check import (
+    check_fits,
+    check_not_empty,
+    check_token_ids,
+    limits_from_ready,
+)
 from tokenspeed.runtime.engine.request_log import RequestLogger
 from tokenspeed.runtime.engine.request_state import ModelLimits, SequenceOutput, TrackedRequest
 from tokenspeed.runtime.metrics.collector import FinishedRequestStats, ServerMetrics
@@ -45,10 +51,6 @@ _READY_NOTE_INTERVAL_S = 30.0
 
 class ServerUnavailable(RuntimeError):
     """The server is starting or draining: the HTTP layer answers 503."""
-
-
-class PromptTooLong(ValueError):
-    """The prompt does not fit the context: the HTTP layer answers 400 (context_length_exceeded)."""
 
 
 class AsyncLLM:
@@ -68,7 +70,7 @@ class AsyncLLM:
         self.metrics = metrics
         self.dp_size = dp_size
         self.vocab_size = vocab_size
-        self.stream_interval = max(1, int(getattr(server_args, "stream_interval", 1) or 1))
+        self.stream_interval = max(1, server_args.stream_interval)
         self.limits: ModelLimits | None = None
         self.rank_stats: dict[int, StatsSnapshot] = {}
         self.accepting = False
@@ -113,11 +115,7 @@ class AsyncLLM:
                 logger.info(
                     "scheduler dp%d tp%d ready (%d/%d)", msg.dp_rank, msg.tp_rank, len(ready), expected
                 )
-        self.limits = ModelLimits(
-            max_total_tokens=min(r.max_total_tokens for r in ready),
-            max_req_input_len=min(r.max_req_input_len for r in ready),
-            max_model_len=min(r.max_model_len for r in ready),
-        )
+        self.limits = limits_from_ready(ready)
         if self.metrics is not None:
             for g in range(self.dp_size):
                 self.metrics.init_rank(g)
@@ -160,19 +158,13 @@ class AsyncLLM:
 
     def check_prompt(self, input_ids: list[int], sampling: SamplingParams) -> None:
         """Validate and fit a request to the model; raises ValueError / PromptTooLong for a 400."""
-        if not input_ids:
-            raise ValueError("the prompt is empty: send at least one token")
-        if self.vocab_size is not None and (min(input_ids) < 0 or max(input_ids) >= self.vocab_size):
-            raise ValueError(f"token ids must be in the vocabulary [0, {self.vocab_size}) of this model")
+        check_not_empty(input_ids)
+        check_token_ids("prompt", input_ids, self.vocab_size)
         sampling.verify()
         limits = self.limits
         if limits is None:
             return
-        if len(input_ids) > limits.max_req_input_len:
-            raise PromptTooLong(
-                f"the prompt has {len(input_ids)} tokens; this server accepts at most {limits.max_req_input_len} "
-                f"(max model length {limits.max_model_len}). Shorten the prompt"
-            )
+        check_fits(len(input_ids), limits)
         room = max(0, limits.max_model_len - len(input_ids))
         if sampling.max_new_tokens is None or sampling.max_new_tokens > room:
             sampling.max_new_tokens = room

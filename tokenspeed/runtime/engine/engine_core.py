@@ -34,6 +34,7 @@ from tokenspeed.runtime.cache.prefix_cache import create_prefix_cache
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput, StatsSnapshot
 from tokenspeed.runtime.engine.overlap import InFlightBatch, needs_host_tokens, overlap_mode
 from tokenspeed.runtime.engine.prompt_check import check_prompt
+from tokenspeed.runtime.engine.request_state import ModelLimits
 from tokenspeed.runtime.execution.model_runner import ModelRunner
 from tokenspeed.runtime.models.model_config import ModelConfig
 from tokenspeed.runtime.parallel.experts import EXPERT_RECORD_METHODS, ExpertController, NoExperts
@@ -92,6 +93,7 @@ class EngineCore:
         self.max_model_len = self.model_config.max_model_len
         self.max_total_tokens = allocator.num_allocatable * bs
         self.max_req_input_len = min(self.max_model_len - 1, self.max_total_tokens - 1)
+        self.limits = ModelLimits(self.max_total_tokens, self.max_req_input_len, self.max_model_len)
         self.scheduler = Scheduler(SchedulerConfig.from_server_args(server_args, self.max_model_len), self.kv)
         self.stream_interval = self.config.stream_interval
         self._eos = frozenset(self.model_config.eos_token_ids)
@@ -111,14 +113,7 @@ class EngineCore:
         sp = SamplingParams.from_dict(request.sampling)
         sp.verify()
         ids = list(request.input_ids)
-        check_prompt(
-            request.rid,
-            ids,
-            self.max_req_input_len,
-            self.max_model_len,
-            self.max_total_tokens,
-            self._vocab_size,
-        )
+        check_prompt(ids, self.limits, self._vocab_size)
         generator = None
         if sp.seed is not None:
             generator = torch.Generator(device=self.device)

@@ -69,7 +69,7 @@ def _require_ready(state: ServerState) -> None:
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="TokenSpeed", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
-    if getattr(state.server_args, "api_key", None):
+    if state.server_args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.server_args.api_key)
 
     @app.exception_handler(APIError)
@@ -164,7 +164,7 @@ def build_app(state: ServerState) -> FastAPI:
             {
                 "model_path": str(state.server_args.model),
                 "tokenizer_path": str(
-                    getattr(state.server_args, "tokenizer", None) or state.server_args.model
+                    state.server_args.tokenizer or state.server_args.model
                 ),
                 "served_model_name": state.model_name,
                 "is_generation": True,

@@ -160,7 +160,7 @@ async def _collect(gens, started: float) -> list[dict[str, Any]]:
 
 
 async def _stream(state: ServerState, gens, started: float):
-    incremental = bool(getattr(state.server_args, "stream_output", False))
+    incremental = state.server_args.stream_output
     n = len(gens)
     texts = [""] * n
     ids: list[list[int]] = [[] for _ in range(n)]

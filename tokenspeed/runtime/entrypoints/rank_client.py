@@ -24,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
 from tokenspeed.runtime.engine.io_struct import (
     AbortRequest,
@@ -37,7 +38,7 @@ from tokenspeed.runtime.engine.io_struct import (
     decode,
     encode,
 )
-from tokenspeed.runtime.engine.prompt_check import check_prompt
+from tokenspeed.runtime.engine.prompt_check import check_prompt, limits_from_ready
 from tokenspeed.runtime.engine.request_state import ModelLimits
 from tokenspeed.runtime.entrypoints.serve import vocab_size_of
 from tokenspeed.sampling_params import SamplingParams
@@ -56,7 +57,7 @@ class RanksDied(RuntimeError):
 class _Processes:
     """The ranks, sockets and ipc directories of one client; `close()` is idempotent and never raises."""
 
-    def __init__(self, server_args: Any) -> None:
+    def __init__(self, server_args: ServerArgs) -> None:
         from tokenspeed.runtime.entrypoints.launch import ServerProcesses
 
         self.endpoints = ServerEndpoints.from_server_args(server_args)
@@ -88,7 +89,7 @@ class _Processes:
 
 
 class RankClient:
-    def __init__(self, server_args: Any) -> None:
+    def __init__(self, server_args: ServerArgs) -> None:
         self._world_size = server_args.mapping.world_size
         self._inflight: set[str] = set()
         self._buffer: list[RequestOutput] = []
@@ -115,14 +116,7 @@ class RankClient:
         ids = list(request.input_ids)
         if request.rid in self._inflight:
             raise ValueError(f"request id {request.rid!r} is already running; request ids must be unique")
-        check_prompt(
-            request.rid,
-            ids,
-            self.limits.max_req_input_len,
-            self.limits.max_model_len,
-            self.limits.max_total_tokens,
-            self._vocab_size,
-        )
+        check_prompt(ids, self.limits, self._vocab_size)
         self._inflight.add(request.rid)
         self._p.push.send(encode(request))
 
@@ -178,11 +172,7 @@ class RankClient:
             if isinstance(msg, ReadyMessage):
                 ready.append(msg)
         logger.info("%d scheduler ranks ready", len(ready))
-        return ModelLimits(
-            max_total_tokens=min(r.max_total_tokens for r in ready),
-            max_req_input_len=min(r.max_req_input_len for r in ready),
-            max_model_len=min(r.max_model_len for r in ready),
-        )
+        return limits_from_ready(ready)
 
     def _rpc(self, method: str, args: dict | None = None) -> RpcResponse:
         self._check_usable()

@@ -92,7 +92,7 @@ def check_model_source(server_args: Any) -> None:
     """A model that is not here fails now (under a second), not after the hub's retries or a rank start."""
     from tokenspeed.runtime.models.model_source import check_model_source as check
 
-    check(str(server_args.model), getattr(server_args, "tokenizer", None), bool(server_args.skip_tokenizer_init))
+    check(str(server_args.model), server_args.tokenizer, server_args.skip_tokenizer_init)
 
 
 def check_device_present(server_args: Any) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from tokenspeed.runtime.engine.async_llm import PromptTooLong, SequenceOutput, ServerUnavailable
+from tokenspeed.runtime.engine.async_llm import SequenceOutput, ServerUnavailable
+from tokenspeed.runtime.engine.prompt_check import PromptTooLong
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, model_not_found, unavailable
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 from tokenspeed.sampling_params import SamplingParams
@@ -45,7 +46,7 @@ def check_model(state: ServerState, name: str | None) -> str:
 
 
 def check_logprobs(state: ServerState, wanted: bool) -> None:
-    if wanted and not getattr(state.server_args, "enable_output_logprobs", False):
+    if wanted and not state.server_args.enable_output_logprobs:
         raise bad_request(
             "logprobs: this server was started without --enable-output-logprobs; restart it with that flag",
             param="logprobs",

@@ -38,7 +38,7 @@ class CollectedSequence:
 
 def cache_report_enabled(state: ServerState) -> bool:
     """Whether usage reports cached prompt tokens (``--enable-cache-report``)."""
-    return bool(getattr(state.server_args, "enable_cache_report", False))
+    return state.server_args.enable_cache_report
 
 
 def response_body(
