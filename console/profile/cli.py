@@ -83,7 +83,7 @@ def show(path: str, as_json: bool) -> int:
 
 def plan(path: str, as_json: bool, gpus_from: str | None, model_config: str | None = None) -> int:
     from console.probe import load_probe, probe_gpus
-    from console.profile.plan import format_plan, plan_with_platform
+    from console.profile.plan import format_plan, plan_here, plan_with_platform
 
     try:
         resolved = load_and_resolve(path)
@@ -92,7 +92,8 @@ def plan(path: str, as_json: bool, gpus_from: str | None, model_config: str | No
         return EXIT_USAGE
     probe = load_probe(gpus_from) if gpus_from else probe_gpus()
     config = json.loads(Path(model_config).read_text()) if model_config else None
-    result = plan_with_platform(resolved, probe, config)
+    # On this machine a running fleet's own memory counts as free; a recorded reading is planned as is.
+    result = plan_with_platform(resolved, probe, config) if gpus_from else plan_here(resolved, probe, config)
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else format_plan(result))
     return EXIT_OK if result.fits else EXIT_FAILED
 

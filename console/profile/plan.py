@@ -304,14 +304,25 @@ def plan_with_platform(
     return plan_fleet(resolved, probe, config, own_mib, running)
 
 
+def plan_here(
+    resolved, probe: Probe | None = None, config: dict | None = None, own: FleetProcesses | None = None
+) -> FleetPlan:
+    """The plan on this machine: its GPUs now (or a recorded `probe`), with the memory of this fleet's own
+    running servers (`own`, else the ones its state directory records) counted as free."""
+    from console.gpu_owners import attribute, own_mib_by_gpu, recorded_fleet
+    from console.supervisor.paths import default_state_dir
+
+    probe = probe or probe_gpus()
+    if own is None:
+        own = recorded_fleet(default_state_dir(resolved.profile.fleet.name))
+    own_mib = own_mib_by_gpu(attribute(probe, own)) if own is not None else None
+    return plan_with_platform(resolved, probe, config, own_mib=own_mib, running=own is not None)
+
+
 def check_fits(resolved, probe: Probe | None = None, own: FleetProcesses | None = None) -> str | None:
     """None when the fleet fits this machine's GPUs; otherwise why not (nothing should start). `own`:
     the fleet's servers already running, whose memory counts as free."""
-    from console.gpu_owners import attribute, own_mib_by_gpu
-
-    probe = probe or probe_gpus()
-    own_mib = own_mib_by_gpu(attribute(probe, own)) if own is not None else None
-    plan = plan_with_platform(resolved, probe, own_mib=own_mib)
+    plan = plan_here(resolved, probe, own=own)
     return None if plan.fits else plan.reason
 
 

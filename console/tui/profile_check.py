@@ -45,11 +45,11 @@ def plan_profile_text(text: str, path: str | Path) -> dict | str:
     """The probe's plan for the profile being edited (a dict as `tokenspeed profile plan --json`), or why not."""
     from console.probe import probe_gpus
     from console.profile.fleet import load_and_resolve
-    from console.profile.plan import plan_with_platform
+    from console.profile.plan import plan_here
 
     with _as_file(text, Path(path)) as tmp:
         try:
-            return plan_with_platform(load_and_resolve(tmp), probe_gpus()).to_dict()
+            return plan_here(load_and_resolve(tmp), probe_gpus()).to_dict()
         except (ValueError, OSError) as exc:
             return f"no plan: {str(exc).replace(tmp, str(path))}"
 

@@ -106,23 +106,28 @@ def test_plan_applied_attributed_and_replanned(tmp_path):
             assert server["plan"]["kv_tokens"] == planned["kv_tokens"]
             child = int((tmp_path / "gp" / "gp-0.child").read_text())
             other_pid = other_client.fleet()["servers"][0]["pid"]
-            # The fleet's server (through its child) holds 100 GiB, the other fleet's 2 GiB, this test 1 GiB.
-            _readings(readings, [(child, 102400.0), (other_pid, 2048.0), (os.getpid(), 1024.0)])
+            # The fleet's server (through its child) holds 120 GiB, the other fleet's 2 GiB, this test 1 GiB:
+            # 16.8 GiB are free, too little for the server were its own memory not its own.
+            _readings(readings, [(child, 122880.0), (other_pid, 2048.0), (os.getpid(), 1024.0)])
             view = client.probe()
             (owners,) = view["owners"]
-            assert owners["own"] == {"gp-0": 102400.0}
+            assert owners["own"] == {"gp-0": 122880.0}
             assert owners["other_fleets"] == {"other/other-0": 2048.0}
             assert owners["unknown"] == {str(os.getpid()): 1024.0}
             # The GPU screen's words for it.
             shown = owners_text(view["owners"], view["probe"]["gpus"]).plain
-            assert "GPU 0: this fleet: gp-0 100.0 GiB; other fleets: other/other-0 2.0 GiB" in shown
+            assert "GPU 0: this fleet: gp-0 120.0 GiB; other fleets: other/other-0 2.0 GiB" in shown
             assert f"unknown others: pid {os.getpid()} 1.0 GiB" in shown
             # The Server screen's: what was planned, what the server runs with.
             planned_text = planned_vs_running(server["plan"], client.info("gp-0"))
             assert "gpu_memory_utilization: planned 0.88, running 0.88" in planned_text
             assert "CUDA graphs: planned 23 sizes up to 160, running 23 sizes up to 160" in planned_text
-            # Its own 100 GiB count as free: the plan fits as running, with 3 GiB less than when idle.
+            # Its own 120 GiB count as free: the plan fits as running, with 3 GiB less than when idle; so
+            # says `tokenspeed profile plan` on this machine.
             assert view["plan"]["verdict"] == "fits as running"
+            cli_plan = json.loads(tokenspeed("profile", "plan", str(gpu), "--json", env=env).stdout)
+            assert cli_plan["verdict"] == "fits as running"
+            assert cli_plan["servers"][0]["kv_tokens"] == view["plan"]["servers"][0]["kv_tokens"]
             running = view["plan"]["servers"][0]
             per_token = running["kv_bytes_per_token"]
             # (whole 64-token pages)
