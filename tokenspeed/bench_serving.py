@@ -40,6 +40,7 @@ class RequestResult:
     ttft: float | None = None
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
+    chunks: int = 0  # stream events that carried text; ITL is measured between them
     error: str | None = None
 
 
@@ -103,6 +104,7 @@ async def _one(client: httpx.AsyncClient, args, model: str, spec: RequestSpec) -
                 if not delta:
                     continue
                 now = time.perf_counter()
+                res.chunks += 1
                 if res.ttft is None:
                     res.ttft = now - start
                 else:
@@ -168,6 +170,7 @@ def summarize(results: list[RequestResult], duration: float, rate: float, concur
         (r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.ttft is not None and r.output_tokens > 1
     ]
     errors = [r.error for r in results if not r.ok]
+    chunks = sum(r.chunks for r in ok)
     return {
         "request_rate": rate if math.isfinite(rate) else "inf",
         "max_concurrency": concurrency,
@@ -184,6 +187,8 @@ def summarize(results: list[RequestResult], duration: float, rate: float, concur
         "itl": _dist([g for r in ok for g in r.itl]),
         "tpot": _dist(tpot),
         "e2e_latency": _dist([r.latency for r in ok]),
+        # ~1 when every token streams as its own text chunk; more, and ITL is time between chunks of tokens
+        "tokens_per_chunk": out_tokens / chunks if chunks else None,
     }
 
 
@@ -202,6 +207,13 @@ def print_run(run: dict) -> None:
         f"ITL p50/p99={_fmt(run['itl']['p50_ms'])}/{_fmt(run['itl']['p99_ms'])} ms  "
         f"TPOT p50={_fmt(run['tpot']['p50_ms'])} ms"
     )
+    per_chunk = run.get("tokens_per_chunk")
+    if per_chunk is None or per_chunk > 1.5:
+        shown = "no text at all" if per_chunk is None else f"{per_chunk:.1f} tokens a text chunk"
+        print(
+            f"{'':>18}  note: {shown}, so ITL and TTFT measure text chunks, not tokens: a tokenizer that "
+            "decodes many of the model's ids to nothing (smaller than its vocabulary) or --stream-interval > 1"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

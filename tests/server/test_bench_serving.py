@@ -25,6 +25,8 @@ def test_serving_benchmark_sweeps_and_reports(server, tmp_path):
         assert run["total_output_tokens"] == 6 * 8
         assert run["ttft"]["p50_ms"] > 0 and run["itl"]["p99_ms"] >= run["itl"]["p50_ms"]
         assert run["output_token_throughput"] > 0
+        # text chunks: at least one per request, never more than tokens
+        assert 1.0 <= run["tokens_per_chunk"] <= 8.0
 
 
 def test_unreachable_server_or_missing_key_is_a_clear_error(server, tmp_path, capsys):
