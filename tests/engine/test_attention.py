@@ -125,3 +125,27 @@ def test_registry_names_and_unknown_backend():
     assert "torch" in attention_backend_registry().names()
     with pytest.raises(ValueError, match="--attention-backend 'nope'.*torch"):
         create_attention_backend("nope", None, None, "cpu")
+
+
+def test_attention_layer_rotates_q_and_k_before_storing_and_attending():
+    """PagedAttention given the step's cos/sin rows: the pool holds rotated keys and the output is attention
+    of rotated queries over them (on the GPU the rotation and the store are one kernel; here two steps)."""
+    from tokenspeed.runtime.layers.attention import PagedAttention
+    from tokenspeed.runtime.layers.rotary import RotaryEmbedding, apply_rotary
+
+    fb, q, k, v, visible = _mixed_batch("cpu", torch.float32)
+    backend = create_attention_backend("torch", None, fb.kv_pool, "cpu")
+    fb.attn_backend = backend
+    emb = RotaryEmbedding(DIM, 64, {"rope_theta": 10000.0, "rope_type": "default"})
+    emb.init_buffers()
+    cos_sin = emb.cos_sin(fb.positions)
+    layer = PagedAttention(HEADS, KV_HEADS, DIM, 0.25, layer_id=0)
+    backend.init_forward_metadata(fb)
+    out = layer(q.reshape(len(q), -1), k.reshape(len(k), -1), v.reshape(len(v), -1), fb, cos_sin=cos_sin)
+    q_rot, k_rot = apply_rotary(cos_sin, q, k)
+    assert not torch.allclose(q_rot, q)  # positions > 0 rotate
+    k_buf, v_buf = fb.kv_pool.get_kv(0)
+    torch.testing.assert_close(k_buf[fb.out_cache_loc], k_rot)
+    torch.testing.assert_close(v_buf[fb.out_cache_loc], v)
+    ref = naive_attention(q_rot, k_buf, v_buf, visible, 0.25)
+    torch.testing.assert_close(out.view(q.shape), ref, atol=1e-5, rtol=1e-5)
