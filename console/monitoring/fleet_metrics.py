@@ -127,19 +127,23 @@ class FleetMetrics:
         self.health_failures = Counter(
             PREFIX + "health_check_failures", "Failed health checks.", ["server"], registry=self.registry
         )
-        # Every series exists from the first scrape (at 0), so "no restarts" is a 0 and not a gap.
-        for name in units:
-            self.health.labels(server=name)
-            self.health_failures.labels(server=name)
-            for reason in RESTART_REASONS:
-                self.restarts.labels(server=name, reason=reason)
         self._seen: dict[str, _Seen] = {}
+        for name in units:
+            self._init_series(name)
+
+    def _init_series(self, name: str) -> None:
+        """Every series of a server exists from its first scrape (at 0): "no restarts" is a 0, not a gap."""
+        self.health.labels(server=name)
+        self.health_failures.labels(server=name)
+        for reason in RESTART_REASONS:
+            self.restarts.labels(server=name, reason=reason)
 
     def observe(self) -> None:
         """Count the restarts that happened since the last call (called after every state change)."""
         for name, unit in self.units.items():
             seen = self._seen.get(name)
             if seen is None:
+                self._init_series(name)  # also a server a profile reload added
                 # The first look sets the baseline (restarts of an earlier supervisor are its history).
                 self._seen[name] = _Seen(unit.restarts, unit.started_at)
                 continue

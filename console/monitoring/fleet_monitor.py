@@ -31,7 +31,8 @@ class FleetMonitor:
 
     def on_change(self) -> None:
         self.metrics.observe()
-        rows = [(u.spec, self.args[name], u.state.value) for name, u in self.units.items()]
+        # A server a profile reload adds may show up here before its arguments do: no model label yet.
+        rows = [(u.spec, self.args.get(name), u.state.value) for name, u in self.units.items()]
         self._write(self.files.servers, targets.server_targets(self.fleet, rows))
 
     def observe_health(self, name: str, seconds: float, ok: bool) -> None:

@@ -76,8 +76,10 @@ def group_of(fleet: str, server: str) -> str:
     return middle or DEFAULT_GROUP
 
 
-def model_of(server_args: ServerArgs) -> str:
-    """The served model name, as the server's own `model_name` label spells it."""
+def model_of(server_args: ServerArgs | None) -> str:
+    """The served model name, as the server's own `model_name` label spells it ("" while not known)."""
+    if server_args is None:
+        return ""
     raw = server_args.served_model_name or str(server_args.model)
     return str(raw).split(",")[0].strip()
 

@@ -260,8 +260,11 @@ def test_targets_list_every_node_of_a_multi_node_fleet():
         (spec("big-1", ["10.0.0.3", "10.0.0.4"], 30010), Args(), "STARTING"),
         (spec("big-2", ["10.0.0.5", "10.0.0.6"], 30020), Args(), "BACKOFF"),
     ]
+    # A server a profile reload just added, before its arguments are known: listed, model label empty.
+    rows.append((spec("big-3", ["10.0.0.7", "10.0.0.8"], 30030), None, "STARTING"))
     groups = server_targets("big", rows)
-    assert [g["targets"] for g in groups] == [["10.0.0.1:30000"], ["10.0.0.3:30010"]]
+    assert [g["targets"] for g in groups] == [["10.0.0.1:30000"], ["10.0.0.3:30010"], ["10.0.0.7:30030"]]
+    assert groups[2]["labels"]["model"] == ""
     assert groups[0]["labels"] == {
         "fleet": "big", "server": "big-0", "group": "default", "node": "10.0.0.1", "model": "qwen3", "role": "server"
     }  # fmt: skip
