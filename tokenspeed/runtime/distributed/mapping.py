@@ -19,7 +19,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # only in annotations: ServerArgs resolution builds its Mapping through this module
+    from tokenspeed.config.server_args import ServerArgs
 
 GROUP_KINDS = ("attn_tp", "attn_cp", "attn_dp", "dense_tp", "dense_dp", "moe_tp", "moe_ep", "moe_dp")
 
@@ -210,7 +214,7 @@ class Mapping:
             )
 
     @classmethod
-    def from_server_args(cls, args: Any, enable_cp: bool | None = None) -> Mapping:
+    def from_server_args(cls, args: ServerArgs, enable_cp: bool | None = None) -> Mapping:
         """The mapping a ``ServerArgs`` asks for, from its user-given (unresolved) size fields.
 
         ``enable_cp`` defaults to the ``ENABLE_CP`` environment variable, read now (not at import) so a

@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.detokenizer import IncrementalDetokenizer
 from tokenspeed.runtime.engine.io_struct import (
     AbortRequest,
@@ -56,7 +57,7 @@ class ServerUnavailable(RuntimeError):
 class AsyncLLM:
     def __init__(
         self,
-        server_args: Any,
+        server_args: ServerArgs,
         tokenizer: Any,
         metrics: ServerMetrics | None,
         *,

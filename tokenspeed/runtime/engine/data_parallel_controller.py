@@ -17,10 +17,10 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
 
 import zmq
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, StatsSnapshot, decode
 from tokenspeed.runtime.engine.process_watchdog import StopFlag, die_with_parent, parent_alive
@@ -91,7 +91,7 @@ class LoadBalancer:
         return load.kv_usage + pending
 
 
-def run_data_parallel_controller(server_args: Any, endpoints: ServerEndpoints, parent_pid: int) -> None:
+def run_data_parallel_controller(server_args: ServerArgs, endpoints: ServerEndpoints, parent_pid: int) -> None:
     """Entry point of the spawned controller process."""
     die_with_parent(parent_pid)
     stop = StopFlag().install()
@@ -105,7 +105,7 @@ def run_data_parallel_controller(server_args: Any, endpoints: ServerEndpoints, p
     os._exit(code)
 
 
-def _serve(server_args: Any, endpoints: ServerEndpoints, parent_pid: int, stop: StopFlag) -> int:
+def _serve(server_args: ServerArgs, endpoints: ServerEndpoints, parent_pid: int, stop: StopFlag) -> int:
     balancer = LoadBalancer(method=server_args.load_balance_method, dp_size=endpoints.dp_size)
     ctx = zmq.Context(io_threads=1)
     inp = ctx.socket(zmq.PULL)

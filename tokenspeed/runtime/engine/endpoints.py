@@ -15,7 +15,9 @@ On one node the sockets are `ipc://` files in private 0700 directories; across n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from tokenspeed.config.ports import PortArgs
+from tokenspeed.config.server_args import ServerArgs
 
 
 @dataclass
@@ -32,9 +34,7 @@ class ServerEndpoints:
         return len(self.rank_inputs)
 
     @classmethod
-    def from_server_args(cls, server_args: Any) -> ServerEndpoints:
-        from tokenspeed.config.ports import PortArgs
-
+    def from_server_args(cls, server_args: ServerArgs) -> ServerEndpoints:
         mapping = server_args.mapping
         dp_size = mapping.attn_dp_size
         transport = "ipc" if mapping.nnodes == 1 and server_args.dist_init_addr is None else "tcp"

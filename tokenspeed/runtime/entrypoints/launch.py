@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-from typing import Any
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
 from tokenspeed.runtime.engine.process_watchdog import ChildProcess, terminate_children
 from tokenspeed.runtime.engine.rank_info import RankInfo
@@ -20,7 +20,7 @@ logger = logging.getLogger("tokenspeed.launch")
 
 
 class ServerProcesses:
-    def __init__(self, server_args: Any, endpoints: ServerEndpoints) -> None:
+    def __init__(self, server_args: ServerArgs, endpoints: ServerEndpoints) -> None:
         self.server_args = server_args
         self.endpoints = endpoints
         self.children: list[ChildProcess] = []

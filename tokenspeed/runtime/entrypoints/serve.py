@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from tokenspeed.config.ports import bind_error
+from tokenspeed.config.server_args import ServerArgs
 
 logger = logging.getLogger("tokenspeed.serve")
 
@@ -46,7 +47,7 @@ def parse_args(argv: list[str]) -> tuple[Any, bool]:
     return from_namespace(ns), print_config
 
 
-def print_config(server_args: Any) -> None:
+def print_config(server_args: ServerArgs) -> None:
     from tokenspeed.runtime.distributed.mapping import Mapping
 
     mapping = Mapping.from_server_args(server_args)
@@ -55,7 +56,7 @@ def print_config(server_args: Any) -> None:
     print(json.dumps({"server_args": config, "mapping": mapping.to_dict()}, indent=2, default=str))
 
 
-def configure_logging(server_args: Any) -> None:
+def configure_logging(server_args: ServerArgs) -> None:
     level = logging.getLevelName(server_args.log_level.upper())
     level = level if isinstance(level, int) else logging.INFO
     logging.basicConfig(
@@ -88,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
 
-def check_model_source(server_args: Any) -> None:
+def check_model_source(server_args: ServerArgs) -> None:
     """A model that is not here fails now (under a second), not after the hub's retries or a rank start."""
     from tokenspeed.runtime.models.model_source import check_model_source as check
 
     check(str(server_args.model), server_args.tokenizer, server_args.skip_tokenizer_init)
 
 
-def check_device_present(server_args: Any) -> None:
+def check_device_present(server_args: ServerArgs) -> None:
     """Refuse to start on a device this machine lacks, before any rank process starts and fails on it.
 
     (`--print-config` skips this: checking a GPU configuration from a laptop is what it is for.)
@@ -122,7 +123,7 @@ def _check_port_free(host: str, port: int) -> None:
         raise ValueError(f"--port {port} on {host} is not available ({exc}); choose another --port") from exc
 
 
-def vocab_size_of(server_args: Any) -> int | None:
+def vocab_size_of(server_args: ServerArgs) -> int | None:
     """The model's vocabulary size from its config.json, None when it cannot be read."""
     path = os.path.join(str(server_args.model), "config.json")
     try:
@@ -134,13 +135,13 @@ def vocab_size_of(server_args: Any) -> int | None:
     return int(size) if size else None
 
 
-def _run_worker_node(server_args: Any) -> int:
+def _run_worker_node(server_args: ServerArgs) -> int:
     from tokenspeed.runtime.entrypoints.worker_node import run_worker_node
 
     return run_worker_node(server_args)
 
 
-async def _run_head(server_args: Any) -> int:
+async def _run_head(server_args: ServerArgs) -> int:
     from tokenspeed.runtime.engine.async_llm import AsyncLLM
     from tokenspeed.runtime.engine.endpoints import ServerEndpoints
     from tokenspeed.runtime.engine.tokenizer import get_tokenizer

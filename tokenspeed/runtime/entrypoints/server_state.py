@@ -16,7 +16,7 @@ STARTING, READY, DRAINING = "starting", "ready", "draining"
 
 @dataclass
 class ServerState:
-    server_args: Any
+    server_args: ServerArgs
     llm: AsyncLLM
     tokenizer: Any
     metrics: ServerMetrics | None

@@ -23,6 +23,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
+from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.process_watchdog import ChildProcess
 
 logger = logging.getLogger("tokenspeed.serve")
@@ -33,7 +34,7 @@ EXIT_OK, EXIT_FAILED = 0, 1
 STOP_FOLLOW_GRACE_S = 15.0
 
 
-def run_worker_node(server_args: Any) -> int:
+def run_worker_node(server_args: ServerArgs) -> int:
     from tokenspeed.runtime.engine.endpoints import ServerEndpoints
     from tokenspeed.runtime.entrypoints.launch import ServerProcesses
 
