@@ -212,6 +212,17 @@ def restart(server: str | None, fleet: str | None, state_dir: str | None, all_se
     sys.exit(do_restart(fleet, state_dir, server, rolling=rolling))
 
 
+@main.command(cls=_json_command())
+@_fleet_options
+@click.option("--dry-run", is_flag=True, help="Show what would change; apply nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def reload(fleet: str | None, state_dir: str | None, dry_run: bool, as_json: bool) -> None:
+    """Re-read the fleet's profile and apply it: restart only the servers it changes, one at a time."""
+    from console.supervisor.ctl import reload as do_reload
+
+    sys.exit(_maybe_json(as_json, do_reload, fleet, state_dir, dry_run=dry_run, as_json=as_json))
+
+
 # ---------------------------------------------------------------- monitoring
 
 

@@ -156,6 +156,10 @@ class SupervisorClient:
         # moving expert weights can outlast the short default timeout on a busy server
         return self._request("POST", f"/servers/{name}/rebalance_experts", timeout=150.0).json()
 
+    def reload(self, dry_run: bool = False) -> dict:
+        """Re-read the profile: the change per server; applied unless `dry_run` (SupervisorError: refused)."""
+        return self._request("POST", "/fleet/reload", timeout=60.0, dry_run=int(dry_run)).json()
+
     def rolling_restart(self) -> dict:
         return self._json("POST", "/fleet/rolling_restart")
 

@@ -33,6 +33,13 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
     POST /servers/{name}/rebalance_experts                 the server's POST /rebalance_experts (one EPLB
                                                            rebalance now: balancedness before/after)
     POST /fleet/rolling_restart             {"ok", "servers"}: one at a time, each READY before the next
+    POST /fleet/reload?dry_run=1            re-read and re-resolve the profile: {"ok", "dry_run", "profile_path",
+                                             "servers": [{"name", "change": added|removed|changed|unchanged,
+                                             "fields": {field: [before, after]}}], "fleet": {setting:
+                                             [before, after]}, "restart", "start", "stop": [names],
+                                             "message"}; without dry_run it is applied (changed servers by a
+                                             rolling restart). 422 {"error"} when the profile does not
+                                             resolve or cannot be applied: the running fleet is untouched
     POST /shutdown                          {"ok"}: stop every server, then the supervisor exits
     GET  /probe                             {"probe": {...GPU readings...}, "owners": [GpuOwners], "plan": {...}
                                              | null, "error"}: the plan of a restart now (own servers'
@@ -56,6 +63,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+from console.profile.fleet import ProfileError, load_and_resolve
 from console.supervisor.core import Supervisor, UnknownServer
 
 _PROXIED = {
@@ -130,6 +138,14 @@ def build_app(sup: Supervisor) -> Starlette:
             raise RuntimeError("the fleet is shutting down")
         return JSONResponse(sup.rolling_restart())
 
+    async def reload(request: Request):
+        dry_run = request.query_params.get("dry_run", "0") not in ("0", "", "false")
+        try:
+            new = await asyncio.to_thread(_resolve_again, sup.resolved.profile.path)
+            return JSONResponse(sup.reload(new, dry_run=dry_run))
+        except (ProfileError, ValueError) as exc:  # ReloadRefused is a ValueError
+            return _error(422, f"{exc}\nthe running fleet is unchanged")
+
     async def shutdown(request: Request):
         sup.shutdown()
         return JSONResponse({"ok": True})
@@ -146,10 +162,19 @@ def build_app(sup: Supervisor) -> Starlette:
         Route("/servers/{name}/logs", guarded(logs)),
         Route("/servers/{name}/{action:path}", guarded(action), methods=["POST"]),
         Route("/fleet/rolling_restart", guarded(rolling_restart), methods=["POST"]),
+        Route("/fleet/reload", guarded(reload), methods=["POST"]),
         Route("/shutdown", guarded(shutdown), methods=["POST"]),
         Route("/probe", guarded(probe)),
     ]
     return Starlette(routes=routes)
+
+
+def _resolve_again(path: Path):
+    """The profile as it is on disk now, resolved like the daemon resolved it at start."""
+    from console.probe import probe_gpus
+    from console.profile.plan import platform_facts
+
+    return load_and_resolve(path, platform_facts(probe_gpus()))
 
 
 def bind_socket(path: Path) -> socket.socket:

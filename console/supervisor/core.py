@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -23,12 +24,14 @@ from console.launchers.local import find_process, signal_group
 from console.monitoring.fleet_monitor import FleetMonitor
 from console.profile.fleet import ResolvedFleet
 from console.profile.plan import ServerPlan
+from console.profile.schema import ServerSpec
 from console.supervisor import statefile
 from console.supervisor.history import MetricsHistory, ServerStatus
 from console.supervisor.load import LoadGenerator
 from console.supervisor.logfile import rotate_if_needed, tail
 from console.supervisor.paths import StatePaths
 from console.supervisor.planning import FleetPlans, PlannedLauncher
+from console.supervisor.reload import UNCHANGED, ReloadRefused, apply_change, diff_fleets
 from console.supervisor.states import State
 from console.supervisor.unit import ServerUnit
 
@@ -44,12 +47,13 @@ class UnknownServer(KeyError):
 
 
 class Supervisor:
-    def __init__(self, resolved: ResolvedFleet, paths: StatePaths):
+    def __init__(self, resolved: ResolvedFleet, paths: StatePaths, platform: Any = None):
+        """`platform`: what `resolved` was resolved against (the probe's GPUs; None: this machine)."""
         self.resolved = resolved
         self.fleet = resolved.profile.fleet
         self.paths = paths
         # Each server starts with its plan's flags; a restart is re-planned (console/supervisor/planning.py).
-        self.plans = FleetPlans(resolved, paths.root, recorded_fleet(paths.root))
+        self.plans = FleetPlans(resolved, paths.root, recorded_fleet(paths.root), platform)
         inner = make_launcher(
             self.fleet.launcher,
             self.fleet.command,
@@ -59,28 +63,20 @@ class Supervisor:
             self.fleet.log_backups,
         )
         self.launcher = PlannedLauncher(inner, self.plans, self.own_processes)
-        self.units = {
-            spec.name: ServerUnit(
-                spec, self.fleet, self.launcher, paths.log(spec.name), resolved.profile.supervisor
-            )
-            for spec in resolved.servers
-        }
+        self.units: dict[str, ServerUnit] = {}
+        self.scrapes: dict[str, collections.deque] = {}
+        self.metrics: dict[str, dict | None] = {}
+        self.scraped_at: dict[str, float | None] = {}
+        self.raw_metrics: dict[str, str] = {}
+        # Servers started with an api_key want it on every route but /health (metrics, info, admin).
+        self.auth: dict[str, dict[str, str]] = {}
+        for spec, args in zip(resolved.servers, resolved.server_args, strict=True):
+            self.add_unit(spec, args)
+        self.retiring: set[str] = set()  # removed from the profile by a reload: gone once stopped
         self.started_at = time.time()
         self.shutting_down = False
         self.history = MetricsHistory(paths.history, self.fleet.history_seconds)
-        self.scrapes: dict[str, collections.deque] = {
-            name: collections.deque(maxlen=int(WINDOW_S / self.fleet.metrics_interval_s) + 2)
-            for name in self.units
-        }
-        self.metrics: dict[str, dict | None] = dict.fromkeys(self.units)
-        self.scraped_at: dict[str, float | None] = dict.fromkeys(self.units)
-        self.raw_metrics: dict[str, str] = dict.fromkeys(self.units, "")
         self.http = httpx.AsyncClient(trust_env=False)
-        # Servers started with an api_key want it on every route but /health (metrics, info, admin).
-        self.auth = {
-            spec.name: {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-            for spec, args in zip(resolved.servers, resolved.server_args, strict=True)
-        }
         self._tasks: set[asyncio.Task] = set()
         self._rolling: asyncio.Task | None = None
         # The profile's [load] generator, when it has one (set by the daemon, which runs it).
@@ -89,6 +85,41 @@ class Supervisor:
         self.monitor = FleetMonitor(resolved, paths.root, self.units)
 
     # ------------------------------------------------------------ lifecycle
+
+    def add_unit(self, spec: ServerSpec, args) -> ServerUnit:
+        unit = ServerUnit(
+            spec, self.fleet, self.launcher, self.paths.log(spec.name), self.resolved.profile.supervisor
+        )
+        name = spec.name
+        self.units[name] = unit
+        self.scrapes[name] = collections.deque(maxlen=int(WINDOW_S / self.fleet.metrics_interval_s) + 2)
+        self.metrics[name], self.scraped_at[name], self.raw_metrics[name] = None, None, ""
+        self.auth[name] = self.auth_for(args)
+        return unit
+
+    @staticmethod
+    def auth_for(args) -> dict[str, str]:
+        return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+    def retire(self, name: str) -> None:
+        """Stop a server the profile no longer has (draining first); it leaves the fleet once stopped."""
+        self.retiring.add(name)
+        self.units[name].stop(time.time())
+
+    def _drop_retired(self) -> None:
+        for name in [n for n in self.retiring if not self.units[n].state.has_process]:
+            self.retiring.discard(name)
+            for table in (
+                self.units,
+                self.scrapes,
+                self.metrics,
+                self.scraped_at,
+                self.raw_metrics,
+                self.auth,
+            ):
+                table.pop(name, None)
+            self.monitor.args.pop(name, None)
+            self.save()
 
     def own_processes(self) -> FleetProcesses:
         """The root pids of the servers running now (their GPU memory is this fleet's own)."""
@@ -160,6 +191,8 @@ class Supervisor:
                     self.launcher.poll_logs()
                     for unit in self.units.values():
                         rotate_if_needed(unit.log_path, self.fleet.log_max_bytes, self.fleet.log_backups)
+                if self.retiring:
+                    self._drop_retired()
                 if any(u.changed for u in self.units.values()):
                     self.save()
                 await asyncio.sleep(TICK_S)
@@ -316,17 +349,43 @@ class Supervisor:
         getattr(unit, action)(time.time())
         return {"ok": True, "name": name, "state": unit.state.value}
 
-    def rolling_restart(self, ready_timeout_s: float | None = None) -> dict:
-        if self._rolling and not self._rolling.done():
+    def rolling_restart(
+        self, ready_timeout_s: float | None = None, units: list[ServerUnit] | None = None
+    ) -> dict:
+        if self.rolling_in_progress():
             return {"ok": False, "error": "a rolling restart is already running"}
+        units = list(self.units.values()) if units is None else units
         self._rolling = asyncio.get_running_loop().create_task(
-            self._roll(ready_timeout_s or self.fleet.startup_timeout_s)
+            self._roll(units, ready_timeout_s or self.fleet.startup_timeout_s)
         )
-        return {"ok": True, "servers": list(self.units)}
+        return {"ok": True, "servers": [u.spec.name for u in units]}
 
-    async def _roll(self, ready_timeout_s: float) -> None:
-        """Restart servers one at a time, each back READY before the next goes down."""
-        for unit in self.units.values():
+    def reload(self, new: ResolvedFleet, dry_run: bool = False) -> dict:
+        """Apply the profile as re-read (`new`): the change per server, and a rolling restart of only the
+        changed ones. ReloadRefused (the fleet untouched) when it cannot be applied now."""
+        if self.shutting_down:
+            raise ReloadRefused("the fleet is shutting down")
+        change = diff_fleets(self.resolved, new)
+        answer = {"ok": True, "dry_run": dry_run, "profile_path": str(new.profile.path), **change.to_json()}
+        if dry_run or change.empty:
+            return answer
+        if self.rolling_in_progress():
+            raise ReloadRefused("a rolling restart is already running; reload again once it is done")
+        log.info("reload: %s", change.message())
+        for server in change.servers:
+            if server.change != UNCHANGED and server.name in self.units:
+                self.units[server.name].note(f"profile reloaded: {server.describe()}")
+        changed = apply_change(self, new, change)
+        if changed:
+            self.rolling_restart(units=changed)
+        self.save()
+        return answer
+
+    async def _roll(self, units: list[ServerUnit], ready_timeout_s: float) -> None:
+        """Restart servers one at a time, each drained and back READY before the next goes down."""
+        for unit in units:
+            if unit.spec.name in self.retiring or unit.spec.name not in self.units:
+                continue
             unit.restart(time.time())
             await asyncio.sleep(TICK_S * 3)
             deadline = time.monotonic() + ready_timeout_s

@@ -358,3 +358,34 @@ def restart(fleet: str | None, state_dir: str | None, server: str | None, rollin
         _err(f"error: {exc}")
         return EXIT_USAGE
     return EXIT_OK
+
+
+def reload(fleet: str | None, state_dir: str | None, dry_run: bool, as_json: bool) -> int:
+    """Re-read the fleet's profile; print the change per server and what applying it does."""
+    try:
+        with _client(fleet, state_dir) as client:
+            result = client.reload(dry_run=dry_run)
+    except SupervisorUnavailable as exc:
+        _err(f"error: {exc}")
+        return EXIT_NO_FLEET
+    except SupervisorError as exc:
+        _err(f"error: the profile was not applied:\n{exc}")
+        return EXIT_USAGE
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return EXIT_OK
+    click.echo(f"profile {result['profile_path']}")
+    for server in result["servers"]:
+        fields = ", ".join(f"{k} {_value(a)} -> {_value(b)}" for k, (a, b) in server["fields"].items())
+        click.echo(f"  {server['name']}: {server['change']}" + (f" ({fields})" if fields else ""))
+    for key, (before, after) in result["fleet"].items():
+        click.echo(f"  {key}: {_value(before)} -> {_value(after)}")
+    message = result["message"]
+    click.echo(
+        f"dry run, nothing applied: {message}" if dry_run else message.replace("reload will ", "reloading: ")
+    )
+    return EXIT_OK
+
+
+def _value(value) -> str:
+    return "unset" if value is None else str(value)

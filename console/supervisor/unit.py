@@ -14,13 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from console.launchers.base import Launcher, ProcessHandle
-from console.profile.schema import FleetSpec, ServerSpec, SupervisorSpec
+from console.profile.schema import FleetSpec, ProcessSpec, ServerSpec, SupervisorSpec
 from console.supervisor.logfile import supervisor_note
 from console.supervisor.planning import PlanRefused
 from console.supervisor.policy import RestartPolicy
 from console.supervisor.states import REASON_UNHEALTHY, REASON_UNSUPERVISED, ExitInfo, State
 
 log = logging.getLogger("tokenspeed.supervisor")
+
+# How long a server drains on SIGTERM (tokenspeed/runtime/entrypoints/http_runner.py reads it).
+DRAIN_ENV = "TOKENSPEED_DRAIN_TIMEOUT"
 
 
 @dataclass
@@ -32,6 +35,17 @@ class Timers:
     # Why the supervisor is stopping the server on its own (a hung server): its exit is then a failure
     # that goes through the restart policy, with this reason in `last_exit`.
     stop_reason: str | None = None
+
+
+def _with_drain(process: ProcessSpec, fleet: FleetSpec) -> ProcessSpec:
+    """The process with TOKENSPEED_DRAIN_TIMEOUT a little under stop_timeout_s (unless [env] sets it): the
+    server then fails what is still running with a clear error and exits before the SIGKILL would land."""
+    env = dict(process.env)
+    if DRAIN_ENV in env:
+        return process
+    margin = min(2.0, fleet.stop_timeout_s * 0.2)
+    env[DRAIN_ENV] = f"{max(fleet.stop_timeout_s - margin, 0.0):g}"
+    return dataclasses.replace(process, env=tuple(sorted(env.items())))
 
 
 class ServerUnit:
@@ -64,6 +78,15 @@ class ServerUnit:
         self.health_failures = 0
         self.health_in_flight = False
         self.changed = True  # something worth saving to the state file
+        # A reloaded profile changed this server: its next start (the rolling restart's) uses this spec.
+        self.next_spec: ServerSpec | None = None
+        self.stopping_since: float | None = None  # when the drain (SIGTERM) began
+
+    def configure(self, fleet: FleetSpec, supervisor: SupervisorSpec) -> None:
+        """A reloaded profile's supervision settings, for the running server (no restart needed)."""
+        self.fleet, self.supervisor = fleet, supervisor
+        self.policy.policy, self.policy.backoff = fleet.restart, fleet.backoff
+        self.policy.max_restarts, self.policy.window_s = fleet.max_restarts, fleet.restart_window_s
 
     # ------------------------------------------------------------ commands
 
@@ -102,7 +125,7 @@ class ServerUnit:
                 self._on_exit(now, ended)
         if self.state == State.STOPPING and self.timers.stop_deadline and now >= self.timers.stop_deadline:
             if not self.timers.killed:
-                self._note(f"did not stop within {self.fleet.stop_timeout_s:g}s: SIGKILL")
+                self.note(f"did not stop within {self.fleet.stop_timeout_s:g}s: SIGKILL")
                 for handle in self.handles:
                     handle.signal_group(signal.SIGKILL)
                 self.timers.killed = True
@@ -112,7 +135,7 @@ class ServerUnit:
             self.state == State.STARTING and now - (self.starting_since or now) > self.fleet.startup_timeout_s
         ):
             self.error = f"not healthy within startup_timeout_s={self.fleet.startup_timeout_s:g}"
-            self._note(self.error + ": SIGKILL")
+            self.note(self.error + ": SIGKILL")
             for handle in self.handles:
                 handle.signal_group(signal.SIGKILL)
             self.starting_since = now  # one kill; the exit that follows goes through the restart policy
@@ -121,7 +144,7 @@ class ServerUnit:
         elif self.state == State.UNHEALTHY and self._hung_too_long(now):
             limit = self.supervisor.unhealthy_restart_after_s
             message = f"UNHEALTHY for {now - self.unhealthy_since:.0f}s (unhealthy_restart_after_s={limit:g})"
-            self._note(f"{message}: restarting, reason {REASON_UNHEALTHY}")
+            self.note(f"{message}: restarting, reason {REASON_UNHEALTHY}")
             log.warning("%s: %s: restarting", self.spec.name, message)
             self._terminate(now, reason=REASON_UNHEALTHY)
 
@@ -162,7 +185,7 @@ class ServerUnit:
             return
         self.health_failures += 1
         if self.health_failures >= self.fleet.health.failures and self.state == State.READY:
-            self._note(f"{self.health_failures} failed health checks: UNHEALTHY")
+            self.note(f"{self.health_failures} failed health checks: UNHEALTHY")
             self.unhealthy_since = now
             self._set(State.UNHEALTHY)
 
@@ -173,17 +196,22 @@ class ServerUnit:
             self.state = state
             self.changed = True
 
-    def _note(self, message: str) -> None:
+    def note(self, message: str) -> None:
+        """A line in the server's log, from the supervisor."""
         supervisor_note(self.log_path, self.spec.name, message)
 
     def _spawn(self, now: float) -> None:
+        if self.next_spec is not None:
+            self.spec, self.next_spec = self.next_spec, None
         self.handles = []
         try:
             for process in self.spec.processes:
-                self.handles.append(self.launcher.start(self.spec, process, self.log_path))
+                self.handles.append(
+                    self.launcher.start(self.spec, _with_drain(process, self.fleet), self.log_path)
+                )
         except PlanRefused as exc:  # it cannot fit the GPUs now: starting it again and again would not
             self.error = f"refused: {exc}"
-            self._note(f"FATAL: {self.error}")
+            self.note(f"FATAL: {self.error}")
             for handle in self.handles:
                 handle.signal_group(signal.SIGKILL)
             self.handles = []
@@ -192,7 +220,7 @@ class ServerUnit:
             return
         except Exception as exc:  # a start that fails (bad command, node gone) is a failed start
             self.error = f"start failed: {exc}"
-            self._note(self.error)
+            self.note(self.error)
             for handle in self.handles:
                 handle.signal_group(signal.SIGKILL)
             self.handles = []
@@ -203,17 +231,20 @@ class ServerUnit:
         self.health_failures = 0
         self.timers = Timers(next_health_at=now + 0.2)
         pids = ", ".join(str(h.pid) for h in self.handles)
-        self._note(f"started (pid {pids})")
+        self.note(f"started (pid {pids})")
         self._set(State.STARTING)
         self.changed = True
 
     def _terminate(self, now: float, reason: str | None = None) -> None:
-        self._note("stopping: SIGTERM")
+        # SIGTERM is the server's drain request: new requests get 503 (Retry-After), those in flight have
+        # until the deadline (the server's TOKENSPEED_DRAIN_TIMEOUT is set just short of it) to finish.
+        self.note(f"stopping: SIGTERM (draining up to stop_timeout_s={self.fleet.stop_timeout_s:g}s)")
         for handle in self.handles:
             handle.signal_group(signal.SIGTERM)
             # A stopped (SIGSTOP) server acts on its SIGTERM only once it runs again.
             handle.signal_group(signal.SIGCONT)
         self.timers.stop_deadline = now + self.fleet.stop_timeout_s
+        self.stopping_since = now
         self.timers.killed = False
         self.timers.stop_reason = reason
         self._set(State.STOPPING)
@@ -227,7 +258,7 @@ class ServerUnit:
             self.last_exit = first if reason is None else dataclasses.replace(first, reason=reason)
             if self.handles:
                 return  # wait for the other ranks of the server
-            self._note(f"stopped ({self.last_exit.describe()})")
+            self.note(f"stopped ({self.last_exit.describe()})")
             self.changed = True
             self._set(State.STOPPED)
             if self.start_after_stop:
@@ -243,7 +274,7 @@ class ServerUnit:
                 handle.signal_group(signal.SIGKILL)
         self.handles = []
         self.last_exit = first
-        self._note(f"exited unexpectedly ({first.describe()})")
+        self.note(f"exited unexpectedly ({first.describe()})")
         self._after_failure(now, first)
 
     def _after_failure(self, now: float, exit_info: ExitInfo) -> None:
@@ -257,13 +288,13 @@ class ServerUnit:
                 f"crash loop: {self.fleet.max_restarts} restarts within {self.fleet.restart_window_s:g}s; "
                 f"last exit {exit_info.describe()}"
             )
-            self._note(f"FATAL: {self.error}")
+            self.note(f"FATAL: {self.error}")
             self._set(State.FATAL)
             return
         delay = self.policy.next_delay(now)
         self.restarts += 1
         self.timers = Timers(next_start_at=now + delay)
-        self._note(f"restarting in {delay:g}s (restart {self.restarts})")
+        self.note(f"restarting in {delay:g}s (restart {self.restarts})")
         self._set(State.BACKOFF)
 
     # ------------------------------------------------------------ persistence
@@ -298,7 +329,7 @@ class ServerUnit:
                 # Its exit code went to the supervisor that died (or to init): say what is known.
                 self.last_exit = ExitInfo(None, None, now, REASON_UNSUPERVISED)
                 self.changed = True
-                self._note(f"not re-adopted: {REASON_UNSUPERVISED}")
+                self.note(f"not re-adopted: {REASON_UNSUPERVISED}")
                 return False
             handles.append(handle)
         self.handles = handles
@@ -306,7 +337,7 @@ class ServerUnit:
         self.starting_since = now
         self.ready_since = record.get("ready_since")
         self.timers = Timers(next_health_at=now)
-        self._note(f"re-adopted by a new supervisor (pid {', '.join(str(h.pid) for h in handles)})")
+        self.note(f"re-adopted by a new supervisor (pid {', '.join(str(h.pid) for h in handles)})")
         # Health decides between READY and not; until then the server counts as starting.
         self._set(State.STARTING)
         return True

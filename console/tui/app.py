@@ -303,22 +303,38 @@ class ConsoleApp(App):
                 )
             yield SystemCommand("Rolling restart of the fleet", "ctrl+r", self.action_rolling_restart)
 
-    def launch_profile(self, path: str) -> str:
-        """Start the fleet of a profile unless its supervisor already runs (called from a worker thread)."""
-        from console.client import SupervisorClient
+    def profile_fleet(self, path: str) -> tuple[str, str]:
+        """(fleet name, state directory) of the fleet a profile describes."""
         from console.profile.fleet import load_profile
         from console.supervisor.paths import default_state_dir
-        from console.tui.launch import start_supervisor
 
         name = load_profile(path).fleet.name
         watching = self.snapshot.fleet.name if self.snapshot and self.snapshot.fleet else None
         # This console's own fleet keeps its state directory; another fleet gets its default one.
         directory = self.state_dir if self.state_dir and name == watching else str(default_state_dir(name))
+        return name, directory
+
+    def launch_profile_dry_run(self, path: str) -> dict | None:
+        """What reloading `path` would change in its running fleet; None when that fleet is not running."""
+        from console.client import SupervisorClient
+
+        _, directory = self.profile_fleet(path)
+        with SupervisorClient(directory, timeout=1.0) as client:
+            return client.reload(dry_run=True) if client.alive() else None
+
+    def launch_profile(self, path: str, dry_run: bool = True) -> str | dict:
+        """Start the fleet of a profile; when its supervisor already runs, reload the profile there instead:
+        the change it would make (`dry_run`, a dict as `tokenspeed reload --json`) or has made. Called from a
+        worker thread; SupervisorError when the supervisor refuses the profile."""
+        from console.client import SupervisorClient
+        from console.tui.launch import start_supervisor
+
+        name, directory = self.profile_fleet(path)
         with SupervisorClient(directory, timeout=1.0) as client:
             if client.alive():
-                return (
-                    f"fleet {name} already runs (supervisor in {directory}); restart servers to apply changes"
-                )
+                return client.reload(dry_run=dry_run)
+        if not dry_run:
+            raise RuntimeError(f"fleet {name} is not running any more; ctrl+l starts it")
         start_supervisor(path, directory)
         return f"fleet {name} started from {path} (supervisor in {directory})"
 

@@ -13,6 +13,7 @@ from console.tui.model import Snapshot
 from console.tui.profile_check import CheckResult, check_profile_text, plan_profile_text
 from console.tui.screens.base import ConsoleScreen
 from console.tui.screens.gpus import plan_text
+from console.tui.screens.modals import ConfirmScreen
 
 CHECK_DELAY_S = 0.4
 
@@ -27,7 +28,7 @@ class ProfileScreen(ConsoleScreen):
         Binding("e,enter", "edit", "Edit"),
         Binding("ctrl+s", "save", "Save"),
         Binding("ctrl+t", "plan", "Plan"),
-        Binding("ctrl+l", "launch", "Launch"),
+        Binding("ctrl+l", "launch", "Apply / launch"),
         Binding("ctrl+g", "goto_error", "Go to error", show=False),
     ]
 
@@ -122,19 +123,54 @@ class ProfileScreen(ConsoleScreen):
         else:
             self.console.action_switch_screen_to("fleet")
 
-    def action_save(self) -> bool:
+    def action_save(self, say_what_next: bool = True) -> bool:
         if self.console.readonly or self.path is None:
             self.notify("read-only: the profile cannot be saved", severity="warning")
             return False
-        if self.result is not None and not self.result.ok:
-            self.notify(f"not saved: {self.result.describe(self.path)}", severity="error")
-            return False
         text = self.query_one(TextArea).text
+        # Checked now, on exactly this text: the last check as-you-type may be of an older text.
+        result = check_profile_text(text, self.path)
+        self._show_result(text, result)
+        if not result.ok:
+            self.notify(f"not saved: {result.describe(self.path)}", severity="error", markup=False)
+            return False
         Path(self.path).write_text(text)
         self._saved_text = text
         self._draw_title()
-        self.notify(f"saved {self.path}")
+        if say_what_next:
+            self._say_what_applying_does()
         return True
+
+    def _say_what_applying_does(self) -> None:
+        """After a save: what ctrl+l will do to the running fleet (a dry-run reload), or that it starts it."""
+        path = self.path
+
+        def work() -> None:
+            try:
+                change = self.console.launch_profile_dry_run(path)
+            except Exception as exc:  # a refusal is the operator's information
+                message, severity = f"saved {path}, but the fleet refuses it: {exc}", "error"
+            else:
+                if change is None:
+                    message, severity = (
+                        f"saved {path}; the fleet is not running: ctrl+l starts it",
+                        "information",
+                    )
+                elif (
+                    not change["restart"]
+                    and not change["start"]
+                    and not change["stop"]
+                    and not change["fleet"]
+                ):
+                    message, severity = (
+                        f"saved {path}; the fleet already runs it: nothing to apply",
+                        "information",
+                    )
+                else:
+                    message, severity = f"saved {path}; ctrl+l applies it: {change['message']}", "warning"
+            self.app.call_from_thread(self.notify, message, severity=severity, timeout=12, markup=False)
+
+        self.run_worker(work, thread=True, group="profile-dry-run", exclusive=True, exit_on_error=False)
 
     def action_plan(self) -> None:
         """Plan the text in the editor (saved or not) against the GPUs of this machine."""
@@ -151,20 +187,55 @@ class ProfileScreen(ConsoleScreen):
         self.run_worker(work, thread=True, group="profile-plan", exclusive=True, exit_on_error=False)
 
     def action_launch(self) -> None:
+        """Apply the saved profile: a running fleet reloads it (after a confirmation that lists what
+        changes), a fleet that is not running starts."""
         if self.console.readonly:
-            self.notify("read-only: launching is off", severity="warning")
+            self.notify("read-only: applying and launching are off", severity="warning")
             return
-        if not self.action_save():
+        if not self.action_save(say_what_next=False):
             return
         path = self.path
 
         def work() -> None:
             try:
-                message = self.console.launch_profile(path)
-                self.app.call_from_thread(self.notify, message)
+                answer = self.console.launch_profile(path)
             except Exception as exc:  # the launch failure is the operator's information, not a crash
-                self.app.call_from_thread(self.notify, f"launch failed: {exc}", severity="error", timeout=10)
+                self.app.call_from_thread(
+                    self.notify, f"not applied: {exc}", severity="error", timeout=12, markup=False
+                )
+                return
+            if isinstance(answer, dict):
+                self.app.call_from_thread(self._confirm_reload, path, answer)
+            else:
+                self.app.call_from_thread(self.notify, answer)
+                self.app.call_from_thread(self.console.poll_now)
+
+        self.notify(f"applying {path} ...")
+        self.run_worker(work, thread=True, group="launch", exit_on_error=False)
+
+    def _confirm_reload(self, path: str, change: dict) -> None:
+        lines = [f"{s['name']}: {s['change']}" for s in change["servers"] if s["change"] != "unchanged"]
+        if not lines and not change["fleet"]:
+            self.notify("the fleet already runs this profile: nothing to apply")
+            return
+        question = "\n".join([*lines, "", change["message"].replace("reload will", "Reload: will"), "Apply?"])
+        self.app.push_screen(
+            ConfirmScreen(question, confirm_label="Reload"),
+            lambda ok: ok and self._reload(path),
+        )
+
+    def _reload(self, path: str) -> None:
+        def work() -> None:
+            try:
+                answer = self.console.launch_profile(path, dry_run=False)
+                message = answer["message"] if isinstance(answer, dict) else str(answer)
+                self.app.call_from_thread(
+                    self.notify, message.replace("reload will", "reloading:"), timeout=12, markup=False
+                )
+            except Exception as exc:
+                self.app.call_from_thread(
+                    self.notify, f"reload refused: {exc}", severity="error", timeout=12, markup=False
+                )
             self.app.call_from_thread(self.console.poll_now)
 
-        self.notify(f"launching {path} ...")
         self.run_worker(work, thread=True, group="launch", exit_on_error=False)
