@@ -63,12 +63,12 @@ def _lock(paths: StatePaths):
     return handle
 
 
-async def _main(paths: StatePaths, resolved) -> None:
+async def _main(paths: StatePaths, resolved, platform) -> None:
     from console.supervisor.api import bind_socket, serve_api
     from console.supervisor.core import Supervisor, remove_socket
     from console.supervisor.load import for_supervisor
 
-    sup = Supervisor(resolved, paths)
+    sup = Supervisor(resolved, paths, platform)
     sock = bind_socket(paths.socket)
     api = asyncio.create_task(serve_api(sup, sock))
     metrics_port = asyncio.create_task(sup.monitor.serve())  # loopback /metrics for Prometheus
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Resolved once, for the GPUs the probe sees (the seed's defaults depend on them): the plan and
         # every server's command line come from this resolution.
-        resolved = load_and_resolve(args.profile, platform_facts(probe_gpus()))
+        platform = platform_facts(probe_gpus())
+        resolved = load_and_resolve(args.profile, platform)
     except (ProfileError, ValueError) as exc:
         log.error("%s", exc)
         return 2
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         paths.root,
     )
     try:
-        asyncio.run(_main(paths, resolved))
+        asyncio.run(_main(paths, resolved, platform))
     finally:
         with contextlib.suppress(FileNotFoundError):
             paths.pid_file.unlink()

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from console.gpu_owners import FleetProcesses, GpuOwners, attribute, other_fleets, own_mib_by_gpu
 from console.launchers.base import Launcher, ProcessHandle
@@ -23,6 +24,7 @@ from console.probe import Probe, probe_gpus
 from console.profile.plan import FleetPlan, ServerPlan, plan_fleet
 from console.profile.schema import ProcessSpec, ServerSpec
 from console.supervisor.logfile import append_line
+from tokenspeed.config.resolution_check import expected_env
 
 log = logging.getLogger("tokenspeed.supervisor")
 
@@ -58,10 +60,12 @@ class GpuView:
 class FleetPlans:
     """The plan each server was last started with, and how to plan again."""
 
-    def __init__(self, resolved, state_dir: Path, own: FleetProcesses | None = None):
-        """`resolved`: the fleet as resolved for this machine's GPUs (the daemon's one resolution)."""
+    def __init__(self, resolved, state_dir: Path, own: FleetProcesses | None = None, platform: Any = None):
+        """`resolved`: the fleet as resolved for this machine's GPUs (the daemon's one resolution, against
+        `platform`)."""
         self.resolved = resolved
         self.state_dir = state_dir
+        self.platform = platform
         plan = self.plan_now(own).plan
         self.current: dict[str, ServerPlan] = {s.name: s for s in plan.servers} if plan else {}
         self.initial = plan
@@ -94,6 +98,13 @@ class FleetPlans:
 
     def planned(self, name: str) -> ServerPlan | None:
         return self.current.get(name)
+
+    def expected(self, name: str, fields: dict[str, Any]):
+        """The ServerArgs a process of server `name` resolves to with `fields` on top (plan, node rank)."""
+        index = next((i for i, spec in enumerate(self.resolved.servers) if spec.name == name), None)
+        if index is None:
+            return None
+        return dataclasses.replace(self.resolved.server_args[index], platform=self.platform, **fields)
 
     def replan(self, name: str, own: FleetProcesses | None, log_path: Path) -> ServerPlan | None:
         """The plan of a restart of `name` now; refuses (PlanRefused) when it does not fit."""
@@ -138,8 +149,13 @@ class PlannedLauncher(Launcher):
             # A restart, or a start the last plan refused: plan against the GPUs as they are now.
             plan = self.plans.replan(server.name, self.own(), log_path)
         self._started.add(server.name)
-        if plan is not None and plan.planned_fields:
-            process = process.with_fields(plan.planned_fields)
+        planned = plan.planned_fields if plan is not None else {}
+        if planned:
+            process = process.with_fields(planned)
+        # What the supervisor resolved for this process: its server logs any field it resolves otherwise.
+        expected = self.plans.expected(server.name, {**planned, "node_rank": process.node_rank})
+        if expected is not None:
+            process = dataclasses.replace(process, env=(*process.env, *expected_env(expected).items()))
         return self.inner.start(server, process, log_path)
 
     def adopt(self, server: ServerSpec, process: ProcessSpec, record: dict, log_path: Path):

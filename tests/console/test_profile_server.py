@@ -5,6 +5,10 @@ resolves that command line to the supervisor's ServerArgs, and every mistake lan
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -13,6 +17,7 @@ from console.profile import load_and_resolve
 from console.profile.plan import plan_with_platform, platform_facts
 from tests.console.profile_files import PROFILES, error_of, write
 from tokenspeed.config.cli import prepare_server_args
+from tokenspeed.config.resolution_check import EXPECTED_ENV, differences, expected_env
 
 # Drawn at random unless given; the API key reaches a server through its environment, not its argv.
 _NOT_ON_ARGV = {"seed", "api_key"}
@@ -49,6 +54,11 @@ def test_planned_fields_reach_the_command_line_and_resolve_the_same(tmp_path):
     assert served.gpu_memory_utilization == plan.gpu_memory_utilization
     assert served.cudagraph_capture_sizes == plan.cudagraph_capture_sizes
     assert served.max_cudagraph_capture_size == plan.max_cudagraph_capture_size
+    # and what the supervisor expects of it, the plan included, is what it resolves
+    expected = dataclasses.replace(
+        resolved.server_args[0], platform=platform_facts(probe), **plan.planned_fields
+    )
+    assert differences(served, expected_env(expected)[EXPECTED_ENV]) == []
 
 
 @pytest.mark.parametrize(
@@ -107,3 +117,36 @@ def test_flag_spellings_are_accepted_as_keys(tmp_path):
     resolved = load_and_resolve(path)
     assert resolved.server_args[0].mapping.attn_tp_size == 2
     assert "--attn-tp-size" in resolved.servers[0].processes[0].argv
+
+
+def test_the_server_names_what_it_resolved_otherwise_than_its_supervisor(tmp_path):
+    """The supervisor's resolution travels in the server's environment; `tokenspeed serve` compares."""
+    path = write(tmp_path, '[server]\nmodel = "demo"\ndevice = "cpu"\nmax_total_tokens = 4096\n')
+    resolved = load_and_resolve(path)
+    process = resolved.servers[0].processes[0]
+    args = resolved.server_args[0]
+    # What serve resolves from the command line is what the supervisor expects.
+    assert differences(prepare_server_args(list(process.argv)), expected_env(args)[EXPECTED_ENV]) == []
+    # A supervisor that resolved another max_num_seqs (say, another version) is named at start-up.
+    other = dataclasses.replace(args, max_num_seqs=7, platform=None)
+    env = {**os.environ, **dict(process.env), **expected_env(other)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tokenspeed", "serve", *process.argv],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        warned = ""
+        while time.monotonic() < deadline and not warned:
+            line = server.stderr.readline()
+            if not line:
+                break
+            if "resolved differently from the supervisor" in line:
+                warned = line
+        assert "max_num_seqs: supervisor 7, serve " in warned, warned
+    finally:
+        server.kill()
+        server.wait(10)

@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from tokenspeed.config import resolution_check
 from tokenspeed.config.ports import bind_error
 from tokenspeed.config.server_args import ServerArgs
 
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print_config(server_args)
         return EXIT_OK
     configure_logging(server_args)
+    for difference in resolution_check.differences(server_args, os.environ.get(resolution_check.EXPECTED_ENV)):
+        logger.warning("resolved differently from the supervisor that started this server: %s", difference)
     try:
         check_model_source(server_args)
         check_device_present(server_args)
