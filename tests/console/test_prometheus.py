@@ -165,7 +165,7 @@ def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_an
     assert new[0] > first
     restarts = prom.query(f'tokenspeed_fleet:server_restarts_total{{fleet="prom", server="{DENSE}"}}')
     counted = {r["metric"]["reason"]: float(r["value"][1]) for r in restarts}
-    assert counted["signal"] == 1.0 and sum(counted.values()) == 1.0, counted
+    assert counted["signal"] == 1.0 and counted["operator"] == 0.0, counted  # the one kill -9, by its reason
     print(f"restarted process scraped {time.time() - killed_at:.1f}s after kill -9")
 
     # Every query of the shipped dashboard answers with at least one number over this fleet.
