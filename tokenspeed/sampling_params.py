@@ -7,8 +7,26 @@ field and the accepted range, so the HTTP layer can turn it into a 400.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
+
+# Seeds key torch generators and travel to the schedulers as msgpack integers: a signed 64-bit value (as
+# vLLM takes). n > 1 adds the sequence index, which torch's range (up to 2**64 - 1) still holds.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# Counts (tokens, top-k) are stored in int32 tensors by the samplers and the scheduler.
+_COUNT_MAX = 2**31 - 1
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+)
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "n")
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "logprobs")
 
 
 @dataclass
@@ -43,6 +61,8 @@ class SamplingParams:
         return self.temperature <= 1e-5 or self.top_k == 1
 
     def verify(self) -> None:
+        """ValueError naming the field and its range for anything a sampler could not honour."""
+        self._verify_types()
         if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.min_new_tokens < 0:
@@ -63,6 +83,41 @@ class SamplingParams:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be a 64-bit integer in [-2**63, 2**63 - 1], got {self.seed}")
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
+            value = getattr(self, name)
+            if value is not None and value > _COUNT_MAX:
+                raise ValueError(f"{name} must be at most {_COUNT_MAX}, got {value}")
+        for tid in self.stop_token_ids:
+            if not 0 <= tid <= _COUNT_MAX:
+                raise ValueError(f"stop_token_ids: {tid} is not a token id")
+
+    def _verify_types(self) -> None:
+        # JSON callers (/generate) hand the fields over as parsed: a string, a NaN or a 2**70 here would
+        # otherwise surface as a crash in a scheduler process instead of a 400.
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is None and name in ("max_new_tokens", "seed"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) for x in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)) or not all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in ids
+        ):
+            raise ValueError(f"stop_token_ids must be a list of integers, got {ids!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

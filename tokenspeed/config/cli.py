@@ -226,6 +226,12 @@ _LOGGING_FLAGS: tuple[FlagRow, ...] = (
         "not in the upstream set.",
         metavar="PATH",
     ),
+    Opt(
+        "--max-request-bytes",
+        int,
+        "Largest HTTP request body accepted, in bytes (default 4 MiB); a larger one is answered 413 before "
+        "it is read. A TokenSpeed flag, not in the upstream set.",
+    ),
     Switch("--enable-cache-report", "Report cached prompt tokens in usage.prompt_tokens_details."),
     Opt(
         "--kv-events-config",

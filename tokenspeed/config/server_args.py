@@ -101,6 +101,8 @@ class ServerArgs:
 
     # API
     api_key: str | None = None
+    # Largest HTTP request body accepted (TokenSpeed's own flag): bigger ones get 413 before being read.
+    max_request_bytes: int = 4 * 1024 * 1024
     enable_cache_report: bool = False
     kv_events_config: str | None = None
 

@@ -13,6 +13,7 @@ from tokenspeed.config.flags import CHOICES_CHECKED_ELSEWHERE, FIELD_CHOICES
 if TYPE_CHECKING:
     from tokenspeed.config.server_args import ServerArgs
 
+
 _JSON_OBJECT_FIELDS = (
     "hf_overrides",
     "kv_events_config",
@@ -36,6 +37,7 @@ _POSITIVE_FIELDS = (
     "gpu_id_step",
     "max_model_len",
     "weight_loader_prefetch_num_threads",
+    "max_request_bytes",
 )
 
 

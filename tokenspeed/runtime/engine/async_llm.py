@@ -5,6 +5,10 @@ to the DP controller); every scheduler answers on one PULL socket: token outputs
 messages, control-call answers. Each request's `generate()` iterator is woken only when there is something
 worth sending (every `--stream-interval` tokens when streaming, at the end otherwise); if its consumer goes
 away before the end (a client disconnect cancels it), the request is aborted so its KV pages are freed.
+
+A request ends in one of three ways: its own stop conditions (stop, length), its client's abort, or a
+`RequestFailure` (the server shutting down, a scheduler dying, an internal error), which its client is
+told as an error: a truncated answer never looks complete.
 """
 
 from __future__ import annotations
@@ -39,8 +43,14 @@ from tokenspeed.runtime.engine.prompt_check import (
     check_token_ids,
     limits_from_ready,
 )
+from tokenspeed.runtime.engine.prompt_encoder import PromptEncoder
 from tokenspeed.runtime.engine.request_log import RequestLogger
-from tokenspeed.runtime.engine.request_state import ModelLimits, SequenceOutput, TrackedRequest
+from tokenspeed.runtime.engine.request_state import (
+    ModelLimits,
+    RequestFailure,
+    SequenceOutput,
+    TrackedRequest,
+)
 from tokenspeed.runtime.metrics.collector import FinishedRequestStats, ServerMetrics
 from tokenspeed.sampling_params import SamplingParams
 
@@ -68,6 +78,7 @@ class AsyncLLM:
     ) -> None:
         self.server_args = server_args
         self.tokenizer = tokenizer
+        self.prompts = PromptEncoder(tokenizer)
         self.metrics = metrics
         self.dp_size = dp_size
         self.vocab_size = vocab_size
@@ -117,6 +128,7 @@ class AsyncLLM:
                     "scheduler dp%d tp%d ready (%d/%d)", msg.dp_rank, msg.tp_rank, len(ready), expected
                 )
         self.limits = limits_from_ready(ready)
+        self.prompts.max_model_len = self.limits.max_model_len
         if self.metrics is not None:
             for g in range(self.dp_size):
                 self.metrics.init_rank(g)
@@ -135,6 +147,7 @@ class AsyncLLM:
         self._pull.close(linger=0)
         self._push.close(linger=0)
         self._ctx.term()
+        self.prompts.close()
 
     @property
     def num_inflight(self) -> int:
@@ -151,24 +164,32 @@ class AsyncLLM:
         except TimeoutError:
             return False
 
-    def abort_all(self, reason: str = "abort", error: str | None = None) -> None:
+    def abort_all(self, failure: RequestFailure | None = None) -> None:
+        """End every request: as its client's abort, or (with `failure`) as an error its client is told."""
         for rid in list(self._requests):
-            self.abort(rid, reason, error)
+            self.abort(rid, failure)
 
     # ------------------------------------------------------------------ requests
 
     def check_prompt(self, input_ids: list[int], sampling: SamplingParams) -> None:
         """Validate and fit a request to the model; raises ValueError / PromptTooLong for a 400."""
         check_not_empty(input_ids)
-        check_token_ids("prompt", input_ids, self.vocab_size)
         sampling.verify()
         limits = self.limits
+        if limits is not None:
+            check_fits(len(input_ids), limits)
+        self.check_token_ids("prompt", input_ids)
+        self.check_token_ids("stop_token_ids", sampling.stop_token_ids)
         if limits is None:
             return
-        check_fits(len(input_ids), limits)
         room = max(0, limits.max_model_len - len(input_ids))
         if sampling.max_new_tokens is None or sampling.max_new_tokens > room:
             sampling.max_new_tokens = room
+
+    def check_token_ids(self, param: str, ids: list[int]) -> None:
+        """ValueError naming `param` for an id outside the model's vocabulary (or, when its size is not
+        known, outside what a token id can be)."""
+        check_token_ids(param, ids, self.vocab_size)
 
     async def generate(
         self,
@@ -196,24 +217,28 @@ class AsyncLLM:
             wake_every=self.stream_interval if stream else 0,
             arrival=time.time(),
             logprobs=[] if sampling.logprobs else None,
+            top_logprobs=[] if sampling.logprobs and sampling.top_logprobs else None,
         )
+        # Registered from here on: whatever happens next, the `finally` below removes the request (a
+        # failure to send it included), so nothing is left in flight for ever.
         self._requests[rid] = req
         self._idle.clear()
-        self._log.received(req)
-        # Always streamed from the scheduler: token arrival times feed TTFT and inter-token latency, and
-        # stop strings are found as the text forms; the consumer is still woken only when it wants.
-        self._push.send(
-            encode(
-                GenerateRequest(
-                    rid=rid,
-                    input_ids=input_ids,
-                    sampling=sampling.to_dict(),
-                    stream=True,
-                    arrival_time=req.arrival,
-                )
-            )  # fmt: skip
-        )
+        failure: RequestFailure | None = None
         try:
+            self._log.received(req)
+            # Always streamed from the scheduler: token arrival times feed TTFT and inter-token latency,
+            # and stop strings are found as the text forms; the consumer is still woken only when it wants.
+            self._push.send(
+                encode(
+                    GenerateRequest(
+                        rid=rid,
+                        input_ids=input_ids,
+                        sampling=sampling.to_dict(),
+                        stream=True,
+                        arrival_time=req.arrival,
+                    )
+                )  # fmt: skip
+            )
             while True:
                 await req.event.wait()
                 req.event.clear()
@@ -221,19 +246,26 @@ class AsyncLLM:
                 yield out
                 if out.finished:
                     return
+        except Exception as exc:
+            failure = RequestFailure.internal(
+                f"the request failed inside the server: {type(exc).__name__}: {exc}"
+            )
+            raise
         finally:
             if not req.finished:
-                # The consumer left early (client disconnect, cancellation): free the scheduler's pages.
-                self.abort(rid)
+                # The consumer left early (client disconnect, cancellation), or sending failed: free the
+                # scheduler's pages, and count the request as what ended it.
+                self.abort(rid, failure)
             self._forget(rid)
 
-    def abort(self, rid: str, reason: str = "abort", error: str | None = None) -> bool:
+    def abort(self, rid: str, failure: RequestFailure | None = None) -> bool:
+        """End a request now: its client's abort, or (with `failure`) an error its client is told."""
         req = self._requests.get(rid)
         if req is None:
             return False
         self._push.send(encode(AbortRequest(rid=rid)))
         if not req.finished:
-            self._finish(req, reason, None, error)
+            self._finish(req, "abort", None, failure)
         return True
 
     def _forget(self, rid: str) -> None:
@@ -306,6 +338,8 @@ class AsyncLLM:
             req.ids.extend(o.new_token_ids)
             if req.logprobs is not None and o.new_logprobs:
                 req.logprobs.extend(o.new_logprobs)
+            if req.top_logprobs is not None and o.new_top_logprobs:
+                req.top_logprobs.extend(o.new_top_logprobs)
         delta, stopped = req.detok.append(o.new_token_ids, final=o.finished)
         if delta:
             req.text.append(delta)
@@ -314,21 +348,22 @@ class AsyncLLM:
                 self._push.send(encode(AbortRequest(rid=o.rid)))
             self._finish(req, "stop", req.detok.matched_stop, None)
         elif o.finished:
-            self._finish(req, o.finish_reason or "stop", o.matched_stop, o.error)
+            self._finish(req, o.finish_reason or "stop", o.matched_stop, _scheduler_failure(o))
         elif req.wake_every and (len(req.ids) >= req.wake_every or not req.sent_any):
             req.sent_any = True
             req.event.set()
 
-    def _finish(self, req: TrackedRequest, reason: str, matched: str | int | None, error: str | None) -> None:
+    def _finish(
+        self, req: TrackedRequest, reason: str, matched: str | int | None, failure: RequestFailure | None
+    ) -> None:
         if not req.detok.stopped:
             tail = req.detok.flush()
             if tail:
                 req.text.append(tail)
         req.finished = True
-        # "unavailable" (the server is going down) stays distinct: the HTTP layer answers 503, not 400.
-        req.finish_reason = reason if reason == "unavailable" else ("error" if error else reason)
+        req.finish_reason = failure.finish_reason if failure is not None else reason
         req.matched_stop = matched
-        req.error = error
+        req.failure = failure
         req.event.set()
         end = time.time()
         stats = FinishedRequestStats(
@@ -347,3 +382,13 @@ class AsyncLLM:
                 self.metrics.on_request_received(req.dp_rank)
             self.metrics.on_request_finished(stats)
         self._log.finished(req, stats)
+
+
+def _scheduler_failure(o: RequestOutput) -> RequestFailure | None:
+    """The failure a scheduler reported with a request's last output, if any. One it refused before ever
+    scheduling it was refused as sent (400); one that failed while running is an internal error."""
+    if not o.error:
+        return None
+    if o.first_scheduled_time is None and not o.completion_tokens:
+        return RequestFailure.rejected(o.error)
+    return RequestFailure.internal(o.error)

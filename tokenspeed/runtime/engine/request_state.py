@@ -9,6 +9,35 @@ from tokenspeed.runtime.engine.detokenizer import IncrementalDetokenizer
 from tokenspeed.sampling_params import SamplingParams
 
 
+@dataclass(frozen=True)
+class RequestFailure:
+    """Why a request ended other than by its own stop conditions or its client's abort, as its client is
+    told: an HTTP status (500 an internal failure, 503 the server is shutting down, 400 refused by a
+    scheduler), an OpenAI-style error code, and a message naming the cause."""
+
+    status: int
+    code: str
+    message: str
+
+    @classmethod
+    def internal(cls, message: str, code: str = "internal_error") -> RequestFailure:
+        return cls(500, code, message)
+
+    @classmethod
+    def shutdown(cls, message: str) -> RequestFailure:
+        return cls(503, "server_shutdown", message)
+
+    @classmethod
+    def rejected(cls, message: str) -> RequestFailure:
+        return cls(400, "invalid_request", message)
+
+    @property
+    def finish_reason(self) -> str:
+        """What the request's last choice and request_success_total say: cut off ("abort") by a
+        shutdown, "error" otherwise. Never "stop": a truncated answer must not look complete."""
+        return "abort" if self.status == 503 else "error"
+
+
 @dataclass
 class SequenceOutput:
     """What `generate()` yields: the deltas since the previous yield, and totals."""
@@ -24,8 +53,14 @@ class SequenceOutput:
     completion_tokens: int
     cached_tokens: int
     dp_rank: int
-    error: str | None = None
+    failure: RequestFailure | None = None  # set on the final output of a request the server cut short
     queue_time: float | None = None  # arrival to first scheduled (s); None until the scheduler reports it
+    # per token in token_ids, [token id, logprob] of the most likely tokens (with top_logprobs asked for)
+    top_logprobs: list[list[list[float]]] | None = None
+
+    @property
+    def error(self) -> str | None:
+        return None if self.failure is None else self.failure.message
 
 
 @dataclass
@@ -40,11 +75,12 @@ class TrackedRequest:
     text: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
+    top_logprobs: list[list[list[float]]] | None = None
     sent_any: bool = False
     finished: bool = False
     finish_reason: str | None = None
     matched_stop: str | int | None = None
-    error: str | None = None
+    failure: RequestFailure | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
     dp_rank: int = 0
@@ -73,11 +109,13 @@ class TrackedRequest:
             completion_tokens=len(self.detok.output_ids),
             cached_tokens=self.cached_tokens,
             dp_rank=self.dp_rank,
-            error=self.error,
+            failure=self.failure,
             queue_time=self.queue_time,
+            top_logprobs=self.top_logprobs,
         )
         self.text, self.ids = [], []
         self.logprobs = [] if self.logprobs is not None else None
+        self.top_logprobs = [] if self.top_logprobs is not None else None
         return out
 
 

@@ -3,7 +3,9 @@
 uvicorn's own signal handling stops at once and re-raises the signal after shutdown (so the exit status
 would say "killed by SIGTERM"). Here the first SIGTERM/SIGINT drains: status "draining", new requests get
 503, in-flight ones have `TOKENSPEED_DRAIN_TIMEOUT` seconds (default 30) to finish before they are
-aborted, then the server stops and the process exits 0. A second signal stops at once.
+cut off, then the server stops and the process exits 0. A second signal stops at once. A request cut off
+(by the drain timeout, a second signal or a dead scheduler) is an error to its client (503 or 500, or an
+error event on a stream), never an answer that looks complete.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import uvicorn
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.process_watchdog import ChildProcess, ChildWatchdog
+from tokenspeed.runtime.engine.request_state import RequestFailure
 from tokenspeed.runtime.entrypoints.http_server import build_app
 from tokenspeed.runtime.entrypoints.server_state import DRAINING, READY, ServerState
 from tokenspeed.runtime.entrypoints.warmup import run_warmups
@@ -30,6 +33,9 @@ EXIT_OK, EXIT_FAILED = 0, 1
 _DEFAULT_DRAIN_S = 30.0
 # After a child died: the front end gets this long to wind down before the process is cut short.
 _FATAL_DEADLINE_S = 5.0
+# After the requests in flight were failed: how long their handlers get to send the error to their clients
+# before the server stops.
+_FLUSH_ERRORS_S = 1.0
 
 
 def drain_timeout() -> float:
@@ -64,9 +70,15 @@ class DrainingServer(uvicorn.Server):
 
     def _on_signal(self, sig: int, frame: Any) -> None:
         if self._draining:
-            logger.warning("second %s: stopping now", signal.Signals(sig).name)
-            self.state.llm.abort_all()
-            self.should_exit = self.force_exit = True
+            name = signal.Signals(sig).name
+            logger.warning("second %s: stopping now", name)
+            failure = RequestFailure.shutdown(
+                f"the server was stopped (a second {name}) before this request finished"
+            )
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._stop_now(failure)))
+            else:
+                self.should_exit = self.force_exit = True
             return
         self._draining = True
         logger.info("%s: draining (no new requests; in-flight ones may finish)", signal.Signals(sig).name)
@@ -82,18 +94,37 @@ class DrainingServer(uvicorn.Server):
         if not await self.state.llm.wait_idle(timeout):
             logger.warning("%d request(s) still running after %.0f s: aborting them", self.state.llm.num_inflight,
                            timeout)  # fmt: skip
-            self.state.llm.abort_all()
+            self.state.llm.abort_all(
+                RequestFailure.shutdown(
+                    f"the server is shutting down and this request did not finish within the drain timeout "
+                    f"(TOKENSPEED_DRAIN_TIMEOUT={timeout:g} s); retry it on another server"
+                )
+            )
             await self.state.llm.wait_idle(2.0)
         self.should_exit = True
+
+    async def _stop_now(self, failure: RequestFailure) -> None:
+        """Fail what is in flight, give the handlers a moment to tell their clients, then stop."""
+        self.state.llm.accepting = False
+        self.state.llm.abort_all(failure)
+        await self.state.llm.wait_idle(_FLUSH_ERRORS_S)
+        await asyncio.sleep(0.1)  # the handlers' last events ([DONE]) are written after they let go
+        self.should_exit = self.force_exit = True
 
     def fatal(self, reason: str) -> None:
         """A child died: fail what is in flight, stop serving, exit non-zero (forcibly if it hangs)."""
         logger.error("%s; shutting the server down", reason)
         self.exit_code = EXIT_FAILED
         self.state.status = DRAINING
-        self.state.llm.accepting = False
-        self.state.llm.abort_all("unavailable", error=f"the server is shutting down: {reason}")
-        self.should_exit = self.force_exit = True
+        failure = RequestFailure.internal(
+            f"the server failed and is shutting down ({reason}); the request was cut off",
+            code="server_failed",
+        )
+        if self.loop is not None:
+            self.loop.create_task(self._stop_now(failure))
+        else:
+            self.state.llm.abort_all(failure)
+            self.should_exit = self.force_exit = True
         timer = threading.Timer(_FATAL_DEADLINE_S, lambda: os._exit(EXIT_FAILED))
         timer.daemon = True
         timer.start()

@@ -20,9 +20,10 @@ from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
     check_logprobs,
+    failure_error,
+    first_failure,
     merge,
     new_id,
-    output_error,
     sse,
     start_sequences,
     tokenize,
@@ -33,31 +34,90 @@ from tokenspeed.runtime.entrypoints.server_state import ServerState
 from tokenspeed.runtime.entrypoints.streaming import DisconnectAwareStream, closer
 from tokenspeed.sampling_params import SamplingParams
 
+_MAX_N = 128  # sequences per prompt, as /v1/completions allows
+
+_INT, _NUM, _BOOL, _STR = {"type": "integer"}, {"type": "number"}, {"type": "boolean"}, {"type": "string"}
+_SAMPLING_SCHEMA = {
+    "type": "object",
+    "properties": {
+        **dict.fromkeys(("max_new_tokens", "min_new_tokens", "top_k", "seed", "n"), _INT),
+        **dict.fromkeys(
+            ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"),
+            _NUM,
+        ),
+        **dict.fromkeys(("ignore_eos", "skip_special_tokens"), _BOOL),
+        "stop": {"anyOf": [_STR, {"type": "array", "items": _STR}]},
+        "stop_token_ids": {"type": "array", "items": _INT},
+    },
+}
+# The body of POST /generate in /openapi.json (the handler reads it by hand: one prompt or a batch).
+GENERATE_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "text": {"anyOf": [_STR, {"type": "array", "items": _STR, "minItems": 1}]},
+                        "input_ids": {
+                            "anyOf": [
+                                {"type": "array", "items": _INT, "minItems": 1},
+                                {"type": "array", "items": {"type": "array", "items": _INT}, "minItems": 1},
+                            ]
+                        },
+                        "sampling_params": {
+                            "anyOf": [_SAMPLING_SCHEMA, {"type": "array", "items": _SAMPLING_SCHEMA}]
+                        },
+                        "stream": _BOOL,
+                        "rid": {"anyOf": [_STR, {"type": "array", "items": _STR}]},
+                        "return_logprob": _BOOL,
+                    },
+                }
+            }
+        },
+    }
+}
+
 
 def finish_reason_obj(out: SequenceOutput) -> dict[str, Any] | None:
     if not out.finished:
         return None
     if out.finish_reason == "length":
         return {"type": "length", "length": out.completion_tokens}
-    if out.finish_reason in ("abort", "error", "unavailable"):
-        return {"type": "abort", "message": out.error or "aborted"}
+    if out.failure is not None:
+        # Cut short by the server (SGLang's shape, with the status the client would get): never "stop".
+        return {"type": out.failure.finish_reason, "message": out.failure.message,
+                "status_code": out.failure.status}  # fmt: skip
+    if out.finish_reason in ("abort", "error"):
+        return {"type": "abort", "message": "aborted"}
     return {"type": "stop", "matched": out.matched_stop}
 
 
-def _prompts(state: ServerState, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
+def _prompt_count(body: dict[str, Any]) -> int:
+    """How many prompts `_prompts` will find (a malformed body is reported by `_prompts` itself)."""
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if isinstance(text, list):
+        return max(1, len(text))
+    if isinstance(input_ids, list) and input_ids and all(isinstance(t, list) for t in input_ids):
+        return len(input_ids)
+    return 1
+
+
+async def _prompts(state: ServerState, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
         raise bad_request("send exactly one of `text` or `input_ids`", param="text")
     if text is not None:
         if isinstance(text, str):
-            return [tokenize(state, text, "text")], False
+            return [await tokenize(state, text, "text")], False
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            return [tokenize(state, t, "text") for t in text], True
+            return [await tokenize(state, t, "text") for t in text], True
         raise bad_request("text must be a string or a non-empty list of strings", param="text")
     if isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids):
-        return [list(input_ids)], False
+        return [await tokenize(state, list(input_ids), "input_ids")], False
     if isinstance(input_ids, list) and input_ids and all(isinstance(t, list) for t in input_ids):
-        return [tokenize(state, list(t), "input_ids") for t in input_ids], True
+        return [await tokenize(state, list(t), "input_ids") for t in input_ids], True
     raise bad_request("input_ids must be a list of token ids or a list of such lists", param="input_ids")
 
 
@@ -78,6 +138,8 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
         try:
             p = SamplingParams.from_dict(values)
             p.verify()
+            if p.n > _MAX_N:
+                raise ValueError(f"n must be between 1 and {_MAX_N}, got {p.n}")
         except (TypeError, ValueError) as exc:
             raise bad_request(f"sampling_params: {exc}", param="sampling_params") from exc
         out.append(p)
@@ -87,11 +149,14 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
 async def generate(state: ServerState, body: dict[str, Any], request: Request) -> Response:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
-    prompts, batched = _prompts(state, body)
-    params = _params(state, body, len(prompts))
+    # Parameters first: a mistake there is answered before any prompt is tokenized.
+    params = _params(state, body, _prompt_count(body))
+    prompts, batched = await _prompts(state, body)
     stream = bool(body.get("stream", False))
     rids = body.get("rid")
-    if rids is not None and not isinstance(rids, (str, list)):
+    if rids is not None and not (
+        isinstance(rids, str) or (isinstance(rids, list) and all(isinstance(r, str) and r for r in rids))
+    ):
         raise bad_request("rid must be a string or a list of strings", param="rid")
     base_rid = rids if isinstance(rids, str) else new_id("gen")
     gens = []
@@ -149,10 +214,11 @@ async def _collect(gens, started: float) -> list[dict[str, Any]]:
             lps[i] = (lps[i] or []) + out.logprobs
         if out.finished:
             final[i] = out
+    failure = first_failure(final)
+    if failure is not None:
+        raise failure_error(failure)  # a cut-off answer is an error, never a 200 that looks complete
     results = []
     for i, out in enumerate(final):
-        if out.error and not ids[i]:
-            raise output_error(out)
         results.append(
             {"text": "".join(texts[i]), "output_ids": ids[i], "meta_info": _meta(out, started, lps[i])}
         )
@@ -165,11 +231,10 @@ async def _stream(state: ServerState, gens, started: float):
     texts = [""] * n
     ids: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float] | None] = [None] * n
+    failure = None
     try:
         async for i, out in merge(gens):
-            if out.error and out.completion_tokens == 0:
-                yield output_error(out).sse()
-                continue
+            failure = failure or out.failure
             texts[i] += out.text
             ids[i].extend(out.token_ids)
             if out.logprobs is not None:
@@ -185,4 +250,6 @@ async def _stream(state: ServerState, gens, started: float):
         yield exc.sse()
     except Exception as exc:
         yield translate_errors(exc).sse()
+    if failure is not None:
+        yield failure_error(failure).sse()  # after the event whose finish_reason says abort/error
     yield SSE_DONE

@@ -7,16 +7,17 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tokenspeed.runtime.engine.tokenizer import apply_chat_template
 from tokenspeed.runtime.entrypoints.openai.errors import bad_request
-from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, openai_finish_reason, usage
+from tokenspeed.runtime.entrypoints.openai.logprob_format import chat_entries
+from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
     check_model,
+    failure_error,
+    first_failure,
     merge,
     new_id,
     now,
-    output_error,
     sse,
     translate_errors,
 )
@@ -30,19 +31,22 @@ from tokenspeed.runtime.entrypoints.server_state import ServerState
 
 
 def _logprob_entries(
-    state: ServerState, ids: list[int], logprobs: list[float] | None
+    state: ServerState, ids: list[int], logprobs: list[float] | None, tops: list | None = None
 ) -> list[dict[str, Any]]:
-    if logprobs is None:
-        return []
-    tok = state.tokenizer
-    out = []
-    for tid, lp in zip(ids, logprobs, strict=False):
-        text = tok.decode([tid]) if tok is not None else str(tid)
-        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
-    return out
+    return chat_entries(state.tokenizer, ids, logprobs, tops)
 
 
-def _prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[str, list[int], Any]:
+# Arguments of apply_chat_template that would change what it returns rather than reach the template.
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation", "messages", "tools", "chat_template", "tokenize", "add_generation_prompt", "padding",
+        "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)  # fmt: skip
+
+
+async def _prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[str, list[int], Any]:
     model = check_model(state, req.model)
     try:
         req.check_supported()
@@ -51,23 +55,35 @@ def _prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[str, list[
             raise bad_request(
                 "this server was started with --skip-tokenizer-init: use /v1/completions with token ids"
             )
-        ids = apply_chat_template(
-            state.tokenizer,
+        template_kwargs = dict(req.chat_template_kwargs or {})
+        reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(template_kwargs))
+        if reserved:
+            raise bad_request(
+                f"chat_template_kwargs: {reserved} are set by the server; leave them out",
+                param="chat_template_kwargs",
+            )
+        params = req.sampling_params(
+            req.max_new_tokens(),
+            state.preferred_sampling_params,
+            req.logprobs,
+            top_logprobs=req.top_logprobs or 0,
+            response_format=req.response_format,
+        )
+        ids = await state.llm.prompts.encode_chat(
             req.template_messages(),
             add_generation_prompt=req.add_generation_prompt,
             tools=req.tools,
-            **(req.chat_template_kwargs or {}),
+            **template_kwargs,
         )
-        params = req.sampling_params(req.max_new_tokens(), state.preferred_sampling_params, req.logprobs)
     except (ValueError, TypeError) as exc:
-        raise translate_errors(ValueError(str(exc))) from exc
+        raise translate_errors(exc if isinstance(exc, ValueError) else ValueError(str(exc))) from exc
     return model, ids, params
 
 
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, request: Request
 ) -> Response:
-    model, ids, params = _prepare(state, req)
+    model, ids, params = await _prepare(state, req)
     rid = req.rid or new_id("chatcmpl")
     cache_report = cache_report_enabled(state)
     return await respond(
@@ -85,10 +101,12 @@ async def create_chat_completion(
 
 async def _collect(state, req, model, rid, gens, cache_report) -> dict[str, Any]:
     choices, prompt_tokens, completion, cached = [], 0, 0, 0
-    for i, seq in enumerate(await collect_sequences(gens)):
+    sequences = await collect_sequences(gens)
+    failure = first_failure([seq.final for seq in sequences])
+    if failure is not None:
+        raise failure_error(failure)  # a cut-off answer is an error, never a 200 that looks complete
+    for i, seq in enumerate(sequences):
         out = seq.final
-        if out.error and not seq.token_ids:
-            raise output_error(out)
         prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
         completion += out.completion_tokens
         choices.append(
@@ -96,11 +114,11 @@ async def _collect(state, req, model, rid, gens, cache_report) -> dict[str, Any]
                 "index": i,
                 "message": {"role": "assistant", "content": seq.text},
                 "logprobs": (
-                    {"content": _logprob_entries(state, seq.token_ids, seq.logprobs)}
+                    {"content": _logprob_entries(state, seq.token_ids, seq.logprobs, seq.top_logprobs)}
                     if req.logprobs
                     else None
                 ),
-                "finish_reason": openai_finish_reason(out.finish_reason),
+                "finish_reason": out.finish_reason,
                 "matched_stop": out.matched_stop,
             }
         )
@@ -122,10 +140,9 @@ async def _stream(state, req, model, rid, gens, cache_report):
     for i in range(n):
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}])  # fmt: skip
+    failure = None
     async for i, out in merge(gens):
-        if out.error and out.completion_tokens == 0:
-            yield output_error(out).sse()
-            continue
+        failure = failure or out.failure
         completion[i] = out.completion_tokens
         prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
         delta = {"content": out.text} if out.text else {}
@@ -134,11 +151,11 @@ async def _stream(state, req, model, rid, gens, cache_report):
                 "index": i,
                 "delta": delta,
                 "logprobs": (
-                    {"content": _logprob_entries(state, out.token_ids, out.logprobs)}
+                    {"content": _logprob_entries(state, out.token_ids, out.logprobs, out.top_logprobs)}
                     if req.logprobs
                     else None
                 ),
-                "finish_reason": openai_finish_reason(out.finish_reason) if out.finished else None,
+                "finish_reason": out.finish_reason if out.finished else None,
             }
             if out.finished:
                 choice["matched_stop"] = out.matched_stop
@@ -146,3 +163,7 @@ async def _stream(state, req, model, rid, gens, cache_report):
             yield chunk([choice], running)
     if include_usage:
         yield chunk([], usage(prompt_tokens, sum(completion), cached if cache_report else None))
+    if failure is not None:
+        # After the choice that says "abort"/"error": the cause, as vLLM sends it (the openai client
+        # raises it as an APIError).
+        yield failure_error(failure).sse()

@@ -15,6 +15,8 @@ from starlette.requests import Request
 
 from tokenspeed.runtime.engine.async_llm import SequenceOutput, ServerUnavailable
 from tokenspeed.runtime.engine.prompt_check import PromptTooLong
+from tokenspeed.runtime.engine.prompt_encoder import InvalidText, TextTooLong
+from tokenspeed.runtime.engine.request_state import RequestFailure
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, model_not_found, unavailable
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 from tokenspeed.sampling_params import SamplingParams
@@ -53,17 +55,22 @@ def check_logprobs(state: ServerState, wanted: bool) -> None:
         )
 
 
-def tokenize(state: ServerState, prompt: str | list[int], param: str = "prompt") -> list[int]:
+async def tokenize(state: ServerState, prompt: str | list[int], param: str = "prompt") -> list[int]:
+    """Token ids of a prompt; text is tokenized off the event loop (AsyncLLM's PromptEncoder)."""
     if isinstance(prompt, list):
-        if not all(isinstance(t, int) for t in prompt):
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise bad_request(f"{param}: token ids must be integers", param=param)
+        try:
+            state.llm.check_token_ids(param, prompt)
+        except ValueError as exc:
+            raise bad_request(str(exc), param=param) from exc
         return list(prompt)
     if state.tokenizer is None:
         raise bad_request(
             f"{param}: this server was started with --skip-tokenizer-init and accepts token ids only",
             param=param,
         )
-    return state.tokenizer.encode(prompt)
+    return await state.llm.prompts.encode(prompt, param)
 
 
 def translate_errors(exc: BaseException) -> APIError:
@@ -74,17 +81,23 @@ def translate_errors(exc: BaseException) -> APIError:
         return unavailable(str(exc))
     if isinstance(exc, PromptTooLong):
         return bad_request(str(exc), param="prompt", code="context_length_exceeded")
+    if isinstance(exc, TextTooLong):
+        return bad_request(str(exc), param=exc.param, code="context_length_exceeded")
+    if isinstance(exc, InvalidText):
+        return bad_request(str(exc), param=exc.param)
     if isinstance(exc, ValueError):
         return bad_request(str(exc))
     logger.exception("request failed", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
-def output_error(out: SequenceOutput) -> APIError:
-    """The HTTP error for a sequence that ended with an error before producing any token."""
-    if out.finish_reason == "unavailable":
-        return unavailable(out.error or "the server is shutting down")
-    return bad_request(out.error or "the request failed")
+def failure_error(failure: RequestFailure) -> APIError:
+    """What the client of a request the server cut short is told: the status and the cause."""
+    return APIError(failure.status, failure.message, code=failure.code)
+
+
+def first_failure(outputs: list[SequenceOutput]) -> RequestFailure | None:
+    return next((o.failure for o in outputs if o.failure is not None), None)
 
 
 def sequence_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -8,14 +8,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenspeed.runtime.entrypoints.openai.errors import APIError
-from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, openai_finish_reason, usage
+from tokenspeed.runtime.entrypoints.openai.logprob_format import completion_logprobs
+from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
     check_model,
+    failure_error,
+    first_failure,
     merge,
     new_id,
     now,
-    output_error,
     sse,
     tokenize,
     translate_errors,
@@ -30,17 +32,9 @@ from tokenspeed.runtime.entrypoints.server_state import ServerState
 
 
 def _logprobs(
-    state: ServerState, ids: list[int], lps: list[float] | None, offset: int
+    state: ServerState, ids: list[int], lps: list[float] | None, offset: int, tops: list | None = None
 ) -> dict[str, Any] | None:
-    if lps is None:
-        return None
-    tok = state.tokenizer
-    tokens = [tok.decode([t]) if tok is not None else str(t) for t in ids]
-    offsets, pos = [], offset
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": None, "text_offset": offsets}
+    return completion_logprobs(state.tokenizer, ids, lps, tops, offset)
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
@@ -50,12 +44,14 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         req.check_supported()
         check_logprobs(state, want_logprobs)
         prompts = req.prompts()
-        prompt_ids = [tokenize(state, p) for p in prompts]
-        params = req.sampling_params(req.max_tokens, state.preferred_sampling_params, want_logprobs)
+        params = req.sampling_params(
+            req.max_tokens, state.preferred_sampling_params, want_logprobs, top_logprobs=req.logprobs or 0
+        )
+        prompt_ids = [await tokenize(state, p) for p in prompts]
     except APIError:
         raise
     except (ValueError, TypeError) as exc:
-        raise translate_errors(ValueError(str(exc))) from exc
+        raise translate_errors(exc if isinstance(exc, ValueError) else ValueError(str(exc))) from exc
     echo_texts = [
         _echo_text(state, p, ids) if req.echo else "" for p, ids in zip(prompts, prompt_ids, strict=True)
     ]
@@ -93,10 +89,12 @@ class _Ctx:
 async def _collect(ctx: _Ctx, gens) -> dict[str, Any]:
     choices, prompt_tokens, completion, cached = [], 0, 0, 0
     seen_prompts: set[int] = set()
-    for i, seq in enumerate(await collect_sequences(gens)):
+    sequences = await collect_sequences(gens)
+    failure = first_failure([seq.final for seq in sequences])
+    if failure is not None:
+        raise failure_error(failure)  # a cut-off answer is an error, never a 200 that looks complete
+    for i, seq in enumerate(sequences):
         out = seq.final
-        if out.error and not seq.token_ids:
-            raise output_error(out)
         p = ctx.prompt_of(i)
         if p not in seen_prompts:
             seen_prompts.add(p)
@@ -109,9 +107,13 @@ async def _collect(ctx: _Ctx, gens) -> dict[str, Any]:
                 "index": i,
                 "text": echo + seq.text,
                 "logprobs": _logprobs(
-                    ctx.state, seq.token_ids, seq.logprobs if ctx.want_logprobs else None, len(echo)
+                    ctx.state,
+                    seq.token_ids,
+                    seq.logprobs if ctx.want_logprobs else None,
+                    len(echo),
+                    seq.top_logprobs,
                 ),
-                "finish_reason": openai_finish_reason(out.finish_reason),
+                "finish_reason": out.finish_reason,
                 "matched_stop": out.matched_stop,
             }
         )
@@ -132,10 +134,9 @@ async def _stream(ctx: _Ctx, gens):
     def chunk(choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
         return sse(response_body(ctx.rid, "text_completion", ctx.created, ctx.model, choices, usage_obj))
 
+    failure = None
     async for i, out in merge(gens):
-        if out.error and out.completion_tokens == 0:
-            yield output_error(out).sse()
-            continue
+        failure = failure or out.failure
         p = ctx.prompt_of(i)
         completion[i] = out.completion_tokens
         prompt_tokens[p], cached[p] = out.prompt_tokens, out.cached_tokens
@@ -145,7 +146,9 @@ async def _stream(ctx: _Ctx, gens):
             text = ctx.echo_texts[p] + text
         if not text and not out.finished:
             continue
-        lp = _logprobs(ctx.state, out.token_ids, out.logprobs if ctx.want_logprobs else None, offsets[i])
+        lp = _logprobs(
+            ctx.state, out.token_ids, out.logprobs if ctx.want_logprobs else None, offsets[i], out.top_logprobs
+        )
         offsets[i] += len(text)
         yield chunk(
             [
@@ -153,7 +156,7 @@ async def _stream(ctx: _Ctx, gens):
                     "index": i,
                     "text": text,
                     "logprobs": lp,
-                    "finish_reason": openai_finish_reason(out.finish_reason) if out.finished else None,
+                    "finish_reason": out.finish_reason if out.finished else None,
                 }
             ]
         )
@@ -164,3 +167,5 @@ async def _stream(ctx: _Ctx, gens):
             sum(cached.values()) if ctx.cache_report else None,
         )
         yield chunk([], u)
+    if failure is not None:
+        yield failure_error(failure).sse()  # after the choice that says "abort"/"error": the cause
