@@ -148,8 +148,11 @@ def server_fields(raw: RawProfile) -> dict[str, Any]:
 
 def _resolve(fields: dict[str, Any], platform: Any):
     from tokenspeed.config.server_args import ServerArgs
+    from tokenspeed.config.support_check import refuse_unsupported
 
-    return ServerArgs.from_dict(fields, platform=platform)
+    args = ServerArgs.from_dict(fields, platform=platform)
+    refuse_unsupported(args)  # what `tokenspeed serve` would refuse is refused at the profile check
+    return args
 
 
 def resolve_server(raw: RawProfile, fields: dict[str, Any], owned: dict[str, Any], platform: Any = None):

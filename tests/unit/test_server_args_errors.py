@@ -37,7 +37,6 @@ CLI_ERRORS = [
         ["--max-prefill-tokens"],
     ),
     ("deepseek chunk", ["--deepseek-v4-prefill-chunk-size", "0"], ["--deepseek-v4-prefill-chunk-size"]),
-    ("kvstore needs prefix cache", ["--no-enable-prefix-caching"], ["--disable-kvstore"]),
     (
         "encode with dp",
         ["--disaggregation-mode", "encode", "--data-parallel-size", "2"],
@@ -113,6 +112,7 @@ DIRECT_ERRORS = [
     ({"metrics_reporters": ["statsd"]}, "--metrics-reporters"),
     ({"load_balance_method": "random"}, "--load-balance-method"),
     ({"speculative_algorithm": "EAGLE3", "speculative_eagle_topk": 2}, "--speculative-eagle-topk 1"),
+    ({"enable_kvstore": True, "enable_prefix_caching": False}, "drop enable_kvstore"),
     ({"model": ""}, "model is required"),
     ({"max_num_seqs": 0}, "--max-num-seqs"),
     ({"ep_size": 0}, "--ep-size"),

@@ -109,10 +109,11 @@ RULES = [
     ("capture small gpu tp4", ["--tp", "4"], SMALL_GPU, {"max_cudagraph_capture_size": 80}),
     ("capture unknown memory", [], NO_GPU, {"max_cudagraph_capture_size": 160}),
     (
+        # speculative decoding is not built (the support check refuses it): it must not shrink anything
         "capture speculative",
         ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d"],
         AMPERE,
-        {"max_cudagraph_capture_size": 80, "max_num_seqs": 80},
+        {"max_cudagraph_capture_size": 160, "max_num_seqs": 160},
     ),
     (
         "capture explicit",
@@ -278,7 +279,8 @@ RULES = [
         {"eagle3_layers_to_capture": [2, 16, 29]},
     ),
     # KVStore and Mooncake
-    ("kvstore on by default", [], AMPERE, {"enable_kvstore": True}),
+    # no KVStore is built, so the GPU default is off (the seed's is on)
+    ("kvstore off by default on a GPU", [], HOPPER, {"enable_kvstore": False}),
     (
         "kvstore disabled",
         ["--disable-kvstore", "--no-enable-prefix-caching"],

@@ -200,16 +200,13 @@ def resolve_memory_and_scheduling(args: ServerArgs, facts: PlatformFacts) -> Non
         if small_gpu:
             # TP1/TP2 on small cards lose almost nothing with tiny graphs; TP4+ still need them.
             args.max_cudagraph_capture_size = 8 if world_size < 4 else 80
-        elif args.speculative_algorithm:
-            args.max_cudagraph_capture_size = 80
         else:
+            # The seed halves both for speculative decoding, which is not built here (config.support
+            # refuses it): a refused setting must not shrink the batch or the KV pool of a server.
             args.max_cudagraph_capture_size = 160
     if args.max_num_seqs is None:
-        if args.mapping.has_attn_cp:
-            # Context parallelism splits one sequence over ranks; it serves one at a time.
-            args.max_num_seqs = 1
-        else:
-            args.max_num_seqs = 80 if args.speculative_algorithm else 160
+        # Context parallelism splits one sequence over ranks; it serves one at a time.
+        args.max_num_seqs = 1 if args.mapping.has_attn_cp else 160
 
 
 def resolve_kernel_backends(args: ServerArgs, facts: PlatformFacts) -> None:
@@ -253,8 +250,8 @@ def resolve_cache(args: ServerArgs) -> None:
     elif args.device == "cpu":
         # The KV pool already lives in host memory; a host tier behind it would only copy it.
         args.enable_kvstore = False
-    elif not args.disable_kvstore:
-        args.enable_kvstore = True
+    # The seed turns the KVStore on by default on a GPU; it is not built here (config.support), so it stays
+    # off unless a profile asks for it, which the support check then refuses.
     if args.kvstore_storage_backend == "mooncake":
         if args.kvstore_mem_layout == "layer_first":
             args.kvstore_mem_layout = "page_first"
@@ -269,7 +266,7 @@ def resolve_cache(args: ServerArgs) -> None:
     if args.enable_kvstore and not args.enable_prefix_caching:
         raise ValueError(
             "the KVStore tier keeps prefix-cache pages, so it cannot run with prefix caching off: "
-            "add --disable-kvstore to --no-enable-prefix-caching (or drop --no-enable-prefix-caching)"
+            "drop enable_kvstore (or --no-enable-prefix-caching)"
         )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,8 +30,11 @@ from typing import Any
 import torch
 
 from tokenspeed.config.flags import FIELD_ALIASES
+from tokenspeed.config.support_check import no_effect_warning, refuse_unsupported
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput
 from tokenspeed.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -101,6 +105,9 @@ class Engine:
         kwargs = _fold_aliases(kwargs)
         kwargs.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
         self.server_args = ServerArgs(model=model, **kwargs)
+        # Refused settings stop here, before any weight is read; no-effect ones are named once.
+        if (warning := no_effect_warning(refuse_unsupported(self.server_args))) is not None:
+            logger.warning("%s", warning)
         mapping = self.server_args.mapping
         _check_offline_layout(mapping)
         if mapping.world_size == 1:

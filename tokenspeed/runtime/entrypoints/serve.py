@@ -21,6 +21,7 @@ from typing import Any
 from tokenspeed.config import resolution_check
 from tokenspeed.config.ports import bind_error
 from tokenspeed.config.server_args import ServerArgs
+from tokenspeed.config.support_check import SupportReport, assess, field_statuses, no_effect_warning
 
 logger = logging.getLogger("tokenspeed.serve")
 
@@ -48,13 +49,19 @@ def parse_args(argv: list[str]) -> tuple[Any, bool]:
     return from_namespace(ns), print_config
 
 
-def print_config(server_args: ServerArgs) -> None:
+def print_config(server_args: ServerArgs, report: SupportReport) -> None:
     from tokenspeed.runtime.distributed.mapping import Mapping
 
     mapping = Mapping.from_server_args(server_args)
     config = server_args.to_dict()
     config.pop("mapping", None)
-    print(json.dumps({"server_args": config, "mapping": mapping.to_dict()}, indent=2, default=str))
+    # Every value that differs from its default, with what this build does with it (config/support.py).
+    support = field_statuses(server_args, report)
+    print(
+        json.dumps(
+            {"server_args": config, "support": support, "mapping": mapping.to_dict()}, indent=2, default=str
+        )
+    )
 
 
 def configure_logging(server_args: ServerArgs) -> None:
@@ -75,10 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"tokenspeed serve: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    report = assess(server_args)
     if want_config:
-        print_config(server_args)
+        print_config(server_args, report)
+    if report.refused:
+        print(f"tokenspeed serve: error: {report.error()}", file=sys.stderr)
+        return EXIT_USAGE
+    if want_config:
         return EXIT_OK
     configure_logging(server_args)
+    if (warning := no_effect_warning(report)) is not None:
+        logger.warning("%s", warning)
     for difference in resolution_check.differences(server_args, os.environ.get(resolution_check.EXPECTED_ENV)):
         logger.warning("resolved differently from the supervisor that started this server: %s", difference)
     try:
@@ -128,10 +142,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 def vocab_size_of(server_args: ServerArgs) -> int | None:
     """The model's vocabulary size from its config.json, None when it cannot be read."""
-    from tokenspeed.demo_models import resolve_model_path
-
-    # The model may be a name (`demo`) resolved to a folder, as the schedulers resolve it.
-    path = os.path.join(resolve_model_path(str(server_args.model)), "config.json")
+    path = os.path.join(str(server_args.model), "config.json")
     try:
         with open(path) as f:
             cfg = json.load(f)
