@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI-compatible routes, the native API, health, info, metrics, admin.
 
-Every route but `/health` needs `Authorization: Bearer <--api-key>` when a key is set. Errors are
-OpenAI-style bodies (`openai.errors`); unknown routes answer 404 the same way.
+Every route but `/health` needs `Authorization: Bearer <--api-key>` when a key is set (`/openapi.json`, the
+schema of every route, included). Errors are OpenAI-style bodies (`openai.errors`); unknown routes answer
+404 the same way. Bodies are held to `--max-request-bytes` and to valid JSON text (`request_body`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenspeed.config.support_check import assess
 from tokenspeed.runtime.entrypoints.expert_api import add_expert_routes
+from tokenspeed.runtime.entrypoints.native_api import GENERATE_OPENAPI
 from tokenspeed.runtime.entrypoints.native_api import generate as native_generate
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, unavailable
 from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from tokenspeed.runtime.entrypoints.openai.serving_chat import create_chat_completion
 from tokenspeed.runtime.entrypoints.openai.serving_completions import create_completion
+from tokenspeed.runtime.entrypoints.request_body import BodyLimitMiddleware, BodyRefused, CheckedRoute
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 from tokenspeed.sampling_params import SamplingParams
 
@@ -68,8 +71,15 @@ def _require_ready(state: ServerState) -> None:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="TokenSpeed", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="TokenSpeed", version=_version(), docs_url=None, redoc_url=None, openapi_url="/openapi.json"
+    )
+    app.router.route_class = CheckedRoute
     app.state.server = state
+    max_bytes = state.server_args.max_request_bytes
+    if max_bytes:
+        app.add_middleware(BodyLimitMiddleware, max_bytes=max_bytes)
+    # Added last, so it runs first: a client without the key is turned away before its body is read.
     if state.server_args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.server_args.api_key)
 
@@ -81,6 +91,12 @@ def build_app(state: ServerState) -> FastAPI:
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
         first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            where = next((p for p in first.get("loc", ()) if isinstance(p, int)), None)
+            reason = (first.get("ctx") or {}).get("error", "JSON decode error")
+            return bad_request(
+                f"the body is not valid JSON: {reason}: character {where}", code="invalid_json"
+            ).response()
         loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         return bad_request(
             f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(exc), param=loc or None
@@ -88,6 +104,8 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if isinstance(exc, BodyRefused):
+            return exc.api_error().response()
         if exc.status_code == 404:
             return APIError(404, f"no route {request.method} {request.url.path}", code="not_found").response()
         return APIError(exc.status_code, str(exc.detail)).response()
@@ -131,7 +149,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     # ---------------------------------------------------------------- native
 
-    @app.post("/generate")
+    @app.post("/generate", openapi_extra=GENERATE_OPENAPI)
     async def generate(request: Request) -> Response:
         _require_ready(state)
         return await native_generate(state, await _json_body(request), request)

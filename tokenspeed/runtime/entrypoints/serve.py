@@ -142,7 +142,10 @@ def _check_port_free(host: str, port: int) -> None:
 
 def vocab_size_of(server_args: ServerArgs) -> int | None:
     """The model's vocabulary size from its config.json, None when it cannot be read."""
-    path = os.path.join(str(server_args.model), "config.json")
+    from tokenspeed.demo_models import resolve_model_path
+
+    # The model may be a name (`demo`) resolved to a folder, as the schedulers resolve it.
+    path = os.path.join(resolve_model_path(str(server_args.model)), "config.json")
     try:
         with open(path) as f:
             cfg = json.load(f)
