@@ -1,0 +1,191 @@
+"""Does one large request stall everyone else? The longest pause of a running stream while 10 MB prompts
+arrive, on the CPU demo model.
+
+    python benchmarks/stall.py                       # starts `tokenspeed serve demo --device cpu` itself
+    python benchmarks/stall.py --base-url http://127.0.0.1:8000 --model demo
+
+A victim process streams completions back to back and records when each chunk arrives; meanwhile this
+process sends `--big-requests` prompts of `--big-mb` MB (answered 413 above --max-request-bytes), prompts
+just under the body limit (refused by the context-length bound), and chat requests long enough to be
+tokenized off the event loop, and polls /health. The figure is the longest gap between two chunks of the
+victim's stream while those requests were being answered, next to the same stream's longest gap with
+nothing else going on. Results go to benchmarks/results/stall_cpu.json. Goal: < 100 ms (was 8.5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+RESULTS = Path(__file__).resolve().parent / "results" / "stall_cpu.json"
+
+
+def _victim(base_url: str, model: str, headers: dict, stop, out) -> None:
+    """Stream completions back to back until `stop` is set; send every chunk's arrival time to `out`."""
+    body = {
+        "model": model,
+        "prompt": "To open a file,",
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with httpx.Client(base_url=base_url, headers=headers, timeout=120) as c:
+        while not stop.is_set():
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        out.send(time.monotonic())
+    out.send(None)
+
+
+def _gaps(times: list[float], since: float, until: float) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:], strict=False) if b >= since and a <= until]
+
+
+def _start_server(port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "tokenspeed", "serve", "demo", "--device", "cpu", "--port", str(port)]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with {proc.returncode} while starting")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the server did not become healthy within 300 s")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _window(args, base_url: str, headers: dict, load: bool) -> dict:
+    """Run the victim for one window, with or without the large requests; return what was measured."""
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    recv, send = ctx.Pipe(duplex=False)
+    victim = ctx.Process(target=_victim, args=(base_url, args.model, headers, stop, send), daemon=True)
+    victim.start()
+    times: list[float] = []
+    while not times:  # the stream is running
+        times.append(recv.recv())
+    time.sleep(0.5)
+    answers, health = [], []
+    since = time.monotonic()
+    if load:
+        answers, health = _send_large(args, base_url, headers)
+    else:
+        time.sleep(args.idle_s)
+    until = time.monotonic()
+    stop.set()
+    while True:
+        t = recv.recv()
+        if t is None:
+            break
+        times.append(t)
+    victim.join(timeout=60)
+    gaps = _gaps(times, since, until)
+    return {
+        "window_s": round(until - since, 3),
+        "chunks": len(gaps),
+        "max_gap_ms": round(max(gaps) * 1000, 1) if gaps else None,
+        "p50_gap_ms": round(statistics.median(gaps) * 1000, 1) if gaps else None,
+        "p99_gap_ms": round(sorted(gaps)[int(0.99 * (len(gaps) - 1))] * 1000, 1) if gaps else None,
+        "answers": answers,
+        "health_max_ms": round(max(health) * 1000, 1) if health else None,
+    }
+
+
+def _send_large(args, base_url: str, headers: dict) -> tuple[list[dict], list[float]]:
+    big = json.dumps(
+        {"model": args.model, "prompt": "word " * (args.big_mb * 1_000_000 // 5), "max_tokens": 4}
+    )
+    with httpx.Client(base_url=base_url, headers=headers, timeout=120) as c:
+        limit = c.get("/get_server_info").json().get("max_request_bytes") or 4 * 1024 * 1024
+        under = json.dumps({"model": args.model, "prompt": "word " * ((limit - 1000) // 5), "max_tokens": 4})
+        # Under the context bound of the demo model (512 tokens): tokenized for real, off the loop.
+        chat = json.dumps(
+            {
+                "model": args.model,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "open a file " * 500}],
+            }
+        )
+        plan = [("big", "/v1/completions", big)] * args.big_requests
+        plan += [("under_limit", "/v1/completions", under)] * 2 + [
+            ("chat_6k_chars", "/v1/chat/completions", chat)
+        ] * 4
+        answers, health = [], []
+        for kind, path, body in plan:
+            t = time.monotonic()
+            r = c.post(path, content=body.encode(), headers={"content-type": "application/json"})
+            answers.append({"kind": kind, "bytes": len(body), "status": r.status_code,
+                            "seconds": round(time.monotonic() - t, 3)})  # fmt: skip
+            t = time.monotonic()
+            c.get("/health")
+            health.append(time.monotonic() - t)
+    return answers, health
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", help="a running server (default: start the demo model on the CPU)")
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--api-key", default=os.environ.get("TOKENSPEED_API_KEY"))
+    ap.add_argument("--big-mb", type=int, default=10)
+    ap.add_argument("--big-requests", type=int, default=30)
+    ap.add_argument("--idle-s", type=float, default=5.0, help="length of the window without large requests")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args()
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    proc = None
+    base_url = args.base_url
+    if base_url is None:
+        port = _free_port()
+        proc = _start_server(port)
+        base_url = f"http://127.0.0.1:{port}"
+    try:
+        idle = _window(args, base_url, headers, load=False)
+        loaded = _window(args, base_url, headers, load=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
+    result = {
+        "benchmark": "longest inter-chunk gap of a running stream while large prompts arrive",
+        "server": "tokenspeed serve demo --device cpu" if proc is not None else base_url,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "big_prompt_mb": args.big_mb,
+        "without_large_requests": idle,
+        "with_large_requests": loaded,
+        "goal_max_gap_ms": 100,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
