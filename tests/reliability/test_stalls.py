@@ -92,7 +92,7 @@ def test_tokenizing_a_long_prompt_leaves_the_event_loop_free(reliability_model):
     from tokenspeed.runtime.engine.tokenizer import load_tokenizer
 
     encoder = PromptEncoder(load_tokenizer(reliability_model))
-    text = "the quick brown fox jumps over the lazy dog " * 40_000  # no context bound set: tokenized
+    text = "the quick brown fox jumps over the lazy dog " * 20_000  # no context bound set: tokenized
     started = time.monotonic()
     encoder.tokenizer.encode(text)
     inline_s = time.monotonic() - started
@@ -112,7 +112,7 @@ def test_tokenizing_a_long_prompt_leaves_the_event_loop_free(reliability_model):
         await asyncio.sleep(0.02)
         ids = await encoder.encode(text)
         ticker.cancel()
-        assert len(ids) > 100_000
+        assert len(ids) > 50_000
         return max(gaps)
 
     try:
