@@ -25,8 +25,13 @@ _FLOAT_FIELDS = (
     "frequency_penalty",
     "presence_penalty",
 )
-_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "n")
+_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "n", "top_logprobs")
 _BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "logprobs")
+# OpenAI clamps logit_bias to this range; chat top_logprobs and completions logprobs=N go up to 20.
+LOGIT_BIAS_LIMIT = 100.0
+TOP_LOGPROBS_MAX = 20
+# Constraints a grammar backend compiles (SGLang's sampling_params spelling); at most one per request.
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 
 
 @dataclass
@@ -47,6 +52,11 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per output token (with logprobs), most likely first
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, within +-100
+    json_schema: str | None = None  # a JSON schema (text) the output must match
+    regex: str | None = None
+    ebnf: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -55,6 +65,15 @@ class SamplingParams:
             self.stop = []
         if self.stop_token_ids is None:
             self.stop_token_ids = []
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, text) of the request's output constraint, or None."""
+        for name in GRAMMAR_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                return name, value
+        return None
 
     @property
     def is_greedy(self) -> bool:
@@ -92,6 +111,35 @@ class SamplingParams:
         for tid in self.stop_token_ids:
             if not 0 <= tid <= _COUNT_MAX:
                 raise ValueError(f"stop_token_ids: {tid} is not a token id")
+        if not 0 <= self.top_logprobs <= TOP_LOGPROBS_MAX:
+            raise ValueError(
+                f"top_logprobs must be between 0 and {TOP_LOGPROBS_MAX}, got {self.top_logprobs}"
+            )
+        self._verify_constraints()
+
+    def _verify_constraints(self) -> None:
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+            bias: dict[int, float] = {}
+            for key, value in self.logit_bias.items():
+                try:
+                    tid = int(key)
+                except (TypeError, ValueError):
+                    raise ValueError(f"logit_bias: {key!r} is not a token id") from None
+                if not 0 <= tid <= _COUNT_MAX:
+                    raise ValueError(f"logit_bias: {key!r} is not a token id")
+                if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                    raise ValueError(f"logit_bias[{key}] must be a number, got {value!r}")
+                # OpenAI's documented range: -100 bans a token, 100 forces it; beyond that is clamped.
+                bias[tid] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(value)))
+            self.logit_bias = bias or None
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)}: give at most one output constraint per request")
+        for name in given:
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
 
     def _verify_types(self) -> None:
         # JSON callers (/generate) hand the fields over as parsed: a string, a NaN or a 2**70 here would

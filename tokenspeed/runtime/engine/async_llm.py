@@ -217,6 +217,7 @@ class AsyncLLM:
             wake_every=self.stream_interval if stream else 0,
             arrival=time.time(),
             logprobs=[] if sampling.logprobs else None,
+            top_logprobs=[] if sampling.logprobs and sampling.top_logprobs else None,
         )
         # Registered from here on: whatever happens next, the `finally` below removes the request (a
         # failure to send it included), so nothing is left in flight for ever.
@@ -337,6 +338,8 @@ class AsyncLLM:
             req.ids.extend(o.new_token_ids)
             if req.logprobs is not None and o.new_logprobs:
                 req.logprobs.extend(o.new_logprobs)
+            if req.top_logprobs is not None and o.new_top_logprobs:
+                req.top_logprobs.extend(o.new_top_logprobs)
         delta, stopped = req.detok.append(o.new_token_ids, final=o.finished)
         if delta:
             req.text.append(delta)

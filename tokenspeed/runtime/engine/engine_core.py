@@ -36,6 +36,7 @@ from tokenspeed.runtime.engine.overlap import InFlightBatch, needs_host_tokens, 
 from tokenspeed.runtime.engine.prompt_check import check_prompt
 from tokenspeed.runtime.engine.request_state import ModelLimits
 from tokenspeed.runtime.execution.model_runner import ModelRunner
+from tokenspeed.runtime.grammar.admission import GrammarAdmission
 from tokenspeed.runtime.models.model_config import ModelConfig
 from tokenspeed.runtime.parallel.experts import EXPERT_RECORD_METHODS, ExpertController, NoExperts
 from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
@@ -107,11 +108,37 @@ class EngineCore:
         self.overlap, why = overlap_mode(self.config, has_peers=peers is not None)
         logger.info("overlap scheduling: %s", why)
         self._in_flight: InFlightBatch | None = None
+        self._grammars = self._grammar_admission(server_args)
+
+    def _grammar_admission(self, server_args: ServerArgs) -> GrammarAdmission | None:
+        if server_args.grammar_backend != "xgrammar":
+            return None
+        from tokenspeed.runtime.engine.tokenizer import get_tokenizer
+        from tokenspeed.runtime.grammar.backend import GrammarBackend, check_installed
+
+        check_installed(server_args.grammar_backend)
+        tokenizer = get_tokenizer(server_args)
+        if tokenizer is None:
+            return None  # --skip-tokenizer-init: requests with a grammar are refused in add_request
+        backend = GrammarBackend(
+            tokenizer,
+            self._vocab_size,
+            sorted(self._eos),
+            timeout_s=server_args.grammar_compile_timeout_secs,
+            max_retries=server_args.grammar_compile_max_retries,
+            any_whitespace=not server_args.disable_any_whitespace,
+        )
+        return GrammarAdmission(backend)
 
     # ---- requests -----------------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:
         sp = SamplingParams.from_dict(request.sampling)
         sp.verify()
+        if sp.grammar is not None and self._grammars is None:
+            raise ValueError(
+                f"{sp.grammar[0]}: structured output is off on this server; start it with "
+                "--grammar-backend xgrammar (and a tokenizer)"
+            )
         ids = list(request.input_ids)
         check_prompt(ids, self.limits, self._vocab_size)
         generator = None
@@ -127,24 +154,41 @@ class EngineCore:
             arrival_time=request.arrival_time or time.time(),
             generator=generator,
         )
+        if sp.grammar is not None and sp.max_new_tokens != 0:
+            self._grammars.add(req)  # joins the scheduler once its grammar is compiled
+            return
         self.scheduler.add_request(req)
         if sp.max_new_tokens == 0:
             self.scheduler.abort_request(req.rid, reason="length")
+
+    def _admit_compiled(self) -> None:
+        if not self._grammars:
+            return
+        if not self.scheduler.has_unfinished() and self._in_flight is None:
+            self._grammars.wait(0.01)  # nothing else to run: wait for a compile instead of spinning
+        for req, error in self._grammars.ready():
+            self.scheduler.add_request(req)
+            if error is not None:
+                self.scheduler.abort_request(req.rid, reason="abort", error=error)
 
     def abort_request(self, rid: str, reason: str = "abort") -> bool:
         """Finish a request now; its final output comes from the next step(). False if unknown."""
         if reason not in _ABORT_REASONS:
             raise ValueError(f"abort reason must be one of {_ABORT_REASONS}, got {reason!r}")
+        held = self._grammars.remove(rid) if self._grammars is not None else None
+        if held is not None:
+            self.scheduler.add_request(held)  # so that its final output is reported like any other
         return self.scheduler.abort_request(rid, reason)
 
     def has_unfinished(self) -> bool:
-        busy = self.scheduler.has_unfinished() or self._in_flight is not None
+        busy = self.scheduler.has_unfinished() or self._in_flight is not None or bool(self._grammars)
         if not busy:
             self.peers.keepalive()  # idle rank 0: pending expert operations, and a sign of life to peers
         return busy
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self._admit_compiled()
         # Overlap: schedule k -> launch k -> resolve k-1 -> outputs. Synchronous: resolve k before returning.
         if self._in_flight is not None and not self._may_schedule_ahead():
             self._resolve_in_flight()
@@ -177,7 +221,9 @@ class EngineCore:
         # A request that finished since (aborted, or ended by its previous token) drops its result: it is
         # not shown and not counted.
         live = [not it.req.is_finished for it in batch.items]
-        self.scheduler.update_from_output(batch, result.token_ids, result.logprobs, result.errors)
+        self.scheduler.update_from_output(
+            batch, result.token_ids, result.logprobs, result.errors, result.top_logprobs
+        )
         self._iteration_tokens.append(batch.num_tokens)
         num_sampled = sum(it.sample for it, ok in zip(batch.items, live, strict=True) if ok)
         self._gen_events.append((time.monotonic(), num_sampled))
@@ -202,6 +248,11 @@ class EngineCore:
             completion_tokens=req.num_output_tokens,
             cached_tokens=req.num_cached_tokens,
             new_logprobs=req.output_logprobs[start:] if req.sampling.logprobs else None,
+            new_top_logprobs=(
+                [[[t, lp] for t, lp in alts] for alts in req.output_top_logprobs[start:]]
+                if req.sampling.logprobs and req.sampling.top_logprobs
+                else None
+            ),
             error=req.error,
             dp_rank=self.dp_rank,
             first_scheduled_time=req.first_scheduled_time,

@@ -51,6 +51,8 @@ class RequestOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     new_logprobs: list[float] | None = None
+    # per new token, [token id, logprob] of the most likely tokens (sampling.top_logprobs of them)
+    new_top_logprobs: list[list[list[float]]] | None = None
     error: str | None = None
     dp_rank: int = 0  # the data-parallel group that served the request (set by its scheduler process)
     # Wall-clock time (time.time(), the clock of GenerateRequest.arrival_time) the scheduler first put the

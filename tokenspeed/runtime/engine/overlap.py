@@ -51,6 +51,12 @@ def overlap_mode(config: RunnerConfig, has_peers: bool) -> tuple[bool, str]:
 def needs_host_tokens(req: Request) -> bool:
     """The sampler reads this request's generated token ids on the host (penalties count them), so its
     next token cannot be sampled before its latest one is resolved. Temperature, top-k/p, min-p, seeds,
-    logit bias and min_new_tokens read only parameters and the number of outputs, which is known."""
+    logit bias and min_new_tokens read only parameters and the number of outputs, which is known. A grammar
+    must accept the latest token before it can say which tokens may follow."""
     sp = req.sampling
-    return sp.repetition_penalty != 1.0 or bool(sp.frequency_penalty) or bool(sp.presence_penalty)
+    return (
+        sp.repetition_penalty != 1.0
+        or bool(sp.frequency_penalty)
+        or bool(sp.presence_penalty)
+        or req.grammar is not None
+    )

@@ -55,6 +55,8 @@ class SequenceOutput:
     dp_rank: int
     failure: RequestFailure | None = None  # set on the final output of a request the server cut short
     queue_time: float | None = None  # arrival to first scheduled (s); None until the scheduler reports it
+    # per token in token_ids, [token id, logprob] of the most likely tokens (with top_logprobs asked for)
+    top_logprobs: list[list[list[float]]] | None = None
 
     @property
     def error(self) -> str | None:
@@ -73,6 +75,7 @@ class TrackedRequest:
     text: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
+    top_logprobs: list[list[list[float]]] | None = None
     sent_any: bool = False
     finished: bool = False
     finish_reason: str | None = None
@@ -108,9 +111,11 @@ class TrackedRequest:
             dp_rank=self.dp_rank,
             failure=self.failure,
             queue_time=self.queue_time,
+            top_logprobs=self.top_logprobs,
         )
         self.text, self.ids = [], []
         self.logprobs = [] if self.logprobs is not None else None
+        self.top_logprobs = [] if self.top_logprobs is not None else None
         return out
 
 

@@ -135,6 +135,8 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
         values = {**(state.preferred_sampling_params or {}), **r}
         values = {k: v for k, v in values.items() if k in SamplingParams.__dataclass_fields__ or k in r}
         values["logprobs"] = want_logprobs
+        if want_logprobs and body.get("top_logprobs_num"):
+            values["top_logprobs"] = body["top_logprobs_num"]
         try:
             p = SamplingParams.from_dict(values)
             p.verify()
@@ -184,7 +186,9 @@ async def generate(state: ServerState, body: dict[str, Any], request: Request) -
     return JSONResponse(results)
 
 
-def _meta(out: SequenceOutput, started: float, logprobs: list[float] | None) -> dict[str, Any]:
+def _meta(
+    out: SequenceOutput, started: float, logprobs: list[float] | None, tops: list | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": out.rid,
         "finish_reason": finish_reason_obj(out),
@@ -198,6 +202,9 @@ def _meta(out: SequenceOutput, started: float, logprobs: list[float] | None) -> 
         meta["queue_time"] = out.queue_time  # the same split as request_queue_time_seconds
     if logprobs is not None:
         meta["output_token_logprobs"] = logprobs
+    if tops is not None:
+        # SGLang's spelling: per output token, [logprob, token id, text (not sent)] most likely first
+        meta["output_top_logprobs"] = [[[lp, int(t), None] for t, lp in alts] for alts in tops]
     return meta
 
 
@@ -206,12 +213,15 @@ async def _collect(gens, started: float) -> list[dict[str, Any]]:
     texts: list[list[str]] = [[] for _ in range(n)]
     ids: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float] | None] = [None] * n
+    tops: list[list | None] = [None] * n
     final: list[Any] = [None] * n
     async for i, out in merge(gens):
         texts[i].append(out.text)
         ids[i].extend(out.token_ids)
         if out.logprobs is not None:
             lps[i] = (lps[i] or []) + out.logprobs
+        if out.top_logprobs is not None:
+            tops[i] = (tops[i] or []) + out.top_logprobs
         if out.finished:
             final[i] = out
     failure = first_failure(final)
@@ -220,7 +230,11 @@ async def _collect(gens, started: float) -> list[dict[str, Any]]:
     results = []
     for i, out in enumerate(final):
         results.append(
-            {"text": "".join(texts[i]), "output_ids": ids[i], "meta_info": _meta(out, started, lps[i])}
+            {
+                "text": "".join(texts[i]),
+                "output_ids": ids[i],
+                "meta_info": _meta(out, started, lps[i], tops[i]),
+            }
         )
     return results
 

@@ -25,6 +25,7 @@ class ServerState:
     status: str = STARTING
     started_at: float = field(default_factory=time.time)
     child_pids: dict[str, int] = field(default_factory=dict)
+    grammar: Any = None  # the GrammarBackend that checks constraints, built on the first that needs it
 
     @property
     def model_name(self) -> str:

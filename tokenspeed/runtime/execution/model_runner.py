@@ -25,6 +25,7 @@ from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
+from tokenspeed.runtime.grammar.bitmask import fill_token_bitmask
 from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
 from tokenspeed.runtime.layers.moe.backend import apply_moe_backend
@@ -47,6 +48,8 @@ class StepResult:
     token_ids: list[int]
     logprobs: list[float] | None = None
     errors: list[str | None] | None = None
+    # per item, (token id, logprob) of the most likely tokens, for the requests that asked (top_logprobs)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -57,7 +60,7 @@ class LaunchedBatch:
     sampled: list[int]  # indices of the items that sample, in the order of `token_ids`' rows
     row_of: dict[Request, int] = field(default_factory=dict)  # request -> its row of `token_ids`
     token_ids: torch.Tensor | None = None  # [len(sampled)] int64 on the device
-    host: list[torch.Tensor | None] = field(default_factory=list)  # token ids, logprobs, NaN rows
+    host: list[torch.Tensor | None] = field(default_factory=list)  # ids, logprobs, NaN rows, top ids, top lps
     copied: Any = None  # torch.cuda.Event recorded after the copies to the host
 
 
@@ -226,10 +229,16 @@ class ModelRunner:
         if not sampled:
             return launched
         rows = logits if len(sampled) == len(items) else logits[torch.tensor(sampled, device=logits.device)]
-        out = self.sampler.sample(rows, [_SampleRow(items[i].req, items[i].output_index) for i in sampled])
+        # Filled on the host while the device runs the forward queued above; copied without waiting.
+        bitmask = fill_token_bitmask([items[i].req.grammar for i in sampled], rows.shape[1], rows.device)
+        out = self.sampler.sample(
+            rows, [_SampleRow(items[i].req, items[i].output_index) for i in sampled], bitmask
+        )
         launched.row_of = {items[i].req: j for j, i in enumerate(sampled)}
         launched.token_ids = out.token_ids
-        launched.host = [_to_host(out.token_ids), _to_host(out.logprobs), _to_host(out.nan_rows)]
+        launched.host = [
+            _to_host(t) for t in (out.token_ids, out.logprobs, out.nan_rows, out.top_ids, out.top_logprobs)
+        ]
         if out.token_ids.device.type == "cuda":
             launched.copied = torch.cuda.Event()
             launched.copied.record()
@@ -242,13 +251,19 @@ class ModelRunner:
             return result
         if launched.copied is not None:
             launched.copied.synchronize()
-        token_ids, logprobs, nan_rows = (None if t is None else t.tolist() for t in launched.host)
+        token_ids, logprobs, nan_rows, top_ids, top_lps = (
+            None if t is None else t.tolist() for t in launched.host
+        )
         for j, i in enumerate(launched.sampled):
             result.token_ids[i] = token_ids[j]
         if logprobs is not None:
             result.logprobs = [0.0] * launched.num_items
             for j, i in enumerate(launched.sampled):
                 result.logprobs[i] = logprobs[j]
+        if top_ids is not None:
+            result.top_logprobs = [[] for _ in range(launched.num_items)]
+            for j, i in enumerate(launched.sampled):
+                result.top_logprobs[i] = list(zip(top_ids[j], top_lps[j], strict=True))
         if nan_rows is not None and any(nan_rows):
             result.errors = [None] * launched.num_items
             for j, i in enumerate(launched.sampled):

@@ -45,6 +45,7 @@ class Request:
     stream: bool = False
     arrival_time: float = 0.0
     generator: Any = None  # torch.Generator for a request with its own seed
+    grammar: Any = None  # its GrammarState (runtime/grammar) when its output is constrained
 
     token_ids: list[int] = field(init=False)
     num_computed_tokens: int = 0
@@ -54,6 +55,7 @@ class Request:
     matched_stop: int | None = None
     error: str | None = None
     output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     num_emitted_tokens: int = 0  # outputs already sent to the front end
     num_preemptions: int = 0
     num_pending_tokens: int = 0  # sampled by launched batches, not yet on the host

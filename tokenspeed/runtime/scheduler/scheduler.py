@@ -205,6 +205,7 @@ class Scheduler:
         token_ids: list[int],
         logprobs: list[float] | None = None,
         errors: list[str | None] | None = None,
+        top_logprobs: list[list[tuple[int, float]]] | None = None,
     ) -> None:
         """Apply a step's results: token_ids[i] (and logprobs[i], errors[i]) belong to batch.items[i].
         Results of requests that finished since the batch was scheduled are dropped."""
@@ -223,9 +224,15 @@ class Scheduler:
                 if current:
                     self.kv.share(req)
                 continue
+            if req.grammar is not None and not req.grammar.accept(token_ids[i]):
+                queue.remove(req)
+                self._finish(req, "abort", error=f"token {token_ids[i]} is outside the request's grammar")
+                continue
             req.append_token(token_ids[i], self.config.max_model_len)
             if logprobs is not None and req.sampling.logprobs:
                 req.output_logprobs.append(logprobs[i])
+                if top_logprobs is not None and req.sampling.top_logprobs:
+                    req.output_top_logprobs.append(top_logprobs[i][: req.sampling.top_logprobs])
             if req.is_finished:
                 queue.remove(req)
                 # Work launched after this token (its K/V) is not part of the request: as without overlap,

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokenspeed.runtime.grammar.spec import from_request
 from tokenspeed.sampling_params import SamplingParams
 
 
@@ -44,9 +45,32 @@ class _SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     rid: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # Output constraints: vLLM's extra_body spellings and SGLang's (chat adds OpenAI's response_format).
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    def constraint_fields(self) -> dict[str, Any]:
+        return {
+            "guided_json": self.guided_json,
+            "guided_regex": self.guided_regex,
+            "guided_choice": self.guided_choice,
+            "guided_grammar": self.guided_grammar,
+            "regex": self.regex,
+            "ebnf": self.ebnf,
+        }
 
     def sampling_params(
-        self, max_tokens: int | None, preferred: dict[str, Any] | None, logprobs: bool
+        self,
+        max_tokens: int | None,
+        preferred: dict[str, Any] | None,
+        logprobs: bool,
+        top_logprobs: int = 0,
+        response_format: dict[str, Any] | None = None,
     ) -> SamplingParams:
         """Request fields override `--preferred-sampling-params`, which override the defaults."""
         values: dict[str, Any] = {}
@@ -75,8 +99,13 @@ class _SamplingFields(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
             min_new_tokens=self.min_tokens,
             logprobs=logprobs,
+            top_logprobs=top_logprobs if logprobs else 0,
+            logit_bias=self.logit_bias,
             n=1,  # the front end fans n out into n sequences
         )
+        constraint = from_request(response_format, self.constraint_fields())
+        if constraint is not None:
+            values[constraint.kind] = constraint.text
         params = SamplingParams.from_dict(values)
         params.verify()
         return params
@@ -129,12 +158,10 @@ class ChatCompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         self.check_n()
-        if self.top_logprobs:
-            raise ValueError(
-                "top_logprobs: only the sampled token's logprob is available; leave it unset or 0"
-            )
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("response_format: structured output is not supported by this server")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: set logprobs to true as well")
 
 
 class CompletionRequest(_SamplingFields):
@@ -151,8 +178,8 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("suffix: insertion (fill-in-the-middle) is not supported by this server")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of: only best_of == n is supported")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 5:
-            raise ValueError("logprobs must be between 0 and 5")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as a list: each a string or a list of token ids."""

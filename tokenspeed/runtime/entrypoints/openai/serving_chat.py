@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenspeed.runtime.entrypoints.openai.errors import bad_request
+from tokenspeed.runtime.entrypoints.openai.logprob_format import chat_entries
 from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
@@ -30,16 +31,9 @@ from tokenspeed.runtime.entrypoints.server_state import ServerState
 
 
 def _logprob_entries(
-    state: ServerState, ids: list[int], logprobs: list[float] | None
+    state: ServerState, ids: list[int], logprobs: list[float] | None, tops: list | None = None
 ) -> list[dict[str, Any]]:
-    if logprobs is None:
-        return []
-    tok = state.tokenizer
-    out = []
-    for tid, lp in zip(ids, logprobs, strict=False):
-        text = tok.decode([tid]) if tok is not None else str(tid)
-        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
-    return out
+    return chat_entries(state.tokenizer, ids, logprobs, tops)
 
 
 # Arguments of apply_chat_template that would change what it returns rather than reach the template.
@@ -68,7 +62,13 @@ async def _prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[str,
                 f"chat_template_kwargs: {reserved} are set by the server; leave them out",
                 param="chat_template_kwargs",
             )
-        params = req.sampling_params(req.max_new_tokens(), state.preferred_sampling_params, req.logprobs)
+        params = req.sampling_params(
+            req.max_new_tokens(),
+            state.preferred_sampling_params,
+            req.logprobs,
+            top_logprobs=req.top_logprobs or 0,
+            response_format=req.response_format,
+        )
         ids = await state.llm.prompts.encode_chat(
             req.template_messages(),
             add_generation_prompt=req.add_generation_prompt,
@@ -114,7 +114,7 @@ async def _collect(state, req, model, rid, gens, cache_report) -> dict[str, Any]
                 "index": i,
                 "message": {"role": "assistant", "content": seq.text},
                 "logprobs": (
-                    {"content": _logprob_entries(state, seq.token_ids, seq.logprobs)}
+                    {"content": _logprob_entries(state, seq.token_ids, seq.logprobs, seq.top_logprobs)}
                     if req.logprobs
                     else None
                 ),
@@ -151,7 +151,7 @@ async def _stream(state, req, model, rid, gens, cache_report):
                 "index": i,
                 "delta": delta,
                 "logprobs": (
-                    {"content": _logprob_entries(state, out.token_ids, out.logprobs)}
+                    {"content": _logprob_entries(state, out.token_ids, out.logprobs, out.top_logprobs)}
                     if req.logprobs
                     else None
                 ),

@@ -118,6 +118,9 @@ async def start_sequences(
     stream: bool,
 ) -> list[AsyncIterator[SequenceOutput]]:
     """Start len(prompts) x n sequences; errors that concern the request (400/503) surface here."""
+    from tokenspeed.runtime.entrypoints.openai.constraints import check_constraints
+
+    await check_constraints(state, params)
     gens = []
     try:
         for p, ids in enumerate(prompts):

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenspeed.runtime.entrypoints.openai.errors import APIError
+from tokenspeed.runtime.entrypoints.openai.logprob_format import completion_logprobs
 from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
@@ -31,17 +32,9 @@ from tokenspeed.runtime.entrypoints.server_state import ServerState
 
 
 def _logprobs(
-    state: ServerState, ids: list[int], lps: list[float] | None, offset: int
+    state: ServerState, ids: list[int], lps: list[float] | None, offset: int, tops: list | None = None
 ) -> dict[str, Any] | None:
-    if lps is None:
-        return None
-    tok = state.tokenizer
-    tokens = [tok.decode([t]) if tok is not None else str(t) for t in ids]
-    offsets, pos = [], offset
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": None, "text_offset": offsets}
+    return completion_logprobs(state.tokenizer, ids, lps, tops, offset)
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
@@ -51,7 +44,9 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         req.check_supported()
         check_logprobs(state, want_logprobs)
         prompts = req.prompts()
-        params = req.sampling_params(req.max_tokens, state.preferred_sampling_params, want_logprobs)
+        params = req.sampling_params(
+            req.max_tokens, state.preferred_sampling_params, want_logprobs, top_logprobs=req.logprobs or 0
+        )
         prompt_ids = [await tokenize(state, p) for p in prompts]
     except APIError:
         raise
@@ -112,7 +107,11 @@ async def _collect(ctx: _Ctx, gens) -> dict[str, Any]:
                 "index": i,
                 "text": echo + seq.text,
                 "logprobs": _logprobs(
-                    ctx.state, seq.token_ids, seq.logprobs if ctx.want_logprobs else None, len(echo)
+                    ctx.state,
+                    seq.token_ids,
+                    seq.logprobs if ctx.want_logprobs else None,
+                    len(echo),
+                    seq.top_logprobs,
                 ),
                 "finish_reason": out.finish_reason,
                 "matched_stop": out.matched_stop,
@@ -147,7 +146,9 @@ async def _stream(ctx: _Ctx, gens):
             text = ctx.echo_texts[p] + text
         if not text and not out.finished:
             continue
-        lp = _logprobs(ctx.state, out.token_ids, out.logprobs if ctx.want_logprobs else None, offsets[i])
+        lp = _logprobs(
+            ctx.state, out.token_ids, out.logprobs if ctx.want_logprobs else None, offsets[i], out.top_logprobs
+        )
         offsets[i] += len(text)
         yield chunk(
             [

@@ -34,6 +34,7 @@ class CollectedSequence:
     token_ids: list[int]
     logprobs: list[float]
     final: SequenceOutput
+    top_logprobs: list[list[list[float]]] | None = None  # per token, [id, logprob] of the most likely
 
 
 def cache_report_enabled(state: ServerState) -> bool:
@@ -62,18 +63,21 @@ async def collect_sequences(gens: Sequences) -> list[CollectedSequence]:
     texts: list[list[str]] = [[] for _ in range(n)]
     ids: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float]] = [[] for _ in range(n)]
+    tops: list[list[list[list[float]]] | None] = [None] * n
     final: list[SequenceOutput | None] = [None] * n
     async for i, out in merge(gens):
         texts[i].append(out.text)
         ids[i].extend(out.token_ids)
         if out.logprobs:
             lps[i].extend(out.logprobs)
+        if out.top_logprobs is not None:
+            tops[i] = (tops[i] or []) + out.top_logprobs
         if out.finished:
             final[i] = out
     collected = []
     for i, out in enumerate(final):
         assert out is not None  # merge ends only after every sequence finished
-        collected.append(CollectedSequence("".join(texts[i]), ids[i], lps[i], out))
+        collected.append(CollectedSequence("".join(texts[i]), ids[i], lps[i], out, tops[i]))
     return collected
 
 

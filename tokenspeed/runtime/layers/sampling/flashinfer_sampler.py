@@ -60,7 +60,7 @@ class FlashInferSampler(Sampler):
 
     def _sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
         if self.full:
-            logits = apply_full_adjustments(logits, reqs)
+            logits = apply_full_adjustments(logits, reqs, with_bias=False)
         elif not self._warned and (skipped := ignored_params(reqs)):
             self._warned = True
             logger.warning(

@@ -75,8 +75,6 @@ def ignored_params(reqs: Sequence[SamplingRequest]) -> list[str]:
             names.add("min_p")
         if sp.repetition_penalty != 1.0 or sp.frequency_penalty or sp.presence_penalty:
             names.add("penalties")
-        if getattr(sp, "logit_bias", None):
-            names.add("logit_bias")
     return sorted(names)
 
 
@@ -91,7 +89,9 @@ def _padded_ids(seqs: list[list[int]], pad: int, device: torch.device) -> torch.
     return host.to(device, non_blocking=True)
 
 
-def apply_full_adjustments(logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
+def apply_full_adjustments(
+    logits: torch.Tensor, reqs: Sequence[SamplingRequest], with_bias: bool = True
+) -> torch.Tensor:
     """Logit bias, then repetition / frequency / presence penalties (same rules as the torch reference),
     on float32 logits. Which adjustments run is decided on the host, so no device value is read."""
     S, V = logits.shape
@@ -107,7 +107,8 @@ def apply_full_adjustments(logits: torch.Tensor, reqs: Sequence[SamplingRequest]
         return out
 
     bias_rows, bias_cols, bias_vals = [], [], []
-    for i, r in enumerate(reqs):
+    # Sampler.sample adds the bias itself (every backend honours it); with_bias=False avoids adding it twice.
+    for i, r in enumerate(reqs if with_bias else ()):
         for tok, val in (getattr(r.sampling, "logit_bias", None) or {}).items():
             tok = int(tok)
             if 0 <= tok < V:

@@ -13,6 +13,12 @@ from typing import Any, Protocol
 
 import torch
 
+from tokenspeed.runtime.layers.sampling.logit_adjust import (
+    apply_logit_bias,
+    apply_token_bitmask,
+    logprobs_wanted,
+    read_logprobs,
+)
 from tokenspeed.sampling_params import SamplingParams
 
 
@@ -36,6 +42,8 @@ class SampleOutput:
     token_ids: list[int]
     logprobs: list[float] | None = None  # log-probability of each chosen token under the model
     nan_rows: list[bool] | None = None  # rows whose logits held NaN (only with NaN detection)
+    top_ids: list[list[int]] | None = None  # per row, the most likely tokens (top_logprobs)
+    top_logprobs: list[list[float]] | None = None
 
 
 @dataclass
@@ -45,6 +53,8 @@ class DeviceSample:
     token_ids: torch.Tensor  # [S] int64
     logprobs: torch.Tensor | None = None  # [S] float32
     nan_rows: torch.Tensor | None = None  # [S] bool
+    top_ids: torch.Tensor | None = None  # [S, K] int64, K the most alternatives a row asked for
+    top_logprobs: torch.Tensor | None = None  # [S, K] float32
 
 
 class Sampler(ABC):
@@ -54,28 +64,44 @@ class Sampler(ABC):
         self.device = torch.device(device)
         self.enable_nan_detection = enable_nan_detection
 
-    def __call__(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> SampleOutput:
-        out = self.sample(logits, reqs)
+    def __call__(
+        self, logits: torch.Tensor, reqs: Sequence[SamplingRequest], token_bitmask: torch.Tensor | None = None
+    ) -> SampleOutput:
+        out = self.sample(logits, reqs, token_bitmask)
+
+        def host(t: torch.Tensor | None) -> list | None:
+            return None if t is None else t.tolist()
+
         return SampleOutput(
             token_ids=out.token_ids.tolist(),
-            logprobs=None if out.logprobs is None else out.logprobs.tolist(),
-            nan_rows=None if out.nan_rows is None else out.nan_rows.tolist(),
+            logprobs=host(out.logprobs),
+            nan_rows=host(out.nan_rows),
+            top_ids=host(out.top_ids),
+            top_logprobs=host(out.top_logprobs),
         )
 
-    def sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> DeviceSample:
-        """Like calling the sampler, but the results stay on the device (no host sync of its own)."""
+    def sample(
+        self, logits: torch.Tensor, reqs: Sequence[SamplingRequest], token_bitmask: torch.Tensor | None = None
+    ) -> DeviceSample:
+        """Like calling the sampler, but the results stay on the device (no host sync of its own).
+
+        `token_bitmask` ([S, ceil(V / 32)] int32 on the device): the tokens each row's grammar allows."""
         nan_rows = None
         if self.enable_nan_detection:
             nan_rows = torch.isnan(logits).any(dim=-1)
             # Sample something harmless for those rows; the scheduler aborts them.
             logits = logits.masked_fill(nan_rows.unsqueeze(1), 0.0)
-        raw = logits
+        logits = apply_logit_bias(logits, reqs)
+        if token_bitmask is not None:
+            logits = apply_token_bitmask(logits, token_bitmask)
+        adjusted = logits  # what logprobs are read from: bias and grammar, not the min_tokens ban
         logits = _mask_min_new_tokens(logits, reqs)
         token_ids = self._sample(logits, reqs).long()
-        logprobs = None
-        if any(r.sampling.logprobs for r in reqs):
-            logprobs = torch.log_softmax(raw.float(), dim=-1).gather(1, token_ids.unsqueeze(1)).squeeze(1)
-        return DeviceSample(token_ids=token_ids, logprobs=logprobs, nan_rows=nan_rows)
+        out = DeviceSample(token_ids=token_ids, nan_rows=nan_rows)
+        wanted, top = logprobs_wanted(reqs)
+        if wanted:
+            out.logprobs, out.top_ids, out.top_logprobs = read_logprobs(adjusted, token_ids, top)
+        return out
 
     @abstractmethod
     def _sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:

@@ -38,7 +38,7 @@ class TritonSampler(Sampler):
         from tokenspeed.runtime.kernels.sampling import sample_from_logits
 
         if self.full:
-            logits = apply_full_adjustments(logits, reqs)
+            logits = apply_full_adjustments(logits, reqs, with_bias=False)
         elif not self._warned and (skipped := ignored_params(reqs)):
             self._warned = True
             logger.warning(

@@ -1,0 +1,214 @@
+"""Structured output, logit bias and top logprobs on a real server (the demo model), through the official
+`openai` client and /generate.
+
+One server serves every check: xgrammar on, overlap scheduling on (so grammar requests run next to the
+overlapped ones) and small prefill chunks (so prompts are computed in several chunks before sampling).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import httpx
+import openai
+import pytest
+import torch
+
+from tests.server.server_proc import launch
+from tokenspeed.demo_models import DEMO_MODELS
+
+MODEL = str(DEMO_MODELS[0].path)
+MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "ok", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    s = launch(
+        MODEL,
+        tmp_path_factory.mktemp("structured-logs"),
+        "--served-model-name", "demo",
+        "--grammar-backend", "xgrammar",
+        "--disable-any-whitespace",
+        "--enable-output-logprobs",
+        "--chunked-prefill-size", "8",
+    )  # fmt: skip
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        code = s.stop(signal.SIGTERM)
+        assert code == 0, f"server exit status {code}:\n{s.log()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def _matches(schema: dict, value) -> bool:
+    """Enough of JSON Schema for PERSON: types, required keys, no extras, bounds, enums."""
+    if set(value) != set(schema["required"]):
+        return False
+    p = schema["properties"]
+    return (
+        isinstance(value["name"], str) and len(value["name"]) <= 8
+        and isinstance(value["age"], int) and 0 <= value["age"] <= 99
+        and isinstance(value["ok"], bool)
+        and isinstance(value["tags"], list) and len(value["tags"]) <= 3
+        and all(t in p["tags"]["items"]["enum"] for t in value["tags"])
+    )  # fmt: skip
+
+
+def test_json_schema_100_seeded_samples_all_match(client):
+    r = client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=200, temperature=1, seed=7, n=100,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )  # fmt: skip
+    assert len(r.choices) == 100
+    for ch in r.choices:
+        assert ch.finish_reason == "stop", ch.message.content
+        assert _matches(PERSON, json.loads(ch.message.content)), ch.message.content
+    # temperature 1: the samples differ (the grammar constrains, it does not pick)
+    assert len({ch.message.content for ch in r.choices}) > 10
+
+
+def test_regex_ebnf_and_choice_100_samples_each(client):
+    pattern = r"[a-z]{2,6}-[0-9]{1,3}"
+    ebnf = 'root ::= "(" item ("," item)* ")"\nitem ::= [0-9]+ | "x"'
+    for extra, check in (
+        ({"guided_regex": pattern}, lambda t: re.fullmatch(pattern, t)),
+        ({"guided_grammar": ebnf}, lambda t: re.fullmatch(r"\((?:[0-9]+|x)(?:,(?:[0-9]+|x))*\)", t)),
+        ({"guided_choice": ["yes", "no", "maybe"]}, lambda t: t in ("yes", "no", "maybe")),
+    ):
+        r = client.chat.completions.create(
+            model="demo", messages=MESSAGES, max_tokens=64, temperature=1, seed=3, n=100, extra_body=extra
+        )
+        bad = [
+            ch.message.content
+            for ch in r.choices
+            if ch.finish_reason != "stop" or not check(ch.message.content)
+        ]
+        assert not bad, (extra, bad[:5])
+
+
+def test_json_object_and_streaming(client):
+    stream = client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=200, temperature=0, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert _matches(PERSON, json.loads(text))
+    r = client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=300, temperature=1, seed=1, n=8,
+        response_format={"type": "json_object"},
+    )  # fmt: skip
+    done = [ch.message.content for ch in r.choices if ch.finish_reason == "stop"]
+    assert all(text.startswith("{") for text in (ch.message.content for ch in r.choices))
+    assert all(isinstance(json.loads(t), dict) for t in done)
+
+
+def test_completions_and_generate_constraints(srv, client):
+    r = client.completions.create(
+        model="demo", prompt="The answer:", max_tokens=32, temperature=1, seed=5, n=10,
+        extra_body={"guided_json": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}},
+    )  # fmt: skip
+    for ch in r.choices:
+        value = json.loads(ch.text)
+        assert isinstance(value, list) and 1 <= len(value) <= 3 and all(isinstance(v, int) for v in value)
+    body = {"text": "Code:", "sampling_params": {"max_new_tokens": 16, "temperature": 1, "regex": "[A-F]{4}"}}
+    out = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()
+    assert re.fullmatch("[A-F]{4}", out["text"]), out
+    body["sampling_params"] = {"max_new_tokens": 64, "json_schema": json.dumps(PERSON)}
+    out = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()
+    assert _matches(PERSON, json.loads(out["text"])), out
+
+
+def test_bad_constraints_are_400_naming_the_problem(srv, client):
+    with pytest.raises(openai.BadRequestError, match='json_schema: Unsupported type "nope"'):
+        client.chat.completions.create(
+            model="demo", messages=MESSAGES, max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+        )  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="regex: .*Unclosed"):
+        client.chat.completions.create(
+            model="demo", messages=MESSAGES, max_tokens=8, extra_body={"regex": "[a-"}
+        )
+    with pytest.raises(openai.BadRequestError, match="guided_json and guided_regex"):
+        client.chat.completions.create(
+            model="demo", messages=MESSAGES, max_tokens=8, extra_body={"guided_json": {}, "guided_regex": "a"}
+        )
+    r = httpx.post(
+        f"{srv.url}/generate", json={"text": "x", "sampling_params": {"ebnf": "root ::= "}}, timeout=30
+    )
+    assert r.status_code == 400 and "ebnf" in r.json()["error"]["message"]
+    # the server still serves afterwards
+    assert client.completions.create(model="demo", prompt="Hi", max_tokens=2).choices[0].text is not None
+
+
+def test_logit_bias_moves_the_greedy_token(srv, client):
+    prompt = "The capital of France is"
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    greedy = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()["output_ids"][0]
+
+    def first_text(bias: dict[str, float]) -> str:
+        r = client.completions.create(
+            model="demo", prompt=prompt, max_tokens=1, temperature=0, logit_bias=bias
+        )
+        return r.choices[0].text
+
+    plain = first_text({})
+    banned = first_text({str(greedy): -100})
+    assert banned != plain
+    body["sampling_params"]["logit_bias"] = {str(greedy): -100}
+    assert httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()["output_ids"][0] != greedy
+    body["sampling_params"]["logit_bias"] = {"42": 100}  # +100 forces a token, at any temperature
+    body["sampling_params"]["temperature"] = 1.0
+    assert httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()["output_ids"][0] == 42
+    with pytest.raises(openai.BadRequestError, match="logit_bias: token id 99999999"):
+        client.completions.create(model="demo", prompt="x", max_tokens=1, logit_bias={"99999999": 5})
+
+
+def test_top_logprobs_match_a_float64_softmax_of_the_model(srv, client):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    ids = tok.encode("The capital of France is")
+    model = AutoModelForCausalLM.from_pretrained(MODEL, torch_dtype=torch.float64)
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].double(), dim=-1)
+    want_lp, want_ids = ref.topk(5)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "return_logprob": True, "top_logprobs_num": 5}  # fmt: skip
+    meta = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()["meta_info"]
+    top = meta["output_top_logprobs"][0]
+    assert [t for _, t, _ in top] == want_ids.tolist()
+    assert [lp for lp, _, _ in top] == pytest.approx(want_lp.tolist(), abs=2e-3)
+    assert meta["output_token_logprobs"][0] == pytest.approx(top[0][0])
+    # chat: 20 alternatives per token, most likely first, probabilities summing to at most 1
+    r = client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=4, temperature=1, seed=2, logprobs=True, top_logprobs=20
+    )
+    for entry in r.choices[0].logprobs.content:
+        lps = [t.logprob for t in entry.top_logprobs]
+        assert len(lps) == 20 and lps == sorted(lps, reverse=True)
+        assert sum(torch.tensor(lps).exp().tolist()) <= 1 + 1e-4
+        assert entry.logprob >= lps[-1] - 1e-6 or entry.token not in [t.token for t in entry.top_logprobs]
+    r = client.completions.create(model="demo", prompt="Hello", max_tokens=3, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert all(
+        len(m) <= 3 and max(m.values()) == pytest.approx(v)
+        for m, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )

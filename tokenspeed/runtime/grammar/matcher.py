@@ -1,0 +1,22 @@
+"""One request's position in its grammar: fills its row of a step's bitmask, accepts each sampled token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class GrammarState:
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` of a host int32 bitmask: the tokens the grammar allows next."""
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance past a sampled token; False if the grammar does not allow it (then it is unchanged)."""
+        if self._matcher.is_terminated():
+            return True  # the stop token was accepted; anything after it is dropped by the scheduler
+        return bool(self._matcher.accept_token(token_id))
