@@ -82,7 +82,7 @@ SUPPORT: dict[str, Support] = {
     "model": _impl("server/test_openai_api.py"),
     "tokenizer": _impl("server/test_tokenizer.py"),
     "tokenizer_mode": _impl("server/test_tokenizer.py", TOKENIZER_MODES_IMPLEMENTED),
-    "skip_tokenizer_init": _impl("server/test_tokenizer.py"),
+    "skip_tokenizer_init": _impl("server/test_api_support.py"),
     "load_format": _impl("engine/test_loader.py", LOAD_FORMATS_IMPLEMENTED),
     "trust_remote_code": _impl("server/test_tokenizer.py"),
     "dtype": _impl("engine/test_loader.py"),
@@ -200,7 +200,7 @@ SUPPORT: dict[str, Support] = {
     "node_rank": _impl("server/test_worker_node.py"),
     # Model config overrides and sampling defaults
     "hf_overrides": _impl("engine/test_loader.py"),
-    "preferred_sampling_params": _impl("server/test_native_api.py"),
+    "preferred_sampling_params": _impl("server/test_api_support.py"),
     # Kernel backends
     "attention_backend": _impl("engine/test_attention.py", ATTENTION_IMPLEMENTED),
     "drafter_attention_backend": _refused(_NO_SPEC, _SPEC_INSTEAD),

@@ -42,6 +42,7 @@ from tokenspeed.runtime.engine.prompt_check import (
     check_not_empty,
     check_token_ids,
     limits_from_ready,
+    room_for,
 )
 from tokenspeed.runtime.engine.prompt_encoder import PromptEncoder
 from tokenspeed.runtime.engine.request_log import RequestLogger
@@ -182,9 +183,7 @@ class AsyncLLM:
         self.check_token_ids("stop_token_ids", sampling.stop_token_ids)
         if limits is None:
             return
-        room = max(0, limits.max_model_len - len(input_ids))
-        if sampling.max_new_tokens is None or sampling.max_new_tokens > room:
-            sampling.max_new_tokens = room
+        sampling.max_new_tokens = room_for(len(input_ids), sampling.max_new_tokens, limits)
 
     def check_token_ids(self, param: str, ids: list[int]) -> None:
         """ValueError naming `param` for an id outside the model's vocabulary (or, when its size is not

@@ -18,6 +18,14 @@ TOKEN_ID_LIMIT = 2**31
 class PromptTooLong(ValueError):
     """The prompt does not fit the context: the HTTP layer answers 400 (context_length_exceeded)."""
 
+    param = "prompt"  # the request field the HTTP error names
+
+
+class MaxTokensTooLarge(PromptTooLong):
+    """The prompt fits but prompt + max_tokens does not: a 400 as vLLM and SGLang answer, never a silent cap."""
+
+    param = "max_tokens"
+
 
 def limits_from_ready(ready: Sequence[ReadyMessage]) -> ModelLimits:
     """The limits a prompt is checked against: the tightest of every scheduler rank's ready message."""
@@ -41,6 +49,19 @@ def check_fits(num_tokens: int, limits: ModelLimits) -> None:
             f"(max model length {limits.max_model_len}, KV cache {limits.max_total_tokens} tokens). Shorten "
             "the prompt, or raise --max-model-len / --max-total-tokens"
         )
+
+
+def room_for(num_tokens: int, max_new_tokens: int | None, limits: ModelLimits) -> int:
+    """The tokens a request may generate: `max_new_tokens` when it fits the context (None: all that fits);
+    MaxTokensTooLarge when it does not."""
+    room = max(0, limits.max_model_len - num_tokens)
+    if max_new_tokens is not None and max_new_tokens > room:
+        raise MaxTokensTooLarge(
+            f"max_tokens: the prompt has {num_tokens} tokens and asks for {max_new_tokens} more, but the "
+            f"context holds {limits.max_model_len} (--max-model-len); ask for at most {room} "
+            "(max_tokens, or max_new_tokens on /generate)"
+        )
+    return room if max_new_tokens is None else max_new_tokens
 
 
 def check_token_ids(param: str, ids: list[int], vocab_size: int | None) -> None:

@@ -148,9 +148,22 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
     return out
 
 
+# What /generate reads; SGLang's other fields (lora_path, logprob_start_len, return_text_in_logprobs,
+# image_data, custom_logit_processor, ...) are refused by name rather than dropped.
+_BODY_FIELDS = frozenset(
+    {"text", "input_ids", "sampling_params", "stream", "rid", "return_logprob", "top_logprobs_num"}
+)
+
+
 async def generate(state: ServerState, body: dict[str, Any], request: Request) -> Response:
     if not isinstance(body, dict):
         raise bad_request("the body must be a JSON object")
+    unknown = sorted(set(body) - _BODY_FIELDS)
+    if unknown:
+        raise bad_request(
+            f"{unknown[0]}: not supported by this server's /generate (it reads {', '.join(sorted(_BODY_FIELDS))})",
+            param=unknown[0],
+        )
     # Parameters first: a mistake there is answered before any prompt is tokenized.
     params = _params(state, body, _prompt_count(body))
     prompts, batched = await _prompts(state, body)

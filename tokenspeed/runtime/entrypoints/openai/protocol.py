@@ -7,7 +7,7 @@ with a 400 naming the field, never silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,7 +24,11 @@ class _SamplingFields(BaseModel):
     """Fields shared by chat and completions (OpenAI's plus the usual engine extensions)."""
 
     # NaN and Infinity are valid Python JSON but no sampler can use them: refused with a 400 naming the field.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # A field this server does not know is a 400 naming it (vLLM's extra="forbid"), never silently dropped;
+    # OpenAI's informational fields (user, metadata, store) are accepted below and change nothing.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # max_tokens when neither the request nor --preferred-sampling-params sets it (None: up to the context)
+    default_max_tokens: ClassVar[int | None] = None
 
     model: str | None = None
     n: int = 1
@@ -44,6 +48,8 @@ class _SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
     rid: str | None = None
     logit_bias: dict[str, float] | None = None
     # Output constraints: vLLM's extra_body spellings and SGLang's (chat adds OpenAI's response_format).
@@ -87,8 +93,11 @@ class _SamplingFields(BaseModel):
             "seed": self.seed,
         }
         values.update({k: v for k, v in explicit.items() if v is not None})
-        if "max_new_tokens" not in values or max_tokens is not None:
+        # the request's max_tokens, else --preferred-sampling-params', else the endpoint's default
+        if max_tokens is not None:
             values["max_new_tokens"] = max_tokens
+        elif "max_new_tokens" not in values:
+            values["max_new_tokens"] = self.default_max_tokens
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stop) > 16:
             raise ValueError("stop: at most 16 stop strings")
@@ -158,6 +167,13 @@ class ChatCompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         self.check_n()
+        if self.tools and self.tool_choice not in ("none",):
+            # Tools are rendered into the prompt, but no parser turns the model's answer into tool_calls
+            # yet: a client asking for them would get plain text back as if no tool were chosen.
+            raise ValueError(
+                f"tool_choice: {self.tool_choice or 'auto'!r} needs tool-call parsing, which this server does "
+                "not do yet; send tool_choice \"none\" (tools are then only shown to the model) or no tools"
+            )
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
@@ -165,8 +181,10 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
+    default_max_tokens: ClassVar[int | None] = 16  # OpenAI's default for completions
+
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = None
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None

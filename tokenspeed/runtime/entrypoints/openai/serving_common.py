@@ -80,7 +80,7 @@ def translate_errors(exc: BaseException) -> APIError:
     if isinstance(exc, ServerUnavailable):
         return unavailable(str(exc))
     if isinstance(exc, PromptTooLong):
-        return bad_request(str(exc), param="prompt", code="context_length_exceeded")
+        return bad_request(str(exc), param=exc.param, code="context_length_exceeded")
     if isinstance(exc, TextTooLong):
         return bad_request(str(exc), param=exc.param, code="context_length_exceeded")
     if isinstance(exc, InvalidText):

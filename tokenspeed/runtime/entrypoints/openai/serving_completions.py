@@ -117,6 +117,9 @@ async def _collect(ctx: _Ctx, gens) -> dict[str, Any]:
                 "matched_stop": out.matched_stop,
             }
         )
+        if ctx.state.tokenizer is None:
+            # --skip-tokenizer-init: no text can be made, so the answer is its token ids (SGLang's output_ids)
+            choices[-1]["token_ids"] = list(seq.token_ids)
     usage_obj = usage(prompt_tokens, completion, cached if ctx.cache_report else None)
     return response_body(ctx.rid, "text_completion", ctx.created, ctx.model, choices, usage_obj)
 
@@ -144,22 +147,22 @@ async def _stream(ctx: _Ctx, gens):
         if not started[i]:
             started[i] = True
             text = ctx.echo_texts[p] + text
-        if not text and not out.finished:
+        ids_only = ctx.state.tokenizer is None  # --skip-tokenizer-init: each chunk carries its token ids
+        if not text and not out.finished and not (ids_only and out.token_ids):
             continue
         lp = _logprobs(
             ctx.state, out.token_ids, out.logprobs if ctx.want_logprobs else None, offsets[i], out.top_logprobs
         )
         offsets[i] += len(text)
-        yield chunk(
-            [
-                {
-                    "index": i,
-                    "text": text,
-                    "logprobs": lp,
-                    "finish_reason": out.finish_reason if out.finished else None,
-                }
-            ]
-        )
+        choice = {
+            "index": i,
+            "text": text,
+            "logprobs": lp,
+            "finish_reason": out.finish_reason if out.finished else None,
+        }
+        if ids_only:
+            choice["token_ids"] = list(out.token_ids)
+        yield chunk([choice])
     if include_usage:
         u = usage(
             sum(prompt_tokens.values()),
