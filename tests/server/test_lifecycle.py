@@ -23,6 +23,7 @@ def srv(tiny_model, tmp_path_factory):
         tiny_model,
         tmp_path_factory.mktemp("lifecycle-logs"),
         "--skip-tokenizer-init", "--warmups", "batch,long_prompt", "--stream-interval", "4", "--stream-output",
+        "--enable-metrics",
         env={"TOKENSPEED_DRAIN_TIMEOUT": "20"},
     )  # fmt: skip
     try:
@@ -59,6 +60,40 @@ def test_stream_interval_batches_stream_chunks(srv):
     assert sum(sizes) == 12 and all(n % 4 == 0 for n in sizes), sizes
 
 
+def _metric(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_metrics_count_answers_by_status_and_scheduler_steps(srv):
+    def page() -> str:
+        return httpx.get(f"{srv.url}/metrics", timeout=10).text
+
+    before = page()
+    steps = _metric(before, "tokenspeed:scheduler_steps_total")
+    refused = _metric(before, "tokenspeed:http_responses_total", status="400")
+    ok = _metric(before, "tokenspeed:http_responses_total", status="200")
+    assert httpx.post(f"{srv.url}/generate", json={"text": "no tokenizer"}).status_code == 400
+    r = httpx.post(f"{srv.url}/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3,
+                   "ignore_eos": True}}, timeout=60)  # fmt: skip
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    while _metric(page(), "tokenspeed:scheduler_steps_total") < steps + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the scheduler reports its steps about every 0.1 s
+    after = page()
+    assert _metric(after, "tokenspeed:scheduler_steps_total") >= steps + 3  # one step per generated token
+    assert _metric(after, "tokenspeed:http_responses_total", status="400") == refused + 1
+    # /metrics and /health answers are not counted: only the one generation's 200.
+    assert _metric(after, "tokenspeed:http_responses_total", status="200") == ok + 1
+
+
 def test_sigterm_drains_in_flight_requests_then_exits_zero(srv):
     children = psutil.Process(srv.proc.pid).children(recursive=True)
     result: dict = {}
@@ -83,6 +118,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(srv):
         r = httpx.post(f"{srv.url}/generate", json={"input_ids": [1]}, timeout=5)
         assert r.status_code == 503
         assert r.json()["error"]["type"] == "service_unavailable"
+        assert r.headers["retry-after"] == "2"  # clients back off, then retry (elsewhere)
         assert httpx.get(f"{srv.url}/health", timeout=5).status_code == 503
     except httpx.TransportError:
         pass

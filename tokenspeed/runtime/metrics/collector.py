@@ -139,6 +139,16 @@ class ServerMetrics:
             "request_success", "Requests finished, by reason.", extra=("finished_reason",)
         )
         self.num_requests_inflight = gauge("num_requests_inflight", "Requests the front end is tracking.")
+        # Answers to clients by HTTP status (4xx: refused, 5xx: failed or unavailable), from the front end.
+        self.http_responses = Counter(
+            PREFIX + "http_responses",
+            "HTTP responses to clients, by status code (monitoring routes left out).",
+            ["model_name", "status"] + (["app_key"] if app_key else []),
+            registry=self.registry,
+        )
+        # Scheduler steps run (rank 0 of each DP rank): a server with requests whose count stands still is
+        # stalled, whatever its other gauges say.
+        self.scheduler_steps = counter("scheduler_steps", "Scheduler steps run (batches computed).")
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
         self.tpot = histogram(
@@ -187,6 +197,7 @@ class ServerMetrics:
                        self.cached_tokens, self.num_requests, self.num_requests_running,
                        self.num_requests_waiting, self.gen_throughput, self.kv_cache_usage,
                        self.kv_cache_total_tokens, self.kv_cache_used_tokens, self.num_requests_inflight,
+                       self.scheduler_steps,
                        self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e, self.queue_time,
                        self.prefill_time, self.decode_time, self.inference_time, self.request_prompt_tokens,
                        self.request_generation_tokens):  # fmt: skip
@@ -216,6 +227,8 @@ class ServerMetrics:
         hist = self.iteration_tokens.labels(**labels)
         for n in snap.iteration_tokens:
             hist.observe(n)
+        # iteration_tokens holds one entry per step since the last snapshot
+        self.scheduler_steps.labels(**labels).inc(len(snap.iteration_tokens))
         self.experts.observe(snap, labels)
 
     def on_request_received(self, dp_rank: int = 0) -> None:
@@ -246,6 +259,12 @@ class ServerMetrics:
             self.prefill_time.labels(**labels).observe(phases.prefill)
             self.decode_time.labels(**labels).observe(phases.decode)
             self.inference_time.labels(**labels).observe(phases.inference)
+
+    def on_http_response(self, status: int) -> None:
+        labels = {"model_name": self.model_name, "status": str(status)}
+        if self.app_key:
+            labels["app_key"] = self.app_key
+        self.http_responses.labels(**labels).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
