@@ -28,6 +28,13 @@ METRIC_KEYS = (
     "queue_p99",
     "requests_total",
     "errors_total",
+    # Over the window (the last 30 s of scrapes): HTTP 4xx/5xx answers plus aborted requests, and
+    # preemptions (requests recomputed for lack of KV pages).
+    "errors",
+    "preemptions",
+    # Requests the front end holds (queued, running or streaming), and scheduler steps run so far.
+    "in_flight",
+    "steps_total",
 )
 
 
@@ -151,4 +158,52 @@ def summarize(new: Scrape, old: Scrape | None = None) -> dict[str, float | None]
             if labels.get("finished_reason") in ("abort", "error")
         ]
         out["errors_total"] = sum(failed) if failed else 0.0
+    out["errors"] = _window_errors(new, old)
+    out["preemptions"] = _delta(new, old, "num_preemptions_total", "num_preemptions")
+    out["in_flight"] = new.get("num_requests_inflight")
+    if out["in_flight"] is None and out["running"] is not None:
+        out["in_flight"] = out["running"] + (out["waiting"] or 0.0)
+    out["steps_total"] = _first(new, "scheduler_steps_total", "scheduler_steps")
     return out
+
+
+def _delta(new: Scrape, old: Scrape | None, *names: str) -> float | None:
+    """How much a counter grew over the window (its whole value without an older scrape, or after a reset)."""
+    now = _first(new, *names)
+    if now is None:
+        return None
+    before = _first(old, *names) if old is not None else None
+    return now if before is None or now < before else now - before
+
+
+def _labelled_sum(scrape: Scrape | None, name: str, keep) -> float | None:
+    if scrape is None or name not in scrape.labelled:
+        return None
+    return sum(v for labels, v in scrape.labelled[name] if keep(labels))
+
+
+def _window_errors(new: Scrape, old: Scrape | None) -> float | None:
+    """HTTP 4xx/5xx answers (what clients saw) plus aborted requests, over the window; a server without
+    the HTTP status counter counts finished requests whose reason is abort or error."""
+
+    def http_errors(labels: dict) -> bool:
+        return labels.get("status", "").isdigit() and int(labels["status"]) >= 400
+
+    def aborted(labels: dict) -> bool:
+        return labels.get("finished_reason") == "abort"
+
+    def failed(labels: dict) -> bool:
+        return labels.get("finished_reason") in ("abort", "error")
+
+    http = _labelled_sum(new, "http_responses_total", http_errors)
+    finished_keep = aborted if http is not None else failed
+    finished = _labelled_sum(new, "request_success_total", finished_keep)
+    if http is None and finished is None:
+        return None
+    now = (http or 0.0) + (finished or 0.0)
+    if old is None:
+        return now
+    before = (_labelled_sum(old, "http_responses_total", http_errors) or 0.0) + (
+        _labelled_sum(old, "request_success_total", finished_keep) or 0.0
+    )
+    return now if now < before else now - before

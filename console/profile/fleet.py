@@ -29,13 +29,14 @@ from console.profile.schema import (
     SupervisorSpec,
 )
 from console.profile.server import resolve_server, server_fields
+from console.profile.thresholds import parse_thresholds
 from console.profile.toml import ProfileError, RawProfile, did_you_mean, read_profile
 from console.supervisor.load import parse_load
 from tokenspeed.config.api_key import API_KEY_ENV
 
 __all__ = ["ProfileError", "ResolvedFleet", "load_profile", "resolve_profile", "load_and_resolve"]
 
-_TOP_LEVEL = {"server", "fleet", "supervisor", "env", "groups", "load"}
+_TOP_LEVEL = {"server", "fleet", "supervisor", "env", "groups", "load", "console"}
 _FLEET_EXTRA = {"port_stride"}
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -127,6 +128,7 @@ def load_profile(path: str | Path) -> Profile:
         )
     check_groups(raw)  # [groups.NAME]: console.profile.groups
     parse_load(raw)  # [load]: console.supervisor.load
+    parse_thresholds(raw)  # [console.thresholds]: console.profile.thresholds
     env = raw.data.get("env", {})
     for key, value in env.items():
         if not isinstance(value, str | int | float) or isinstance(value, bool):

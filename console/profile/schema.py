@@ -44,6 +44,9 @@ class SupervisorSpec:
     # A server UNHEALTHY this long is restarted (stop, then the restart policy, reason "unhealthy" in its
     # last_exit): a hung process never heals on its own. 0 leaves UNHEALTHY servers alone.
     unhealthy_restart_after_s: float = 60.0
+    # A READY server with requests in flight whose scheduler ran no step this long reads STALLED
+    # (tokenspeed:scheduler_steps_total stands still). 0 turns the check off.
+    stall_after_s: float = 3.0
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,24 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
                                              "supervisor_pid", "shutting_down", "servers": [Server],
                                              "load": Load | null}
          Server = {"name", "replica", "node", "gpus": [int], "host", "port", "url", "state", "pid",
-                   "pids": [int], "started_at", "uptime_s", "restarts",
-                   "last_exit": {"code", "signal", "at", "reason"} | null, "healthy": bool,
-                   "error": str | null,
+                   "pids": [int], "started_at", "uptime_s", "restarts", "recent_restarts" (inside
+                   restart_window_s), "last_exit": {"code", "signal", "at", "reason"} | null,
+                   "healthy": bool, "error": str | null, "stalled_s": seconds without a scheduler
+                   step while requests are in flight (then state is STALLED) | null,
+                   "draining": {"since", "deadline", "in_flight"} | null (STOPPING: SIGTERM sent),
                    "metrics": {"running", "waiting", "kv_usage", "prefix_hit_rate", "gen_throughput",
                                "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "queue_p50", "queue_p99",
-                               "requests_total", "errors_total"} | null,
+                               "requests_total", "errors_total", "errors" and "preemptions" (over
+                               the window), "in_flight", "steps_total"} | null (null when the last
+                               scrape is older than the running process),
                    "scraped_at": float | null,
                    "plan": {"kv_tokens", "gpu_memory_utilization", "cudagraph_capture_sizes", "fits",
                             "reason"} | null (what the server was last started with; null on the CPU)}
          last_exit.reason: "unhealthy" (stopped by the supervisor: UNHEALTHY too long), "exited while
          unsupervised; status unknown", or null when code/signal tell all.
-         state is one of STARTING READY UNHEALTHY BACKOFF STOPPING STOPPED FATAL; times are Unix
-         seconds; latency percentiles are seconds over the last 30 s of scrapes (None: no requests).
+         state is one of STARTING READY STALLED UNHEALTHY BACKOFF STOPPING STOPPED FATAL; times are
+         Unix seconds; latency percentiles are seconds over the last `window_s` (30) seconds of scrapes
+         (None: no requests). The fleet also says "metrics_interval_s", "stop_timeout_s", "window_s".
          Load = the profile's [load] generator (null without one): {"rate_per_s" (target), "sent",
                 "ok", "errors", "skipped", "sent_per_s" (last minute), "last_error", "last_error_at"}
     GET  /servers/{name}                    Server
@@ -109,7 +114,7 @@ def build_app(sup: Supervisor) -> Starlette:
     async def raw_metrics(request: Request):
         name = request.path_params["name"]
         sup.unit(name)
-        return PlainTextResponse(sup.raw_metrics[name])
+        return PlainTextResponse(sup.scraped[name].raw)
 
     async def info(request: Request):
         response = await sup.proxy(request.path_params["name"], "GET", "/get_server_info")

@@ -7,9 +7,7 @@ and scrapes are tasks whose results come back to the same loop, so no state is s
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import os
 import signal
 import time
 from pathlib import Path
@@ -17,29 +15,27 @@ from typing import Any
 
 import httpx
 
-from console import metrics_math
 from console.gpu_owners import FleetProcesses, recorded_fleet
 from console.launchers.base import make_launcher
 from console.launchers.local import find_process, signal_group
 from console.monitoring.fleet_monitor import FleetMonitor
 from console.profile.fleet import ResolvedFleet
-from console.profile.plan import ServerPlan
 from console.profile.schema import ServerSpec
-from console.supervisor import statefile
+from console.supervisor import statefile, views
 from console.supervisor.history import MetricsHistory, ServerStatus
 from console.supervisor.load import LoadGenerator
 from console.supervisor.logfile import rotate_if_needed, tail
 from console.supervisor.paths import StatePaths
 from console.supervisor.planning import FleetPlans, PlannedLauncher
 from console.supervisor.reload import UNCHANGED, ReloadRefused, apply_change, diff_fleets
+from console.supervisor.resources import ProcessSampler
+from console.supervisor.scrapes import ServerScrapes
 from console.supervisor.states import State
 from console.supervisor.unit import ServerUnit
 
 log = logging.getLogger("tokenspeed.supervisor")
 
 TICK_S = 0.1
-# Percentiles and rates on the fleet table cover the last half minute of scrapes.
-WINDOW_S = 30.0
 
 
 class UnknownServer(KeyError):
@@ -64,10 +60,7 @@ class Supervisor:
         )
         self.launcher = PlannedLauncher(inner, self.plans, self.own_processes)
         self.units: dict[str, ServerUnit] = {}
-        self.scrapes: dict[str, collections.deque] = {}
-        self.metrics: dict[str, dict | None] = {}
-        self.scraped_at: dict[str, float | None] = {}
-        self.raw_metrics: dict[str, str] = {}
+        self.scraped: dict[str, ServerScrapes] = {}
         # Servers started with an api_key want it on every route but /health (metrics, info, admin).
         self.auth: dict[str, dict[str, str]] = {}
         for spec, args in zip(resolved.servers, resolved.server_args, strict=True):
@@ -78,6 +71,7 @@ class Supervisor:
         self.history = MetricsHistory(paths.history, self.fleet.history_seconds)
         self.http = httpx.AsyncClient(trust_env=False)
         self._tasks: set[asyncio.Task] = set()
+        self.resources = ProcessSampler()  # CPU, memory and GPU memory of every server process
         self._rolling: asyncio.Task | None = None
         # The profile's [load] generator, when it has one (set by the daemon, which runs it).
         self.load: LoadGenerator | None = None
@@ -92,8 +86,7 @@ class Supervisor:
         )
         name = spec.name
         self.units[name] = unit
-        self.scrapes[name] = collections.deque(maxlen=int(WINDOW_S / self.fleet.metrics_interval_s) + 2)
-        self.metrics[name], self.scraped_at[name], self.raw_metrics[name] = None, None, ""
+        self.scraped[name] = ServerScrapes(self.fleet.metrics_interval_s)
         self.auth[name] = self.auth_for(args)
         return unit
 
@@ -109,14 +102,7 @@ class Supervisor:
     def _drop_retired(self) -> None:
         for name in [n for n in self.retiring if not self.units[n].state.has_process]:
             self.retiring.discard(name)
-            for table in (
-                self.units,
-                self.scrapes,
-                self.metrics,
-                self.scraped_at,
-                self.raw_metrics,
-                self.auth,
-            ):
+            for table in (self.units, self.scraped, self.auth):
                 table.pop(name, None)
             self.monitor.args.pop(name, None)
             self.save()
@@ -186,6 +172,11 @@ class Supervisor:
                     if unit.health_due(now):
                         unit.health_in_flight = True
                         self._spawn(self._check(unit))
+                if self.resources.due(now):
+                    roots = {n: [h.pid for h in u.handles if h.pid] for n, u in self.units.items()}
+                    self.resources.sample(roots)
+                    if self.resources.gpu_due(now) and any(s.gpus for s in self.resolved.servers):
+                        self._spawn(asyncio.to_thread(self.resources.read_gpus))
                 if now >= next_housekeeping:
                     next_housekeeping = now + 1.0
                     self.launcher.poll_logs()
@@ -245,7 +236,10 @@ class Supervisor:
     async def _scrape_loop(self) -> None:
         while True:
             started = time.monotonic()
-            live = [u for u in self.units.values() if u.state in (State.READY, State.UNHEALTHY)]
+            # Draining servers too: their requests in flight going down is what a stop waits for.
+            live = [
+                u for u in self.units.values() if u.state in (State.READY, State.UNHEALTHY, State.STOPPING)
+            ]
             scraped = await asyncio.gather(*(self._scrape(u) for u in live), return_exceptions=True)
             # Every server gets a status row each round, so a crash loop without metrics is replayable.
             done = {u.spec.name for u, ok in zip(live, scraped, strict=True) if ok is True}
@@ -256,11 +250,10 @@ class Supervisor:
             # The next scrape is scheduled only after this one finished: scrapes never pile up.
             await asyncio.sleep(max(self.fleet.metrics_interval_s - (time.monotonic() - started), 0.05))
 
-    @staticmethod
-    def _status(unit: ServerUnit) -> ServerStatus:
+    def _status(self, unit: ServerUnit) -> ServerStatus:
         running = unit.state.has_process and unit.started_at is not None
         return ServerStatus(
-            state=unit.state.value,
+            state=views.display_state(self, unit, time.time()),
             restarts=unit.restarts,
             pid=unit.handles[0].pid if unit.handles else None,
             started_at=unit.started_at if running else None,
@@ -280,58 +273,19 @@ class Supervisor:
             return False
         now = time.time()
         try:
-            scrape = metrics_math.parse(response.text, now)
+            summary = self.scraped[name].add(response.text, now)
         except ValueError:
             return False
-        window = self.scrapes[name]
-        window.append(scrape)
-        oldest = next((s for s in window if now - s.t <= WINDOW_S and s is not scrape), None)
-        summary = metrics_math.summarize(scrape, oldest)
-        self.raw_metrics[name] = response.text
-        self.metrics[name] = summary
-        self.scraped_at[name] = now
         self.history.add(name, now, summary, self._status(unit))
         return True
 
     # ------------------------------------------------------------ what the API shows
 
     def server_json(self, unit: ServerUnit, now: float) -> dict:
-        spec = unit.spec
-        running = unit.state.has_process and unit.started_at is not None
-        return {
-            "name": spec.name,
-            "replica": spec.replica,
-            "node": spec.node,
-            "gpus": list(spec.gpus),
-            "host": spec.host,
-            "port": spec.port,
-            "url": spec.url,
-            "state": unit.state.value,
-            "pid": unit.handles[0].pid if unit.handles else None,
-            "pids": [h.pid for h in unit.handles],
-            "started_at": unit.started_at if running else None,
-            "uptime_s": round(now - unit.started_at, 3) if running else None,
-            "restarts": unit.restarts,
-            "last_exit": unit.last_exit.to_dict() if unit.last_exit else None,
-            "healthy": unit.state == State.READY,
-            "error": unit.error,
-            "metrics": self.metrics[spec.name] if running else None,
-            "scraped_at": self.scraped_at[spec.name],
-            "plan": _plan_json(self.plans.planned(spec.name)),
-        }
+        return views.server_json(self, unit, now)
 
     def fleet_json(self) -> dict:
-        now = time.time()
-        return {
-            "name": self.fleet.name,
-            "profile_path": str(self.resolved.profile.path),
-            "state_dir": str(self.paths.root),
-            "started_at": self.started_at,
-            "supervisor_pid": os.getpid(),
-            "shutting_down": self.shutting_down,
-            "servers": [self.server_json(u, now) for u in self.units.values()],
-            "load": self.load.report().to_json() if self.load is not None else None,
-        }
+        return views.fleet_json(self)
 
     def logs(self, name: str, lines: int) -> list[str]:
         return tail(self.unit(name).log_path, lines)
@@ -401,20 +355,6 @@ class Supervisor:
 
     def rolling_in_progress(self) -> bool:
         return self._rolling is not None and not self._rolling.done()
-
-
-def _plan_json(plan: ServerPlan | None) -> dict | None:
-    """The planned values a running server reports back in /get_server_info (the Server screen's
-    "planned X, running X")."""
-    if plan is None or plan.device == "cpu":
-        return None
-    return {
-        "kv_tokens": plan.kv_tokens,
-        "gpu_memory_utilization": plan.gpu_memory_utilization,
-        "cudagraph_capture_sizes": plan.cudagraph_capture_sizes,
-        "fits": plan.fits,
-        "reason": plan.reason,
-    }
 
 
 def remove_socket(path: Path) -> None:

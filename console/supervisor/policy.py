@@ -36,6 +36,10 @@ class RestartPolicy:
             self._recent.popleft()
         return len(self._recent) >= self.max_restarts
 
+    def recent_restarts(self, now: float) -> int:
+        """Restarts inside the window (a crash loop shows as several)."""
+        return sum(1 for t in self._recent if now - t <= self.window_s)
+
     def next_delay(self, now: float) -> float:
         """Record a restart at `now` and return how long to wait before it."""
         delay = min(self.backoff.initial_s * self.backoff.multiplier**self._streak, self.backoff.max_s)

@@ -148,11 +148,7 @@ class ConsoleApp(App):
         parts: list[str] = []
         if snap is not None and snap.fleet is not None:
             fleet = snap.fleet
-            ready = sum(1 for s in fleet.servers if s.state == "READY" and s.health == "ok")
-            bad = sum(1 for s in fleet.servers if s.health == "bad")
-            parts.append(f"[b]{fleet.name}[/b]  {len(fleet.servers)} servers  [green]{ready} ready[/]")
-            if bad:
-                parts.append(f"[red]{bad} failing[/]")
+            parts.append(f"[b]{fleet.name}[/b]  {len(fleet.servers)} servers  " + _problem_counts(fleet))
         if self.source.now is not None:
             parts.append(
                 f"[magenta]REPLAY at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.source.now))}[/]"
@@ -193,13 +189,16 @@ class ConsoleApp(App):
             self.push_screen(HelpScreen(self._help_rows()))
 
     def _help_rows(self) -> list[tuple[str, str]]:
-        rows = [(b.key_display or b.key, b.description) for b in self.BINDINGS if isinstance(b, Binding)]
-        screen = self._console_screen()
-        if screen is not None:
-            rows += [(b.key, b.description) for b in screen.BINDINGS if isinstance(b, Binding)]
-        rows.append(("1-6 / tab", "fleet, server, experts, logs, profile, GPUs"))
-        rows.append(("ctrl+p", "command palette"))
-        return [(key.replace("question_mark", "?"), text) for key, text in rows if text]
+        from console.tui.help_keys import help_rows
+
+        return help_rows(self, self._console_screen(), self.focused)
+
+    def offers(self, action: str) -> bool:
+        """Whether the key for `action` does something here: not actions in a read-only console, not
+        replay keys in a live one. (Such keys still answer, with a notice, when pressed.)"""
+        if self.readonly and action in ("server_action", "rolling_restart"):
+            return False
+        return self.check_action(action, ()) is not False
 
     def action_toggle_pause(self) -> None:
         self.poller.set_paused(not self.poller.state.paused)
@@ -221,10 +220,16 @@ class ConsoleApp(App):
     # ------------------------------------------------------------------ actions
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ACTION_NAMES and self.readonly:
-            return False
         if action == "seek" and self.source.now is None:
             return False
+        return True
+
+    def refused_readonly(self, what: str) -> bool:
+        """True (and a notice that says why) when --readonly (or a replay) turns `what` off."""
+        if not self.readonly:
+            return False
+        why = "a replay shows a recording" if self.source.readonly else "the console runs with --readonly"
+        self.notify(f"{what} is off: {why}", severity="warning", timeout=4)
         return True
 
     def targets(self) -> list[str]:
@@ -234,14 +239,16 @@ class ConsoleApp(App):
         return [self.selected] if self.selected else []
 
     def action_server_action(self, name: str) -> None:
-        if self.readonly:
+        verb, confirm = SERVER_ACTIONS[name]
+        if self.refused_readonly(verb.split()[0]):
             return
         targets = self.targets()
         if not targets:
             self.notify("no server selected", severity="warning")
             return
-        verb, confirm = SERVER_ACTIONS[name]
         question = f"{verb} {', '.join(targets)}?"
+        if name in ("restart", "stop"):
+            question += self._drain_note(targets)
         if confirm:
             self.push_screen(
                 ConfirmScreen(question, confirm_label=verb.split()[0]),
@@ -250,8 +257,24 @@ class ConsoleApp(App):
         else:
             self._run_actions(name, targets)
 
+    def _drain_note(self, targets: list[str]) -> str:
+        """What a stop does to the requests in flight, in numbers, for the confirmation."""
+        fleet = self.snapshot.fleet if self.snapshot else None
+        if fleet is None:
+            return ""
+        counts = [s.in_flight for name in targets if (s := fleet.server(name)) is not None]
+        known = [c for c in counts if c is not None]
+        timeout = f"{fleet.stop_timeout_s:g} s" if fleet.stop_timeout_s else "stop_timeout_s"
+        if not known:
+            return f"\nRequests in flight (unknown) get up to {timeout} to finish; new ones get 503 + Retry-After."
+        total = sum(known)
+        return (
+            f"\n{total} request(s) in flight: they get up to {timeout} to finish (drain); new ones get 503 "
+            "with Retry-After; what is still running then is cut off."
+        )
+
     def action_rolling_restart(self) -> None:
-        if self.readonly:
+        if self.refused_readonly("Rolling restart"):
             return
         self.push_screen(
             ConfirmScreen("Restart every server, one at a time, each back READY first?", "Rolling restart"),
@@ -352,6 +375,28 @@ class ConsoleApp(App):
             self.exit(0)
         elif answer == "keep":
             self.exit(0)
+
+
+def _problem_counts(fleet) -> str:
+    """ "2 ready  1 crash-looping  1 stalled": every kind of trouble counted in the header, in words."""
+    servers = fleet.servers
+    counts = [
+        ("green", "ready", sum(1 for s in servers if s.state == "READY" and s.health == "ok")),
+        ("bold red", "crash-looping", sum(1 for s in servers if s.crash_looping)),
+        ("yellow", "restarting", sum(1 for s in servers if s.state == "BACKOFF" and not s.crash_looping)),
+        ("bold red", "stalled", sum(1 for s in servers if s.state == "STALLED")),
+        (
+            "red",
+            "failing",
+            sum(
+                1
+                for s in servers
+                if s.state in ("UNHEALTHY", "FATAL") or (s.state == "READY" and s.health == "bad")
+            ),
+        ),
+        ("yellow", "draining", sum(1 for s in servers if s.state == "STOPPING")),
+    ]
+    return "  ".join(f"[{style}]{n} {word}[/]" for style, word, n in counts if n or word == "ready")
 
 
 def run(

@@ -13,7 +13,7 @@ from typing import Any
 from console.metrics_math import METRIC_KEYS
 from console.supervisor.load_report import LoadReport
 
-STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
+STATES = ("STARTING", "READY", "STALLED", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
 
 
 def _num(value: Any) -> float | None:
@@ -42,6 +42,10 @@ class Metrics:
     queue_p99: float | None = None
     requests_total: float | None = None
     errors_total: float | None = None
+    errors: float | None = None  # HTTP 4xx/5xx and aborts over the window
+    preemptions: float | None = None  # over the window
+    in_flight: float | None = None
+    steps_total: float | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Metrics | None:
@@ -101,6 +105,20 @@ class Server:
     # The supervisor's plan this server was started with: kv_tokens, gpu_memory_utilization,
     # cudagraph_capture_sizes (None on the CPU).
     plan: dict[str, Any] | None = None
+    recent_restarts: int = 0  # inside the restart window: 2 or more while starting is a crash loop
+    stalled_s: float | None = None  # no scheduler step for this long with requests in flight
+    draining: dict[str, Any] | None = None  # STOPPING: {"since", "deadline", "in_flight"}
+    # Every process of the server: {"pid", "name", "cpu_percent", "rss_mib", "gpu_mib"}
+    processes: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def crash_looping(self) -> bool:
+        return self.state in ("BACKOFF", "STARTING") and self.recent_restarts >= 2
+
+    @property
+    def in_flight(self) -> int | None:
+        value = self.metrics.in_flight if self.metrics is not None else None
+        return int(value) if value is not None else None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Server:
@@ -124,12 +142,16 @@ class Server:
             metrics=Metrics.from_json(data.get("metrics")),
             scraped_at=_num(data.get("scraped_at")),
             plan=data.get("plan") if isinstance(data.get("plan"), dict) else None,
+            recent_restarts=int(data.get("recent_restarts") or 0),
+            stalled_s=_num(data.get("stalled_s")),
+            draining=data.get("draining") if isinstance(data.get("draining"), dict) else None,
+            processes=tuple(p for p in data.get("processes") or [] if isinstance(p, dict)),
         )
 
     @property
     def health(self) -> str:
         """One word the fleet table colours by: ok, warn, bad or off."""
-        if self.state in ("FATAL", "UNHEALTHY"):
+        if self.state in ("FATAL", "UNHEALTHY", "STALLED") or self.crash_looping:
             return "bad"
         if self.state == "READY":
             return "ok" if self.healthy and not self.error else "bad"
@@ -146,6 +168,9 @@ class Fleet:
     started_at: float | None
     servers: tuple[Server, ...]
     load: LoadReport | None = None  # the built-in load generator's counts, when the profile has [load]
+    metrics_interval_s: float = 1.0  # how often the supervisor scrapes
+    stop_timeout_s: float | None = None  # how long a stop drains before SIGKILL
+    window_s: float = 30.0  # what rates, percentiles and error counts cover
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Fleet:
@@ -156,7 +181,15 @@ class Fleet:
             started_at=_num(data.get("started_at")),
             servers=tuple(Server.from_json(s) for s in data.get("servers") or [] if isinstance(s, dict)),
             load=LoadReport.from_json(data.get("load")),
+            metrics_interval_s=_num(data.get("metrics_interval_s")) or 1.0,
+            stop_timeout_s=_num(data.get("stop_timeout_s")),
+            window_s=_num(data.get("window_s")) or 30.0,
         )
+
+    @property
+    def window_label(self) -> str:
+        """The window every screen names next to its rates and percentiles, e.g. "30s"."""
+        return f"{self.window_s:g}s" if self.window_s < 120 else f"{self.window_s / 60:g}m"
 
     def server(self, name: str | None) -> Server | None:
         for server in self.servers:

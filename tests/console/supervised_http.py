@@ -5,6 +5,9 @@ $FAKE_CONTROL_DIR named after $TOKENSPEED_SERVER_NAME:
   NAME.crash         exit with code 3 right after start (a crash loop)
   NAME.ignore_term   ignore SIGTERM (the supervisor must SIGKILL after stop_timeout)
   NAME.unhealthy     /health answers 503
+  NAME.stall         the scheduler step counter stands still (requests stay in flight): a stalled scheduler
+  NAME.errors        its text, a number, is the count of HTTP 503 answers on /metrics
+  NAME.drain_s       its text, seconds: on SIGTERM keep answering (in flight counting down) that long
 Each start appends a line to NAME.starts, so tests can count starts. `GET /say?WORDS` prints WORDS on
 stdout (a line of its log), so tests can write into a server's log when they choose. Each start also
 appends its arguments (a JSON list) to NAME.argv; with FAKE_CHILD=1 in its environment it starts a child
@@ -30,11 +33,39 @@ def flag(kind: str) -> bool:
     return (CONTROL / f"{NAME}.{kind}").exists()
 
 
+STEPS = {"n": 0.0, "at": time.time()}
+DRAINING = {"since": None}
+
+
+def steps() -> int:
+    """Ten steps a second, standing still while NAME.stall exists."""
+    now = time.time()
+    if not flag("stall"):
+        STEPS["n"] += (now - STEPS["at"]) * 10
+    STEPS["at"] = now
+    return int(STEPS["n"])
+
+
+def number(kind: str) -> float:
+    try:
+        return float((CONTROL / f"{NAME}.{kind}").read_text())
+    except (OSError, ValueError):
+        return 0.0
+
+
 def metrics_text() -> str:
     up = time.time() - STARTED
     n = int(up * 10)
+    in_flight = 4 if DRAINING["since"] is None else max(0, 4 - int(time.time() - DRAINING["since"]))
     return "\n".join(
         [
+            "# TYPE tokenspeed:scheduler_steps counter",
+            f'tokenspeed:scheduler_steps_total{{model_name="fake",dp_rank="0"}} {steps()}',
+            "# TYPE tokenspeed:num_requests_inflight gauge",
+            f'tokenspeed:num_requests_inflight{{model_name="fake",dp_rank="0"}} {in_flight}',
+            "# TYPE tokenspeed:http_responses counter",
+            f'tokenspeed:http_responses_total{{model_name="fake",status="200"}} {n}',
+            f'tokenspeed:http_responses_total{{model_name="fake",status="503"}} {number("errors")}',
             "# TYPE tokenspeed:num_requests_running gauge",
             'tokenspeed:num_requests_running{model_name="fake",dp_rank="0"} 3',
             "# TYPE tokenspeed:num_requests_waiting gauge",
@@ -118,6 +149,15 @@ def main() -> None:
         sys.exit(3)
     if flag("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif number("drain_s") > 0:
+        # Like a real server draining: still answering, requests in flight finishing, then exit 0.
+        def drain(*_):
+            DRAINING["since"] = time.time()
+            import threading
+
+            threading.Timer(number("drain_s"), lambda: os._exit(0)).start()
+
+        signal.signal(signal.SIGTERM, drain)
     else:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if args.node_rank > 0:

@@ -36,9 +36,36 @@ def log_lines(app: ConsoleApp) -> list[str]:
     return [strip.text for strip in app.screen.query_one(RichLog).lines]
 
 
+# The fleet table's first columns, in the order these tests index them (the screen's own order and the
+# columns it shows depend on the terminal's width: `row_cells` names them).
+_INDEXED = (
+    "name",
+    "node",
+    "gpus",
+    "state",
+    "uptime",
+    "restarts",
+    "queue",
+    "kv",
+    "hit",
+    "tps",
+    "ttft",
+    "errors",
+)
+
+
+def row_cells(app: ConsoleApp) -> dict[str, dict[str, str]]:
+    """Fleet table rows by server name: the plain text shown in each column, by column key."""
+    keys = [c.key for c in app.screen.shown]
+    return {
+        name: dict(zip(keys, (c.plain for c in cells), strict=True))
+        for name, cells in app.screen.cells.items()
+    }
+
+
 def table_rows(app: ConsoleApp) -> dict[str, list[str]]:
-    """Fleet table rows by server name, each cell as the plain text shown."""
-    return {name: [c.plain for c in cells] for name, cells in app.screen.cells.items()}
+    """Fleet table rows by server name, the cells in `_INDEXED` order ("" for a column not shown)."""
+    return {name: [cells.get(k, "") for k in _INDEXED] for name, cells in row_cells(app).items()}
 
 
 def row_order(app: ConsoleApp) -> list[str]:

@@ -18,7 +18,7 @@ from textual.widgets import Static
 from console.tui.model import Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.source import DataSource, SourceError
-from console.tui.widgets.heatmap import ExpertLoad, Heatmap, parse_expert_metrics
+from console.tui.widgets.heatmap import ExpertLoad, Heatmap, hottest, parse_expert_metrics
 
 _EP_KEYS = ("ep_size", "expert_parallel_size", "moe_ep_size")
 
@@ -28,6 +28,17 @@ class ExpertData:
     name: str
     load: ExpertLoad
     ep_size: int | None
+    redundant: int | None = None  # redundant physical slots (ep_num_redundant_experts)
+
+
+def redundant_of(info: dict[str, Any] | None) -> int | None:
+    if not isinstance(info, dict):
+        return None
+    for scope in (info, info.get("server_args") or {}):
+        value = scope.get("ep_num_redundant_experts") if isinstance(scope, dict) else None
+        if isinstance(value, int) and value >= 0:
+            return value
+    return None
 
 
 def ep_size_of(info: dict[str, Any] | None) -> int | None:
@@ -53,8 +64,10 @@ class ExpertsScreen(ConsoleScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._ep_size: dict[str, int | None] = {}
+        self._ep_size: dict[str, tuple[int | None, int | None]] = {}  # server -> (EP size, redundant)
         self._rebalances: dict[str, tuple[float, float]] = {}  # server -> (count, first seen at)
+        self._thresholds_for: str | None = None
+        self._balanced = 0.8  # [console.thresholds] balancedness of the fleet's profile
 
     def compose(self):
         yield from self.compose_header()
@@ -70,36 +83,57 @@ class ExpertsScreen(ConsoleScreen):
         if name is None:
             return None
         known = name in self._ep_size
-        ep_size = self._ep_size.get(name)
+        size, redundant = self._ep_size.get(name, (None, None))
 
         def fetch(source: DataSource) -> ExpertData:
             text = source.raw_metrics(name)
-            size = ep_size
+            ep, extra = size, redundant
             if not known:
                 try:
-                    size = ep_size_of(source.info(name))
+                    info = source.info(name)
+                    ep, extra = ep_size_of(info), redundant_of(info)
                 except SourceError:
-                    size = None
-            return ExpertData(name, parse_expert_metrics(text), size)
+                    ep, extra = None, None
+            return ExpertData(name, parse_expert_metrics(text), ep, extra)
 
         return fetch
 
     def show(self, snapshot: Snapshot) -> None:
         name = self.console.selected
         title = Text(f"{name or 'no server selected'}", style="bold")
-        title.append("  expert load (tokens per layer x physical expert)")
+        title.append("  expert load: tokens per MoE layer x logical expert, over the recorder window")
         data = snapshot.extra
         if snapshot.extra_error:
             title.append(f"\n{snapshot.extra_error}", style="bold red")
         self.query_one("#experts-title", Static).update(title)
         if not isinstance(data, ExpertData) or data.name != name:
             return
-        self._ep_size[data.name] = data.ep_size
-        self.query_one(Heatmap).show_load(data.load)
+        self._ep_size[data.name] = (data.ep_size, data.redundant)
+        balanced_at = self._balanced_at(snapshot)
+        self.query_one(Heatmap).show_load(data.load, balanced_at)
         self.query_one("#experts-ranks", Static).update(self._summary(data, snapshot.polled_at))
+
+    def _balanced_at(self, snapshot: Snapshot) -> float:
+        from console.profile.thresholds import thresholds_of
+
+        path = snapshot.fleet.profile_path if snapshot.fleet is not None else None
+        if self._thresholds_for != path:
+            self._thresholds_for, self._balanced = path, thresholds_of(path).balancedness
+        return self._balanced
 
     def _summary(self, data: ExpertData, now: float) -> Text:
         text = Text()
+        logical = len(data.load.experts)
+        if logical:
+            slots = logical + (data.redundant or 0)
+            line = f"{logical} logical experts in {slots} physical slots"
+            if data.redundant:
+                line += f" ({data.redundant} redundant replicas of hot experts)"
+            if data.ep_size:
+                line += f", {slots // data.ep_size} slots on each of {data.ep_size} EP ranks"
+            text.append(line + "\n")
+            hot = ", ".join(f"expert {e} {share:.0%}" for e, _tokens, share in hottest(data.load))
+            text.append(f"hottest (share of all routed tokens): {hot}\n", style="bold")
         loads = data.load.rank_loads(data.ep_size)
         if loads:
             peak = max(loads.values()) or 1.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from rich.text import Text
 from textual.binding import Binding
@@ -13,71 +12,13 @@ from textual.containers import Vertical
 from textual.events import Click
 from textual.widgets import Input, Static
 
+from console.profile.thresholds import Thresholds, thresholds_of
 from console.supervisor.load_report import LoadReport
 from console.tui import fmt
+from console.tui.fleet_columns import Column, columns, row_cells, stale_age
 from console.tui.model import Fleet, Server, Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.widgets.server_table import ServerTable
-
-HEALTH_STYLE = {"ok": "green", "warn": "yellow", "bad": "bold red", "off": "dim"}
-
-
-@dataclass(frozen=True)
-class Column:
-    key: str
-    label: str
-    cell: Callable[[Server], str]
-    sort: Callable[[Server], object]
-
-
-def _m(server: Server, key: str) -> float | None:
-    return getattr(server.metrics, key) if server.metrics is not None else None
-
-
-def _sortable(value: float | None) -> float:
-    return float("-inf") if value is None else value
-
-
-COLUMNS = (
-    Column("name", "NAME", lambda s: s.name, lambda s: s.name),
-    Column("node", "NODE", lambda s: s.node, lambda s: (s.node, s.name)),
-    Column("gpus", "GPUS", lambda s: ",".join(map(str, s.gpus)) or "cpu", lambda s: s.gpus),
-    Column("state", "STATE", lambda s: s.state + ("!" if s.error else ""), lambda s: s.state),
-    Column("uptime", "UPTIME", lambda s: fmt.duration(s.uptime_s), lambda s: _sortable(s.uptime_s)),
-    Column("restarts", "RESTARTS", lambda s: str(s.restarts), lambda s: s.restarts),
-    Column(
-        "queue",
-        "RUN/WAIT",
-        lambda s: fmt.pair(fmt.count(_m(s, "running")), fmt.count(_m(s, "waiting"))),
-        lambda s: (_sortable(_m(s, "running")), _sortable(_m(s, "waiting"))),
-    ),
-    Column("kv", "KV", lambda s: fmt.percent(_m(s, "kv_usage")), lambda s: _sortable(_m(s, "kv_usage"))),
-    Column(
-        "hit",
-        "PREFIX HIT",
-        lambda s: fmt.percent(_m(s, "prefix_hit_rate")),
-        lambda s: _sortable(_m(s, "prefix_hit_rate")),
-    ),
-    Column(
-        "tps",
-        "TOK/S",
-        lambda s: fmt.rate(_m(s, "gen_throughput")),
-        lambda s: _sortable(_m(s, "gen_throughput")),
-    ),
-    Column(
-        "ttft",
-        "TTFT p50/p99",
-        lambda s: fmt.pair(fmt.latency(_m(s, "ttft_p50")), fmt.latency(_m(s, "ttft_p99"))),
-        lambda s: _sortable(_m(s, "ttft_p99")),
-    ),
-    Column(
-        "errors",
-        "ERRORS",
-        lambda s: fmt.count(_m(s, "errors_total")),
-        lambda s: _sortable(_m(s, "errors_total")),
-    ),
-)
-COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 
 
 def compile_filter(text: str) -> Callable[[Server], bool]:
@@ -110,14 +51,22 @@ class FleetScreen(ConsoleScreen):
         Binding("e", "open('experts')", "Experts", show=False),
         Binding("o", "sort_next", "Sort"),
         Binding("O", "sort_reverse", "Reverse", show=False),
+        # k9s style: shift+letter sorts by a column, the same again reverses ("?" lists the letters).
+        *[
+            Binding(c.sort_letter, f"sort_by('{c.key}')", f"Sort by {c.label.split()[0]}", show=False)
+            for c in columns("")
+        ],
     ]
 
     def __init__(self) -> None:
         super().__init__()
-        self.sort_key = "node"
+        self.sort_key = "state"  # problems first: broken states, then errors, KV pressure, slow TTFT
         self.sort_reverse = False
         self.filter_text = ""
         self.cells: dict[str, tuple[Text, ...]] = {}  # what each visible row shows, by server
+        self.shown: tuple[Column, ...] = ()  # the columns that fit the terminal, in order
+        self.widths: list[int] = []
+        self._thresholds: tuple[str | None, Thresholds] = (None, Thresholds())
 
     def compose(self):
         yield from self.compose_header()
@@ -137,6 +86,14 @@ class FleetScreen(ConsoleScreen):
     def on_mount(self) -> None:
         self.query_one("#fleet-filter", Input).display = False
         self.query_one(ServerTable).focus()
+        # The header scrolls sideways with the rows.
+        self.watch(self.table, "scroll_x", lambda _: self._draw_header(), init=False)
+
+    def thresholds(self, fleet: Fleet) -> Thresholds:
+        """The profile's [console.thresholds], read once per profile path."""
+        if self._thresholds[0] != fleet.profile_path:
+            self._thresholds = (fleet.profile_path, thresholds_of(fleet.profile_path))
+        return self._thresholds[1]
 
     @property
     def table(self) -> ServerTable:
@@ -172,60 +129,70 @@ class FleetScreen(ConsoleScreen):
         if snapshot is not None and snapshot.fleet is not None:
             self._draw(snapshot.fleet)
 
+    def _columns(self, fleet: Fleet) -> tuple[Column, ...]:
+        return columns(fleet.window_label)
+
     def _visible(self, fleet: Fleet) -> list[Server]:
         keep = compile_filter(self.filter_text)
-        column = next(c for c in COLUMNS if c.key == self.sort_key)
+        column = next(c for c in self._columns(fleet) if c.key == self.sort_key)
         servers = [s for s in fleet.servers if keep(s)]
         return sorted(servers, key=column.sort, reverse=self.sort_reverse)
 
-    def _cells(self, server: Server) -> tuple[Text, ...]:
-        style = HEALTH_STYLE.get(server.health, "")
-        marked = server.name in self.console.marked
-        cells = []
-        for column in COLUMNS:
-            text = column.cell(server)
-            cell_style = ""
-            if column.key in ("name", "state"):
-                cell_style = style
-            elif column.key == "errors" and text not in (fmt.DASH, "0"):
-                cell_style = "red"
-            elif column.key == "restarts" and server.restarts:
-                cell_style = "yellow"
-            if column.key == "name" and marked:
-                text, cell_style = "● " + text, cell_style + " reverse"
-            cells.append(Text(text, style=cell_style))
-        return tuple(cells)
-
-    def _labels(self) -> list[str]:
+    def _labels(self, cols: tuple[Column, ...]) -> list[str]:
         arrow = " ▼" if self.sort_reverse else " ▲"
-        return [c.label + (arrow if c.key == self.sort_key else "") for c in COLUMNS]
+        return [c.label + (arrow if c.key == self.sort_key else "") for c in cols]
+
+    def _fresh_s(self, fleet: Fleet) -> float:
+        """Values older than two polls (the console's or the supervisor's, the slower) are stale."""
+        return 2 * max(self.console.poller.state.interval, fleet.metrics_interval_s) + 0.5
 
     def _draw(self, fleet: Fleet) -> None:
         servers = self._visible(fleet)
-        self.cells = {s.name: self._cells(s) for s in servers}
-        labels = self._labels()
-        # Column widths from the texts themselves: len() is all it costs, nothing is measured twice.
+        every = self._columns(fleet)
+        now = self.console.source.now or time.time()  # a replay's own moment
+        thresholds, fresh = self.thresholds(fleet), self._fresh_s(fleet)
+        marked = self.console.marked
+        cells = {
+            s.name: row_cells(s, every, thresholds, stale_age(s, now, fresh), s.name in marked)
+            for s in servers
+        }
+        labels = self._labels(every)
         widths = [len(label) for label in labels]
-        for cells in self.cells.values():
-            widths = [max(w, c.cell_len) for w, c in zip(widths, cells, strict=True)]
-        header = Text(" ", style="bold")
-        for column, label, width in zip(COLUMNS, labels, widths, strict=True):
-            header.append(
-                label.ljust(width + 2), style="bold reverse" if column.key == self.sort_key else "bold"
-            )
-        self.query_one("#fleet-header", Static).update(header)
+        for row in cells.values():
+            widths = [max(w, c.cell_len) for w, c in zip(widths, row, strict=True)]
+        # Leave out the lowest-priority columns until the rest fit the terminal (an empty AGE column too).
+        keep = [i for i, c in enumerate(every) if c.key != "age" or any(r[i].plain for r in cells.values())]
+        room = max(self.size.width, 40) - 2
+        while sum(widths[i] + 2 for i in keep) > room:
+            droppable = [i for i in keep if every[i].priority > 0]
+            if not droppable:
+                break
+            keep.remove(max(droppable, key=lambda i: (every[i].priority, i)))
+        self.shown = tuple(every[i] for i in keep)
+        self.widths = [widths[i] for i in keep]
+        self.cells = {name: tuple(row[i] for i in keep) for name, row in cells.items()}
+        self._draw_header()
         rows = []
-        for name, cells in self.cells.items():
+        for name, row in self.cells.items():
             line = Text(" ")
-            for cell, width in zip(cells, widths, strict=True):
+            for cell, width in zip(row, self.widths, strict=True):
                 line.append_text(cell)
                 line.append(" " * (width - cell.cell_len + 2))
             rows.append((name, line))
         table = self.table
-        table.set_rows(rows, width=sum(widths) + 2 * len(widths) + 1, keep=self.console.selected)
+        table.set_rows(rows, width=sum(self.widths) + 2 * len(self.widths) + 1, keep=self.console.selected)
         if table.current is not None and table.current != self.console.selected:
             self.console.selected = table.current
         self._draw_detail(fleet, len(servers))
+
+    def _draw_header(self) -> None:
+        header = Text(" ", style="bold")
+        for column, label, width in zip(self.shown, self._labels(self.shown), self.widths, strict=True):
+            header.append(
+                label.ljust(width + 2), style="bold reverse" if column.key == self.sort_key else "bold"
+            )
+        scroll_x = int(self.table.scroll_x) if self.is_mounted else 0
+        self.query_one("#fleet-header", Static).update(header[scroll_x:] if scroll_x else header)
 
     def _draw_detail(self, fleet: Fleet, shown: int) -> None:
         server = fleet.server(self.console.selected)
@@ -267,18 +234,10 @@ class FleetScreen(ConsoleScreen):
         # A click on a column title sorts by it (again: reverses).
         if event.widget is not self.query_one("#fleet-header", Static):
             return
-        x = event.x - 1
-        for column, label in zip(COLUMNS, self._labels(), strict=True):
-            width = max(
-                [len(label)]
-                + [cells[COLUMN_KEYS.index(column.key)].cell_len for cells in self.cells.values()]
-            )
+        x = event.x - 1 + int(self.table.scroll_x)
+        for column, width in zip(self.shown, self.widths, strict=True):
             if x < width + 2:
-                if column.key == self.sort_key:
-                    self.sort_reverse = not self.sort_reverse
-                else:
-                    self.sort_key, self.sort_reverse = column.key, False
-                self.redraw()
+                self.action_sort_by(column.key)
                 return
             x -= width + 2
 
@@ -296,9 +255,20 @@ class FleetScreen(ConsoleScreen):
         self.table.action_move(1)
 
     def action_sort_next(self) -> None:
-        index = COLUMN_KEYS.index(self.sort_key)
-        self.sort_key = COLUMN_KEYS[(index + 1) % len(COLUMN_KEYS)]
+        keys = [c.key for c in self.shown] or [c.key for c in columns("")]
+        index = keys.index(self.sort_key) if self.sort_key in keys else -1
+        self.sort_key, self.sort_reverse = keys[(index + 1) % len(keys)], False
         self.redraw()
+
+    def action_sort_by(self, key: str) -> None:
+        """Sort by `key`; the same column again reverses the order."""
+        if key == self.sort_key:
+            self.sort_reverse = not self.sort_reverse
+        else:
+            self.sort_key, self.sort_reverse = key, False
+        self.redraw()
+        label = next(c.label for c in columns("") if c.key == key).split()[0]
+        self.notify(f"sorted by {label}" + (" (reversed)" if self.sort_reverse else ""), timeout=2)
 
     def action_sort_reverse(self) -> None:
         self.sort_reverse = not self.sort_reverse

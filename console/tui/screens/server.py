@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from console.tui import fmt
-from console.tui.model import History, Snapshot
+from console.tui.model import History, Metrics, Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.source import DataSource, SourceError
 from console.tui.widgets.plot import MetricPlot
@@ -79,12 +79,12 @@ def mapping_text(mapping: Any) -> str:
     return str(mapping)
 
 
-def latency_text(history: History) -> str:
-    """p50/p99 of the latest scrape window: TTFT and ITL (also plotted) beside the queue wait, which tells
-    whether a slow first token was spent waiting for a batch slot or computing the prefill."""
-    if not history.samples:
-        return "(no metrics recorded yet)"
-    m = history.samples[-1].metrics
+def latency_text(m: Metrics | None) -> str:
+    """p50/p99 over the window, the very values of the fleet table: TTFT and ITL (also plotted) beside the
+    queue wait, which tells whether a slow first token was spent waiting for a batch slot or computing the
+    prefill."""
+    if m is None:
+        return "(no current metrics)"
     return "  ".join(
         f"{label} {fmt.pair(fmt.latency(p50), fmt.latency(p99))}"
         for label, p50, p99 in (
@@ -93,6 +93,21 @@ def latency_text(history: History) -> str:
             ("queue", m.queue_p50, m.queue_p99),
         )
     )
+
+
+def processes_text(processes: tuple[dict[str, Any], ...]) -> Text:
+    """One line per process of the server: pid, role, CPU % of one core, resident and GPU memory."""
+    if not processes:
+        return Text("(no process running)", style="dim")
+    text = Text(f"{'PID':>7}  {'CPU':>5}  {'RSS':>9}  {'GPU MEM':>9}  ROLE\n", style="bold")
+    for p in processes:
+        cpu = p.get("cpu_percent")
+        gpu = p.get("gpu_mib")
+        text.append(
+            f"{p.get('pid', '?'):>7}  {fmt.DASH if cpu is None else f'{cpu:.0f}%':>5}  "
+            f"{fmt.mib(p.get('rss_mib')):>9}  {fmt.mib(gpu):>9}  {p.get('name', '')}\n"
+        )
+    return text
 
 
 def live_text(info: dict[str, Any]) -> str:
@@ -160,8 +175,10 @@ class ServerScreen(ConsoleScreen):
                 for plot_id, title, _key, render, ratio in PLOTS:
                     yield MetricPlot(title, render, ratio=ratio, id=plot_id)
             with Vertical(id="server-side"):
-                yield Static("Latency p50/p99", classes="section")
+                yield Static("Latency p50/p99", classes="section", id="server-latency-title")
                 yield Static("", id="server-latency")
+                yield Static("Processes", classes="section")
+                yield Static("", id="server-processes")
                 yield Static("Live state", classes="section")
                 yield Static("", id="server-live")
                 yield Static("Mapping", classes="section")
@@ -210,7 +227,16 @@ class ServerScreen(ConsoleScreen):
             return
         for plot_id, _title, key, _render, _ratio in PLOTS:
             self.query_one(f"#{plot_id}", MetricPlot).update_series(data.history.series(key))
-        self.query_one("#server-latency", Static).update(latency_text(data.history))
+        self.query_one("#server-processes", Static).update(
+            Text("(a replay: process figures come from a live supervisor)", style="dim")
+            if self.console.source.now is not None
+            else processes_text(server.processes if server is not None else ())
+        )
+        window = fleet.window_label if fleet is not None else "30s"
+        self.query_one("#server-latency-title", Static).update(f"Latency p50/p99 over {window}")
+        self.query_one("#server-latency", Static).update(
+            latency_text(server.metrics if server is not None else None)
+        )
         planned = planned_vs_running(server.plan if server is not None else None, data.info)
         if data.info is not None:
             live = live_text(data.info)

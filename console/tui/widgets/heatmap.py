@@ -100,11 +100,30 @@ def ramp_colour(fraction: float) -> str:
 class Heatmap(Static):
     """Renders an ExpertLoad; one row per layer, one cell per expert, balancedness at the end of each row."""
 
-    def show_load(self, data: ExpertLoad) -> None:
-        self.update(render_heatmap(data))
+    def show_load(self, data: ExpertLoad, balanced_at: float = 0.8) -> None:
+        self.update(render_heatmap(data, balanced_at))
 
 
-def render_heatmap(data: ExpertLoad) -> Text:
+def hottest(data: ExpertLoad, n: int = 5) -> list[tuple[int, float, float]]:
+    """The `n` logical experts with the most tokens over all layers: (expert, tokens, share of all tokens)."""
+    totals: dict[int, float] = {}
+    for row in data.load.values():
+        for expert, value in row.items():
+            totals[expert] = totals.get(expert, 0.0) + value
+    everything = sum(totals.values()) or 1.0
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return [(expert, tokens, tokens / everything) for expert, tokens in ranked]
+
+
+def _cell_value(value: float, peak: float, width: int) -> str:
+    """The value inside its cell: a share of the hottest expert, in tenths (0-9, `*` for the hottest)."""
+    if width < 2:
+        return " "
+    tenth = min(int(10 * value / peak), 9) if peak else 0
+    return ("*" if value >= peak else str(tenth)).rjust(width)
+
+
+def render_heatmap(data: ExpertLoad, balanced_at: float = 0.8) -> Text:
     layers, experts = data.layers, data.experts
     if not layers:
         return Text(
@@ -125,14 +144,20 @@ def render_heatmap(data: ExpertLoad) -> Text:
         text.append(f"{layer:>5}  ")
         for expert in experts:
             value = row.get(expert, 0.0)
-            colour = Color.parse(ramp_colour(value / peak))
-            text.append(" " * cell, style=Style(bgcolor=colour))
+            fraction = value / peak
+            colour = Color.parse(ramp_colour(fraction))
+            ink = Color.parse("black" if fraction >= 0.35 else "white")
+            text.append(_cell_value(value, peak, cell), style=Style(bgcolor=colour, color=ink))
         balance = data.balancedness.get(layer)
         if balance is not None:
-            style = "green" if balance >= 0.8 else ("yellow" if balance >= 0.5 else "red")
+            # Below the threshold is a problem; only well above it reads as healthy.
+            style = (
+                "bold red" if balance < balanced_at else ("yellow" if balance < (1 + balanced_at) / 2 else "")
+            )
             text.append(f"  {balance:.2f}", style=style)
         text.append("\n")
-    text.append(f"scale: 0 .. {peak:.0f} tokens  ", style="dim")
+    text.append(f"cells: tenths of the hottest expert's load (* = hottest); scale 0 .. {peak:.0f} tokens  ",
+                style="dim")  # fmt: skip
     for i, colour in enumerate(_RAMP):
         text.append("  ", style=Style(bgcolor=Color.parse(colour)))
         if i == len(_RAMP) - 1:

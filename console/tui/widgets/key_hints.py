@@ -37,7 +37,8 @@ class KeyHints(Static):
             if not isinstance(binding, Binding) or not binding.show or binding.description in seen:
                 continue
             action = binding.action.split("(")[0].removeprefix("app.")
-            if app.check_action(action, ()) is False:
+            offers = getattr(app, "offers", None)
+            if (offers(action) if offers is not None else app.check_action(action, ())) is False:
                 continue  # read-only consoles do not advertise actions they will not run
             seen.add(binding.description)
             text.append(f" {key_label(binding.key)} ", style="bold reverse")

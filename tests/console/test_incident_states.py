@@ -1,0 +1,105 @@
+"""What the supervisor and the console say during an incident: a stalled scheduler, errors over the
+window, a crash loop, a drain, values that are no longer current. Real supervisor, `supervised_http.py`
+servers steered by flag files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from console.client import SupervisorClient
+from console.tui.app import ConsoleApp
+from console.tui.live_source import LiveSource
+from console.tui.screens.modals import ConfirmScreen
+from tests.console.tui_pilot import row_cells, status, text_of, wait_for
+
+SIZE = (170, 40)
+
+
+def _supervisor_table(fleet, line: str) -> None:
+    fleet.profile.write_text(fleet.profile.read_text() + f"\n[supervisor]\n{line}\n")
+
+
+async def test_stall_errors_crash_loop_and_drain_as_the_operator_sees_them(make_fleet):
+    fleet = make_fleet(replicas=3, max_restarts=10)
+    _supervisor_table(fleet, "stall_after_s = 1.5\n\n[console.thresholds]\nkv_usage = 0.2")
+    fleet.flag(fleet.server(2), "drain_s")
+    (fleet.control / f"{fleet.server(2)}.drain_s").write_text("3")
+    assert fleet.up().returncode == 0
+    stalled, crashing, draining = fleet.server(0), fleet.server(1), fleet.server(2)
+    app = ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(row_cells(app)) == 3, what="three rows")
+        assert "3 ready" in status(app)
+        # The profile's [console.thresholds]: KV at 25% is over its 20%, so drawn red.
+        kv = next(
+            c for c, col in zip(app.screen.cells[stalled], app.screen.shown, strict=True) if col.key == "kv"
+        )
+        assert kv.plain == "25%" and "red" in str(kv.style)
+        # What each server process costs, on the Server screen (the CPU figure needs two samples).
+        await wait_for(pilot, lambda: (p := fleet.servers()[stalled]["processes"]) and p[0]["cpu_percent"] is not None,
+                       what="process figures")  # fmt: skip
+        app.selected = stalled
+        await pilot.press("2")
+        await wait_for(
+            pilot, lambda: "front end" in text_of(app, "#server-processes"), what="processes shown"
+        )
+        await pilot.press("1")
+
+        # A scheduler that stops stepping while requests are in flight: STALLED within 5 s, in the
+        # supervisor's state (and `tokenspeed status`) and on the fleet screen, counted in the header.
+        fleet.flag(stalled, "stall")
+        began = time.monotonic()
+        await wait_for(pilot, lambda: row_cells(app)[stalled]["state"].startswith("STALLED"), timeout=10,
+                       what="STALLED on screen")  # fmt: skip
+        assert time.monotonic() - began <= 5.0
+        assert "1 stalled" in status(app)
+        assert fleet.servers()[stalled]["healthy"] is False
+        # Problems first: the stalled server heads the table.
+        assert list(app.screen.table.names)[0] == stalled
+        fleet.flag(stalled, "stall", on=False)
+        await wait_for(pilot, lambda: row_cells(app)[stalled]["state"] == "READY", what="READY again")
+
+        # Errors over the window: 503 answers counted, drawn red.
+        (fleet.control / f"{stalled}.errors").write_text("7")
+        await wait_for(pilot, lambda: row_cells(app)[stalled]["errors"] == "7", what="7 errors")
+        errors_cell = next(
+            c
+            for c, col in zip(app.screen.cells[stalled], app.screen.shown, strict=True)
+            if col.key == "errors"
+        )
+        assert "red" in str(errors_cell.style)
+
+        # A crash loop reads as one in the row and the header long before FATAL.
+        fleet.flag(crashing, "crash")
+        with SupervisorClient(fleet.state_dir) as client:
+            client.restart(crashing)
+        await wait_for(
+            pilot, lambda: "1 crash-looping" in status(app), timeout=20, what="crash-looping counted"
+        )
+        assert " x" in row_cells(app)[crashing]["state"]  # BACKOFF x2, STARTING x3, ...
+
+        # Restart asks with the number of requests in flight and the drain time; the row then drains.
+        await pilot.press("escape")
+        app.selected = draining
+        await pilot.press("R")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "4 request(s) in flight" in app.screen.question and "2 s to finish" in app.screen.question
+        await pilot.press("y")
+        await wait_for(
+            pilot, lambda: row_cells(app)[draining]["state"].startswith("DRAINING"), what="DRAINING"
+        )
+        assert "1 draining" in status(app)
+        await wait_for(pilot, lambda: row_cells(app)[draining]["state"] == "READY", timeout=20, what="back")
+
+        # The supervisor dies (its servers run on): what is on screen is dimmed with its age, never shown
+        # as current.
+        os.kill(fleet.supervisor_pid(), signal.SIGKILL)
+        await wait_for(pilot, lambda: row_cells(app)[draining].get("age", "").endswith("old"), timeout=15,
+                       what=f"values marked old: {row_cells(app)} {status(app)}")  # fmt: skip
+        kv = next(
+            c for c, col in zip(app.screen.cells[draining], app.screen.shown, strict=True) if col.key == "kv"
+        )
+        assert str(kv.style) == "dim"
+        assert "supervisor unreachable" in status(app)
