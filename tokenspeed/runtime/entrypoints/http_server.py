@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tokenspeed.config.support_check import assess
 from tokenspeed.runtime.entrypoints.expert_api import add_expert_routes
+from tokenspeed.runtime.entrypoints.http_outcomes import ResponseOutcomes
 from tokenspeed.runtime.entrypoints.native_api import GENERATE_OPENAPI
 from tokenspeed.runtime.entrypoints.native_api import generate as native_generate
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, unavailable
@@ -70,6 +71,10 @@ def _require_ready(state: ServerState) -> None:
         raise unavailable(f"the server is {state.status}; retry shortly")
 
 
+def _uncounted(status: int) -> None:
+    return None
+
+
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(
         title="TokenSpeed", version=_version(), docs_url=None, redoc_url=None, openapi_url="/openapi.json"
@@ -82,6 +87,8 @@ def build_app(state: ServerState) -> FastAPI:
     # Added last, so it runs first: a client without the key is turned away before its body is read.
     if state.server_args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.server_args.api_key)
+    # Outermost: counts every answer by status (refusals included) and adds Retry-After to 503s.
+    app.add_middleware(ResponseOutcomes, count=state.metrics.on_http_response if state.metrics else _uncounted)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> Response:
