@@ -42,7 +42,9 @@ def _completion(**fields) -> dict:
     return {"model": SERVED_NAME, "prompt": PROMPT_IDS, "max_tokens": 3, **fields}
 
 
-@pytest.mark.parametrize("field", ["foo_bar", "prompt_logprobs", "lora_path", "best_of_n", "guided_decoding_backend"])
+@pytest.mark.parametrize(
+    "field", ["foo_bar", "prompt_logprobs", "lora_path", "best_of_n", "guided_decoding_backend"]
+)
 def test_unknown_fields_are_refused_by_name(server, field):
     _refused(_post(server, "/v1/completions", _completion(**{field: 1})), field)
     _refused(_post(server, "/v1/chat/completions", _chat(**{field: 1})), field)
@@ -57,7 +59,9 @@ def test_informational_fields_are_accepted(server):
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
 
 
-@pytest.mark.parametrize("choice", [None, "auto", "required", {"type": "function", "function": {"name": "f"}}])
+@pytest.mark.parametrize(
+    "choice", [None, "auto", "required", {"type": "function", "function": {"name": "f"}}]
+)
 def test_tools_that_would_need_tool_calls_are_refused(server, choice):
     body = _chat(tools=TOOLS) if choice is None else _chat(tools=TOOLS, tool_choice=choice)
     _refused(_post(server, "/v1/chat/completions", body), "tool_choice")
@@ -76,7 +80,12 @@ def test_tools_with_tool_choice_none_are_served(server):
         {"regex": "[ab]+"},
         {"ebnf": 'root ::= "a"'},
         {"guided_choice": ["yes", "no"]},
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}},
+            }
+        },
     ],
     ids=lambda e: next(iter(e)),
 )
@@ -105,11 +114,17 @@ def test_completions_logprobs_n_returns_n_alternatives(server):
     assert len(lp["token_logprobs"]) == 3
     # OpenAI's legacy shape maps token text to logprob: alternatives that decode alike share one key
     tops = lp["top_logprobs"]
-    assert tops is not None and all(1 <= len(alts) <= 5 for alts in tops) and any(len(a) == 5 for a in tops), lp
+    assert (
+        tops is not None and all(1 <= len(alts) <= 5 for alts in tops) and any(len(a) == 5 for a in tops)
+    ), lp
 
 
 def test_generate_top_logprobs_num_is_honoured_and_lora_path_refused(server):
-    body = {"input_ids": PROMPT_IDS, "sampling_params": {"max_new_tokens": 2, **GREEDY}, "return_logprob": True}
+    body = {
+        "input_ids": PROMPT_IDS,
+        "sampling_params": {"max_new_tokens": 2, **GREEDY},
+        "return_logprob": True,
+    }
     _refused(_post(server, "/generate", {**body, "lora_path": "adapter"}), "lora_path")
     _refused(_post(server, "/generate", {"input_ids": PROMPT_IDS, "sampling_params": {"lora": 1}}), "lora")
     r = _post(server, "/generate", {**body, "top_logprobs_num": 3})
@@ -188,7 +203,9 @@ def test_skip_tokenizer_init_answers_with_token_ids(ids_server):
     r = _post(ids_server, "/v1/completions", {**body, "max_tokens": 2})
     assert r.json()["choices"][0]["token_ids"] == choice["token_ids"][:2]
     streamed: list[int] = []
-    with httpx.stream("POST", f"{ids_server.url}/v1/completions", json={**body, "stream": True}, timeout=60) as s:
+    with httpx.stream(
+        "POST", f"{ids_server.url}/v1/completions", json={**body, "stream": True}, timeout=60
+    ) as s:
         for line in s.iter_lines():
             if line.startswith("data: {"):
                 for c in json.loads(line[6:])["choices"]:

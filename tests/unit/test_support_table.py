@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import time
-import typing
 from pathlib import Path
 
 import pytest
@@ -81,10 +80,7 @@ def _non_default(name: str):
     choices = [c for c in FIELD_CHOICES.get(name, ()) if c != default]
     if choices:
         return choices[0]
-    kinds = set(typing.get_args(FIELDS[name].type) or (FIELDS[name].type,)) if not isinstance(
-        FIELDS[name].type, str
-    ) else {FIELDS[name].type}
-    text = " ".join(map(str, kinds))
+    text = str(FIELDS[name].type)  # the annotation as written (postponed annotations)
     if "bool" in text:
         return not default
     if "int" in text:
@@ -158,7 +154,9 @@ def test_values_resolution_derives_are_not_taken_for_settings():
 
 def test_speculative_settings_change_nothing_when_refused():
     plain = ServerArgs(model="m", device="cpu")
-    spec = ServerArgs(model="m", device="cpu", speculative_algorithm="EAGLE3", speculative_draft_model_path="d")
+    spec = ServerArgs(
+        model="m", device="cpu", speculative_algorithm="EAGLE3", speculative_draft_model_path="d"
+    )
     assert (spec.max_num_seqs, spec.max_cudagraph_capture_size) == (plain.max_num_seqs, 160)
     assert set(assess(spec).refused) == {"speculative_algorithm", "speculative_draft_model_path"}
 
@@ -185,3 +183,40 @@ def test_refusal_is_fast_and_has_no_traceback(argv):
     assert argv[0] in proc.stderr and "Traceback" not in proc.stderr
     # measured ~0.4 s idle; the bound leaves room for a loaded 2-core CI machine
     assert elapsed < 4.0, f"refusal took {elapsed:.1f}s"
+
+
+# The start-up examples of issue 16, each now an error naming the flag or a listed no-effect flag.
+ISSUE_EXAMPLES = [
+    (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/missing"], REFUSED),
+    (["--kvstore-ratio", "4"], REFUSED),
+    (["--kvstore-storage-backend", "mooncake"], REFUSED),
+    (["--reasoning-parser", "bogus-parser"], REFUSED),
+    (["--quantization", "fp8"], REFUSED),
+    (["--quantization-param-path", "/missing/scales.json"], REFUSED),
+    (["--kv-cache-dtype", "fp8"], REFUSED),
+    (["--disaggregation-mode", "prefill"], REFUSED),
+    (["--disaggregation-mode", "decode"], REFUSED),
+    (["--pdlb-url", "http://127.0.0.1:9"], REFUSED),
+    (["--ext-yaml", "/missing/model.yaml"], REFUSED),
+    (["--moe-backend", "bogus"], REFUSED),
+    (["--deepep-mode", "normal"], NO_EFFECT),
+    (["--enable-memory-saver"], NO_EFFECT),
+    (["--disable-tf32"], NO_EFFECT),
+    (["--delete-ckpt-after-loading"], NO_EFFECT),
+    (["--weight-loader-prefetch-checkpoints"], NO_EFFECT),
+    (["--prefill-graph-max-tokens", "512"], NO_EFFECT),
+    (["--enable-allreduce-fusion"], NO_EFFECT),
+    (["--disable-pdl"], NO_EFFECT),
+    (["--download-dir", "/tmp/hf"], NO_EFFECT),
+]
+
+
+@pytest.mark.parametrize(("argv", "status"), ISSUE_EXAMPLES, ids=[" ".join(a) for a, _ in ISSUE_EXAMPLES])
+def test_issue_examples(argv, status, capsys):
+    code, err = _serve_error(argv, capsys)
+    if status == REFUSED:
+        assert code == serve.EXIT_USAGE and argv[0] in err and "Traceback" not in err, err
+        return
+    assert code == serve.EXIT_OK, err
+    args = serve.parse_args(["demo", "--device", "cpu", *argv])[0]
+    assert argv[0] in no_effect_warning(assess(args))

@@ -68,11 +68,7 @@ def _flag_spellings() -> dict[str, str]:
 def _defaults() -> dict[str, Any]:
     from tokenspeed.config.server_args import ServerArgs
 
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(ServerArgs)
-        if f.default is not dataclasses.MISSING
-    }
+    return {f.name: f.default for f in dataclasses.fields(ServerArgs) if f.default is not dataclasses.MISSING}
 
 
 @contextlib.contextmanager
@@ -143,7 +139,11 @@ def assess(args: ServerArgs) -> SupportReport:
         bad = [item for item in (value if isinstance(value, list) else [value]) if item not in support.values]
         if bad:
             choices = ", ".join(str(v) for v in support.values if v is not None)
-            refused[name] = (f"{flag_of(name)} {_spell(bad)}", "not implemented in this build", f"use one of {choices}")
+            refused[name] = (
+                f"{flag_of(name)} {_spell(bad)}",
+                "not implemented in this build",
+                f"use one of {choices}",
+            )
     return SupportReport(refused, no_effect)
 
 
