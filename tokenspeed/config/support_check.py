@@ -87,16 +87,17 @@ def set_fields(args: ServerArgs) -> dict[str, Any]:
     """The not-implemented fields the user set: those whose value resolution does not give back when the
     field alone is put back to its default (a value derived from other settings comes back)."""
     defaults = _defaults()
+    values = vars(args)  # fields read by name, as the support table lists them
     out: dict[str, Any] = {}
     with _quiet_resolution():
         for name, support in SUPPORT.items():
             if support.status == IMPLEMENTED or name not in defaults:
                 continue
-            value = getattr(args, name)
+            value = values[name]
             if value == defaults[name]:
                 continue
             try:
-                derived = getattr(dataclasses.replace(args, **{name: defaults[name]}), name)
+                derived = vars(dataclasses.replace(args, **{name: defaults[name]}))[name]
             except ValueError:
                 derived = None  # other settings need this one as given: it was not derived from them
             if derived != value:
@@ -106,14 +107,14 @@ def set_fields(args: ServerArgs) -> dict[str, Any]:
         rest = {
             n: defaults[n]
             for n, s in SUPPORT.items()
-            if s.status != IMPLEMENTED and n in defaults and n not in out and getattr(args, n) != defaults[n]
+            if s.status != IMPLEMENTED and n in defaults and n not in out and values[n] != defaults[n]
         }
         if rest:
             try:
-                joint = dataclasses.replace(args, **rest)
-                out.update({n: getattr(args, n) for n in rest if getattr(joint, n) != getattr(args, n)})
+                joint = vars(dataclasses.replace(args, **rest))
+                out.update({n: values[n] for n in rest if joint[n] != values[n]})
             except ValueError:
-                out.update({n: getattr(args, n) for n in rest})
+                out.update({n: values[n] for n in rest})
     return out
 
 
@@ -124,8 +125,9 @@ def _spell(value: Any) -> str:
 
 
 def assess(args: ServerArgs) -> SupportReport:
-    refused: dict[str, str] = {}
+    refused: dict[str, tuple[str, str, str]] = {}
     no_effect: dict[str, str] = {}
+    values = vars(args)
     for name, value in set_fields(args).items():
         support = SUPPORT[name]
         if support.status == REFUSED:
@@ -135,7 +137,7 @@ def assess(args: ServerArgs) -> SupportReport:
     for name, support in SUPPORT.items():
         if support.status != IMPLEMENTED or support.values is None:
             continue
-        value = getattr(args, name)
+        value = values[name]
         bad = [item for item in (value if isinstance(value, list) else [value]) if item not in support.values]
         if bad:
             choices = ", ".join(str(v) for v in support.values if v is not None)
@@ -169,12 +171,13 @@ def field_statuses(args: ServerArgs, report: SupportReport | None = None) -> dic
     """``--print-config``: the support status of every field whose value differs from its default."""
     defaults = _defaults()
     report = report or assess(args)
+    values = vars(args)
     out: dict[str, str] = {}
     for name, support in SUPPORT.items():
         if name in report.refused:
             setting, reason, instead = report.refused[name]
             out[name] = f"{REFUSED}: {reason} ({instead})"
-        elif name in defaults and getattr(args, name) == defaults[name]:
+        elif name in defaults and values[name] == defaults[name]:
             continue
         elif support.status == IMPLEMENTED or name in report.no_effect:
             out[name] = support.status
