@@ -50,6 +50,12 @@ def test_unknown_fields_are_refused_by_name(server, field):
     _refused(_post(server, "/v1/chat/completions", _chat(**{field: 1})), field)
 
 
+@pytest.mark.parametrize("options", [{"continuous_usage_stats": True}, {"include_usage": True, "foo": 1}])
+def test_stream_options_not_sent_are_refused(server, options):
+    body = _completion(stream=True, stream_options=options)
+    _refused(_post(server, "/v1/completions", body), next(k for k in options if k != "include_usage"))
+
+
 def test_informational_fields_are_accepted(server):
     extra = {"user": "u-1", "metadata": {"team": "a"}, "store": False}
     assert _post(server, "/v1/completions", _completion(**extra)).status_code == 200

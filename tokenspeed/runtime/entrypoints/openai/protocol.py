@@ -9,15 +9,25 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenspeed.runtime.grammar.spec import from_request
 from tokenspeed.sampling_params import SamplingParams
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _usage_once(cls, value: bool) -> bool:
+        if value:
+            # usage is counted once, for the last chunk: a client asking for it on every chunk is told so
+            raise ValueError("usage on every chunk is not sent; use include_usage (usage in the last chunk)")
+        return value
 
 
 class _SamplingFields(BaseModel):
