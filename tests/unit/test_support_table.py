@@ -220,3 +220,12 @@ def test_issue_examples(argv, status, capsys):
     assert code == serve.EXIT_OK, err
     args = serve.parse_args(["demo", "--device", "cpu", *argv])[0]
     assert argv[0] in no_effect_warning(assess(args))
+
+
+def test_offline_engine_refuses_before_loading_anything():
+    from tokenspeed.runtime.entrypoints.engine import Engine
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="--speculative-algorithm EAGLE3"):
+        Engine(model="demo", device="cpu", speculative_algorithm="EAGLE3", speculative_draft_model_path="d")
+    assert time.monotonic() - started < 5.0  # no weights were read
