@@ -249,7 +249,9 @@ SUPPORT: dict[str, Support] = {
     "disable_overlap_schedule": _impl("engine/test_overlap_schedule.py"),
     "disable_tf32": _inert("the server never turns TF32 on, so there is nothing to disable"),
     "force_deterministic_rsag": _inert(_NO_FUSED_COMM),
-    "disable_sampling_tp_sync": _inert("every TP rank samples from the same seeded generator; nothing is broadcast"),
+    "disable_sampling_tp_sync": _inert(
+        "sampled tokens are never broadcast over the TP group: every rank samples the same logits with the same seeds"
+    ),
     "low_latency_max_num_tokens_per_gpu": _inert("low-latency (DeepEP) MoE dispatch is not built"),
     "max_cudagraph_capture_size": _impl("gpu/test_engine_gpu.py"),
     "disable_prefill_graph": _inert(_NO_PREFILL_GRAPH),
