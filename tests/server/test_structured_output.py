@@ -1,4 +1,4 @@
-"""Structured output, logit bias and top logprobs on a real server (the demo model), through the official
+"""Structured output, tool calls, reasoning, logit bias and top logprobs on a real server (the demo model), through the official
 `openai` client and /generate.
 
 One server serves every check: xgrammar on, overlap scheduling on (so grammar requests run next to the
@@ -44,6 +44,8 @@ def srv(tmp_path_factory):
         "--disable-any-whitespace",
         "--enable-output-logprobs",
         "--chunked-prefill-size", "8",
+        "--tool-call-parser", "hermes",
+        "--reasoning-parser", "qwen3",
     )  # fmt: skip
     try:
         s.wait_ready()
@@ -212,3 +214,109 @@ def test_top_logprobs_match_a_float64_softmax_of_the_model(srv, client):
         len(m) <= 3 and max(m.values()) == pytest.approx(v)
         for m, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
     )
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                "required": ["tz"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def _valid_call(name: str, arguments: str) -> bool:
+    args = json.loads(arguments)
+    if name == "get_weather":
+        return set(args) == {"city", "days"} and len(args["city"]) <= 10 and 1 <= args["days"] <= 7
+    return name == "get_time" and args == {"tz": args["tz"]} and args["tz"] in ("UTC", "CET")
+
+
+def test_required_and_named_tool_choice_are_enforced(client):
+    r = client.chat.completions.create(
+        model="demo", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+        max_tokens=100, temperature=1, seed=1, n=20,
+    )  # fmt: skip
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls" and ch.message.content is None
+        (call,) = ch.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        assert _valid_call(call.function.name, call.function.arguments), call
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = client.chat.completions.create(
+        model="demo", messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=100, temperature=1, seed=2
+    )
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert _valid_call("get_weather", call.function.arguments)
+    # streamed: the call's id and name first, then its arguments in pieces the client concatenates
+    stream = client.chat.completions.create(
+        model="demo", messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=100, temperature=1, seed=2,
+        stream=True,
+    )  # fmt: skip
+    pieces, names, finish = [], [], None
+    for chunk in stream:
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            assert tc.index == 0
+            names += [tc.function.name] if tc.function.name else []
+            pieces.append(tc.function.arguments or "")
+        finish = chunk.choices[0].finish_reason or finish
+    assert names == ["get_weather"] and finish == "tool_calls" and len(pieces) > 2
+    assert "".join(pieces) == call.function.arguments  # same seed, same call
+    with pytest.raises(openai.BadRequestError, match="tool_choice: function 'nope' is not among tools"):
+        client.chat.completions.create(
+            model="demo", messages=ASK, tools=TOOLS, max_tokens=4,
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )  # fmt: skip
+
+
+# What a Qwen3 model answers when it thinks, then calls a tool (the demo model is held to it by a regex).
+QWEN_CALL = (
+    r"<think>[a-z ]{1,20}</think>\n\nSure\. <tool_call>\n"
+    r'\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,6}", "days": [1-7]\}\}\n</tool_call>'
+)
+
+
+def test_auto_tool_calls_and_reasoning_parse_whole_and_streamed(client):
+    kw = dict(model="demo", messages=ASK, tools=TOOLS, max_tokens=300, temperature=1, seed=4)
+    r = client.chat.completions.create(**kw, extra_body={"guided_regex": QWEN_CALL})
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert re.fullmatch("[a-z ]{1,20}", msg.reasoning_content) and msg.content == "Sure."
+    (call,) = msg.tool_calls
+    assert call.function.name == "get_weather" and _valid_call("get_weather", call.function.arguments)
+    stream = client.chat.completions.create(**kw, extra_body={"guided_regex": QWEN_CALL}, stream=True)
+    reasoning, content, calls, finish = "", "", {}, None
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"name": tc.function.name, "arguments": ""})
+            entry["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert reasoning == msg.reasoning_content and content.strip() == "Sure." and finish == "tool_calls"
+    assert calls == {0: {"name": "get_weather", "arguments": call.function.arguments}}
+    # an answer without <think> has no reasoning (qwen3: thinking off), and no call is plain content
+    r = client.chat.completions.create(**kw, extra_body={"guided_regex": "[a-z]{3} [a-z]{3}"})
+    msg = r.choices[0].message
+    assert msg.reasoning_content is None and re.fullmatch("[a-z]{3} [a-z]{3}", msg.content)
+    assert msg.tool_calls is None and r.choices[0].finish_reason == "stop"

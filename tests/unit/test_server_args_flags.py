@@ -61,6 +61,7 @@ SEED_FLAG_TABLE = [
     (["--device", "cpu"], "device", "cpu"),
     (["--cpu-kv-cache-memory-gb", "0.5"], "cpu_kv_cache_memory_gb", 0.5),
     (["--max-request-bytes", "1024"], "max_request_bytes", 1024),
+    (["--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),
     (["--disable-cuda-graph"], "enforce_eager", True),
     (["--served-model-name", "text"], "served_model_name", "text"),
     (["--revision", "text"], "revision", "text"),

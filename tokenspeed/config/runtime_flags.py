@@ -75,6 +75,12 @@ KERNEL_FLAGS: tuple[FlagRow, ...] = (
         str,
         "Reasoning parser (e.g. minimax, kimi_k25); JSON-schema grammars then start after reasoning.",
     ),
+    Opt(
+        "--tool-call-parser",
+        str,
+        "How tool calls are read from the model's text for tool_choice auto: hermes (Qwen's <tool_call> "
+        "JSON) or llama3_json. A TokenSpeed flag, spelled as vLLM and SGLang spell theirs.",
+    ),
     Opt("--grammar-compile-timeout-secs", float, "Seconds a grammar may compile before abort."),
     Opt("--grammar-compile-max-retries", int, "Compile timeouts after which a grammar is refused for good."),
     Switch(

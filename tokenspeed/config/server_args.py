@@ -169,6 +169,8 @@ class ServerArgs:
     grammar_backend: str = "none"
     # Lets json_schema grammars start after the model's reasoning section.
     reasoning_parser: str | None = None
+    # How tool calls are read from the model's text (vLLM/SGLang's --tool-call-parser; TokenSpeed's own here).
+    tool_call_parser: str | None = None
     grammar_compile_timeout_secs: float = 30.0
     grammar_compile_max_retries: int = 2
     disable_any_whitespace: bool = False

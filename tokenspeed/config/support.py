@@ -76,6 +76,8 @@ EPLB_IMPLEMENTED = ("auto", "deepseek", "deepseek_hierarchical")
 GRAMMAR_IMPLEMENTED = ("none", "xgrammar")
 # tokenspeed.runtime.entrypoints.openai.reasoning_parsers.REASONING_PARSERS
 REASONING_PARSERS_IMPLEMENTED = (None, "qwen3", "deepseek-r1", "deepseek_r1")
+# tokenspeed.runtime.entrypoints.openai.tool_parsers.TOOL_PARSERS
+TOOL_PARSERS_IMPLEMENTED = (None, "hermes", "qwen25", "llama3_json")
 
 SUPPORT: dict[str, Support] = {
     # Model and tokenizer
@@ -215,6 +217,7 @@ SUPPORT: dict[str, Support] = {
     # Structured output
     "grammar_backend": _impl("server/test_structured_output.py", GRAMMAR_IMPLEMENTED),
     "reasoning_parser": _impl("server/test_structured_output.py", REASONING_PARSERS_IMPLEMENTED),
+    "tool_call_parser": _impl("server/test_structured_output.py", TOOL_PARSERS_IMPLEMENTED),
     "grammar_compile_timeout_secs": _impl("server/test_structured_output.py"),
     "grammar_compile_max_retries": Support(IMPLEMENTED, UNTESTED),
     "disable_any_whitespace": Support(IMPLEMENTED, UNTESTED),

@@ -150,6 +150,7 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
@@ -177,13 +178,6 @@ class ChatCompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         self.check_n()
-        if self.tools and self.tool_choice not in ("none",):
-            # Tools are rendered into the prompt, but no parser turns the model's answer into tool_calls
-            # yet: a client asking for them would get plain text back as if no tool were chosen.
-            raise ValueError(
-                f"tool_choice: {self.tool_choice or 'auto'!r} needs tool-call parsing, which this server does "
-                "not do yet; send tool_choice \"none\" (tools are then only shown to the model) or no tools"
-            )
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:

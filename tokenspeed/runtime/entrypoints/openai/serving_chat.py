@@ -7,6 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tokenspeed.runtime.entrypoints.openai.chat_output import ChoiceOutput
 from tokenspeed.runtime.entrypoints.openai.errors import bad_request
 from tokenspeed.runtime.entrypoints.openai.logprob_format import chat_entries
 from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, usage
@@ -27,6 +28,7 @@ from tokenspeed.runtime.entrypoints.openai.serving_flow import (
     respond,
     response_body,
 )
+from tokenspeed.runtime.entrypoints.openai.tool_parsers.tool_choice import ToolPlan, plan_tools
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 
 
@@ -46,11 +48,32 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
 )  # fmt: skip
 
 
-async def _prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[str, list[int], Any]:
+async def _prepare(
+    state: ServerState, req: ChatCompletionRequest
+) -> tuple[str, list[int], Any, ToolPlan | None]:
     model = check_model(state, req.model)
     try:
         req.check_supported()
         check_logprobs(state, req.logprobs)
+        plan = plan_tools(
+            req.tools, req.tool_choice, req.parallel_tool_calls, state.server_args.tool_call_parser
+        )
+        response_format = req.response_format
+        if plan is not None and plan.schema is not None:
+            # required / named: the answer is held to the tools' JSON schema by the grammar backend
+            if state.server_args.grammar_backend != "xgrammar":
+                raise bad_request(
+                    f"tool_choice: {plan.mode if plan.mode == 'required' else 'a named function'} is enforced by "
+                    "structured output; start the server with --grammar-backend xgrammar",
+                    param="tool_choice",
+                )
+            if response_format or any(v is not None for v in req.constraint_fields().values()):
+                raise bad_request(
+                    "tool_choice: a required or named tool choice already constrains the answer; drop "
+                    "response_format / guided_* or use tool_choice auto",
+                    param="tool_choice",
+                )
+            response_format = {"type": "json_schema", "json_schema": {"name": "tools", "schema": plan.schema}}
         if state.tokenizer is None:
             raise bad_request(
                 "this server was started with --skip-tokenizer-init: use /v1/completions with token ids"
@@ -67,7 +90,7 @@ async def _prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[str,
             state.preferred_sampling_params,
             req.logprobs,
             top_logprobs=req.top_logprobs or 0,
-            response_format=req.response_format,
+            response_format=response_format,
         )
         ids = await state.llm.prompts.encode_chat(
             req.template_messages(),
@@ -77,13 +100,18 @@ async def _prepare(state: ServerState, req: ChatCompletionRequest) -> tuple[str,
         )
     except (ValueError, TypeError) as exc:
         raise translate_errors(exc if isinstance(exc, ValueError) else ValueError(str(exc))) from exc
-    return model, ids, params
+    return model, ids, params, plan
+
+
+def _shaper(state: ServerState, plan: ToolPlan | None) -> ChoiceOutput:
+    args = state.server_args
+    return ChoiceOutput(args.reasoning_parser, plan, args.tool_call_parser)
 
 
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, request: Request
 ) -> Response:
-    model, ids, params = await _prepare(state, req)
+    model, ids, params, plan = await _prepare(state, req)
     rid = req.rid or new_id("chatcmpl")
     cache_report = cache_report_enabled(state)
     return await respond(
@@ -94,12 +122,12 @@ async def create_chat_completion(
         req.n,
         rid,
         req.stream,
-        events=lambda gens: _stream(state, req, model, rid, gens, cache_report),
-        collect=lambda gens: _collect(state, req, model, rid, gens, cache_report),
+        events=lambda gens: _stream(state, req, model, rid, gens, cache_report, plan),
+        collect=lambda gens: _collect(state, req, model, rid, gens, cache_report, plan),
     )
 
 
-async def _collect(state, req, model, rid, gens, cache_report) -> dict[str, Any]:
+async def _collect(state, req, model, rid, gens, cache_report, plan) -> dict[str, Any]:
     choices, prompt_tokens, completion, cached = [], 0, 0, 0
     sequences = await collect_sequences(gens)
     failure = first_failure([seq.final for seq in sequences])
@@ -109,16 +137,17 @@ async def _collect(state, req, model, rid, gens, cache_report) -> dict[str, Any]
         out = seq.final
         prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
         completion += out.completion_tokens
+        shaper = _shaper(state, plan)
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": seq.text},
+                "message": shaper.message(seq.text),
                 "logprobs": (
                     {"content": _logprob_entries(state, seq.token_ids, seq.logprobs, seq.top_logprobs)}
                     if req.logprobs
                     else None
                 ),
-                "finish_reason": out.finish_reason,
+                "finish_reason": shaper.finish_reason(out.finish_reason),
                 "matched_stop": out.matched_stop,
             }
         )
@@ -126,7 +155,7 @@ async def _collect(state, req, model, rid, gens, cache_report) -> dict[str, Any]
     return response_body(rid, "chat.completion", now(), model, choices, usage_obj)
 
 
-async def _stream(state, req, model, rid, gens, cache_report):
+async def _stream(state, req, model, rid, gens, cache_report, plan):
     created = now()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -135,6 +164,7 @@ async def _stream(state, req, model, rid, gens, cache_report):
         return sse(response_body(rid, "chat.completion.chunk", created, model, choices, usage_obj))
 
     n = len(gens)
+    shapers = [_shaper(state, plan) for _ in range(n)]
     completion = [0] * n
     prompt_tokens, cached = 0, 0
     for i in range(n):
@@ -145,8 +175,17 @@ async def _stream(state, req, model, rid, gens, cache_report):
         failure = failure or out.failure
         completion[i] = out.completion_tokens
         prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
-        delta = {"content": out.text} if out.text else {}
-        if delta or out.finished:
+        deltas = shapers[i].delta(out.text) if out.text else []
+        if out.finished:
+            deltas += shapers[i].end()
+        # one chunk per delta (a tool call's head and arguments are separate deltas); logprobs ride on
+        # the last one, and an output that shows nothing yet still reports its logprobs and finish
+        if not deltas and (out.finished or (req.logprobs and out.token_ids)):
+            deltas = [{}]
+        for delta in deltas[:-1]:
+            yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+        if deltas:
+            delta = deltas[-1]
             choice = {
                 "index": i,
                 "delta": delta,
@@ -155,7 +194,7 @@ async def _stream(state, req, model, rid, gens, cache_report):
                     if req.logprobs
                     else None
                 ),
-                "finish_reason": out.finish_reason if out.finished else None,
+                "finish_reason": shapers[i].finish_reason(out.finish_reason) if out.finished else None,
             }
             if out.finished:
                 choice["matched_stop"] = out.matched_stop

@@ -1,0 +1,105 @@
+"""`tools` and `tool_choice` of a chat request: which mode applies, and the output constraint that
+enforces `required` and a named function (a JSON schema compiled by the grammar backend, as vLLM does).
+
+- `none`: tools are shown to the model (through the chat template), its answer is plain content.
+- `auto`: the model decides; `--tool-call-parser` reads calls from its text.
+- `required`: the answer is a JSON array of one or more `{"name", "parameters"}` objects (at most one
+  without `parallel_tool_calls`).
+- `{"type": "function", "function": {"name": N}}`: the answer is the JSON arguments of N.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tokenspeed.runtime.entrypoints.openai.tool_parsers.base import ToolCall, make_call
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    mode: str  # none | auto | required | named
+    name: str | None = None  # the named function
+    schema: str | None = None  # json_schema text enforcing required / named
+
+    def forced_calls(self, text: str) -> list[ToolCall]:
+        """The calls a required / named answer holds (the grammar made it valid JSON)."""
+        if self.mode == "named":
+            return [ToolCall(self.name or "", text.strip())]
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            return []  # cut off by max_tokens: no complete call
+        calls = [make_call(it, "parameters") for it in items] if isinstance(items, list) else []
+        return [c for c in calls if c is not None]
+
+
+def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(fn, dict)
+        ):
+            raise ValueError(
+                f"tools[{i}]: give {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}"
+            )
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tools[{i}].function.name: give the function's name")
+        params = fn.get("parameters", {"type": "object"})
+        if not isinstance(params, dict):
+            raise ValueError(f"tools[{i}].function.parameters: give a JSON schema object")
+        out[name] = params or {"type": "object"}
+    return out
+
+
+def plan_tools(
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    parallel_tool_calls: bool,
+    parser: str | None,
+) -> ToolPlan | None:
+    """None when the request has nothing to do with tools; ValueError naming the field otherwise."""
+    if not tools:
+        if tool_choice not in (None, "none"):
+            raise ValueError("tool_choice: give tools to choose from, or leave tool_choice out")
+        return None
+    functions = _functions(tools)
+    choice = "auto" if tool_choice is None else tool_choice
+    if choice == "none":
+        return ToolPlan("none")
+    if choice == "auto":
+        if parser is None:
+            raise ValueError(
+                "tool_choice: 'auto' needs the server started with --tool-call-parser (hermes for the "
+                "<tool_call> format of Qwen templates); or send tool_choice 'required', a named function, "
+                "or 'none'"
+            )
+        return ToolPlan("auto")
+    if choice == "required":
+        variants = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "parameters": params},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for name, params in functions.items()
+        ]
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+        if not parallel_tool_calls:
+            schema["maxItems"] = 1
+        return ToolPlan("required", schema=json.dumps(schema))
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in functions:
+            raise ValueError(f"tool_choice: function {name!r} is not among tools ({', '.join(functions)})")
+        return ToolPlan("named", name=name, schema=json.dumps(functions[name]))
+    raise ValueError(
+        f"tool_choice: {tool_choice!r} is not one of 'none', 'auto', 'required' or "
+        "{'type': 'function', 'function': {'name': ...}}"
+    )
