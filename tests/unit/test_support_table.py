@@ -199,6 +199,8 @@ ISSUE_EXAMPLES = [
     (["--pdlb-url", "http://127.0.0.1:9"], REFUSED),
     (["--ext-yaml", "/missing/model.yaml"], REFUSED),
     (["--moe-backend", "bogus"], REFUSED),
+    # a misspelt key would be dropped when requests are built: refused at start-up instead
+    (["--preferred-sampling-params", '{"max_tokens": 5}'], REFUSED),
     (["--deepep-mode", "normal"], NO_EFFECT),
     (["--enable-memory-saver"], NO_EFFECT),
     (["--disable-tf32"], NO_EFFECT),

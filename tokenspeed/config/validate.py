@@ -95,6 +95,7 @@ def check_inputs(args: ServerArgs) -> None:
         )
     for name in _JSON_OBJECT_FIELDS:
         _check_json_object(name, vars(args)[name])
+    _check_preferred_sampling_params(args.preferred_sampling_params)
 
 
 def _check_json_object(name: str, text: str | None) -> None:
@@ -106,6 +107,20 @@ def _check_json_object(name: str, text: str | None) -> None:
         raise ValueError(f"{_flag(name)} is not valid JSON ({exc}); pass a JSON object") from exc
     if not isinstance(value, dict):
         raise ValueError(f"{_flag(name)} must be a JSON object ({{...}}), got {text!r}")
+
+
+def _check_preferred_sampling_params(text: str | None) -> None:
+    """Every key must be a sampling parameter with a valid value: a misspelt one would be dropped silently."""
+    if text is None:
+        return
+    from tokenspeed.sampling_params import SamplingParams
+
+    try:
+        SamplingParams.from_dict(json.loads(text)).verify()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"--preferred-sampling-params: {exc} (keys are /generate's sampling_params names, e.g. max_new_tokens)"
+        ) from None
 
 
 def _check_dp_leaders_on_head(mapping) -> None:
