@@ -199,9 +199,13 @@ def build_app(state: ServerState) -> FastAPI:
             }
         )
 
+    # the flags accepted with no effect in this build (tokenspeed/config/support.py): fixed for the
+    # server's life, so worked out once rather than on every poll
+    no_effect_flags = list(assess(state.server_args).no_effect.values())
+
     @app.get("/get_server_info")
     async def get_server_info() -> Response:
-        return JSONResponse(_server_info(state))
+        return JSONResponse({**_server_info(state), "no_effect_flags": no_effect_flags})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -279,8 +283,6 @@ def _server_info(state: ServerState) -> dict[str, Any]:
         "max_model_len": limits.max_model_len if limits else None,
         "num_inflight_requests": state.llm.num_inflight,
         "internal_states": ranks,
-        # the flags this server accepted with no effect in this build (tokenspeed/config/support.py)
-        "no_effect_flags": list(assess(state.server_args).no_effect.values()),
     }
 
 
