@@ -118,10 +118,11 @@ def set_fields(args: ServerArgs) -> dict[str, Any]:
     return out
 
 
-def _spell(value: Any) -> str:
-    if isinstance(value, list):
-        return " ".join(map(str, value))
-    return str(value)
+def _setting(name: str, value: Any) -> str:
+    """The setting as typed: ``--flag value``, or the bare flag of a switch that was turned on."""
+    if value is True:
+        return flag_of(name)
+    return f"{flag_of(name)} {' '.join(map(str, value)) if isinstance(value, list) else value}"
 
 
 def assess(args: ServerArgs) -> SupportReport:
@@ -131,7 +132,7 @@ def assess(args: ServerArgs) -> SupportReport:
     for name, value in set_fields(args).items():
         support = SUPPORT[name]
         if support.status == REFUSED:
-            refused[name] = (f"{flag_of(name)} {_spell(value)}", support.note, support.instead)
+            refused[name] = (_setting(name, value), support.note, support.instead)
         elif support.status == NO_EFFECT:
             no_effect[name] = flag_of(name)
     for name, support in SUPPORT.items():
@@ -142,7 +143,7 @@ def assess(args: ServerArgs) -> SupportReport:
         if bad:
             choices = ", ".join(str(v) for v in support.values if v is not None)
             refused[name] = (
-                f"{flag_of(name)} {_spell(bad)}",
+                _setting(name, bad),
                 "not implemented in this build",
                 f"use one of {choices}",
             )
