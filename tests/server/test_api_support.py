@@ -225,3 +225,8 @@ def test_no_effect_flags_are_one_warning_and_in_server_info(ids_server):
     lines = [line for line in ids_server.log().splitlines() if "accepted with no effect" in line]
     assert len(lines) == 1 and "WARNING" in lines[0]
     assert "--disable-tf32" in lines[0] and "--enable-nvtx" in lines[0]
+
+
+def test_chat_without_a_tokenizer_is_a_400_not_an_empty_answer(ids_server):
+    r = _post(ids_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 400 and "--skip-tokenizer-init" in r.json()["error"]["message"], r.text
