@@ -60,6 +60,15 @@ def build_requests(args: argparse.Namespace, rng: random.Random) -> list[Request
     return specs
 
 
+def _json_schema(args: argparse.Namespace) -> dict[str, Any] | None:
+    """--json-schema: JSON text, or @PATH of a file holding it."""
+    raw = args.json_schema
+    if not raw:
+        return None
+    text = Path(raw[1:]).read_text() if raw.startswith("@") else raw
+    return json.loads(text)
+
+
 def _payload(args: argparse.Namespace, model: str, spec: RequestSpec) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {
         "model": model,
@@ -70,10 +79,18 @@ def _payload(args: argparse.Namespace, model: str, spec: RequestSpec) -> tuple[s
     }
     if not args.no_ignore_eos:
         body["ignore_eos"] = True  # an extension vLLM, SGLang and TokenSpeed accept: exact output lengths
+    schema = _json_schema(args)
     if args.endpoint == "chat":
         words = " ".join(f"w{t}" for t in spec.prompt_ids)  # roughly one token a word for most tokenizers
         body["messages"] = [{"role": "user", "content": words}]
+        if schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "bench", "schema": schema},
+            }
         return "/v1/chat/completions", body
+    if schema is not None:
+        body["guided_json"] = schema  # vLLM's (and TokenSpeed's) structured output on /v1/completions
     body["prompt"] = spec.prompt_ids
     return "/v1/completions", body
 
@@ -238,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--warmup-requests", type=int, default=2)
+    p.add_argument(
+        "--json-schema",
+        default=None,
+        help="constrain every output to this JSON schema (JSON text or @PATH): structured-output cost",
+    )
     p.add_argument(
         "--output", default=None, help="JSON path (default benchmarks/results/serving_<time>.json)"
     )

@@ -57,3 +57,14 @@ def test_constrained_and_free_requests_equal_sync_under_overlap():
         re.fullmatch("<[0-9]+>", texts[3])
         or outputs[True][3]["meta_info"]["finish_reason"]["type"] == "length"
     )
+
+
+def test_ignore_eos_past_a_completed_grammar_gives_only_stop_tokens():
+    with Engine(model=str(DEMO_MODELS[0].path), device="cpu", grammar_backend="xgrammar") as engine:
+        (out,) = engine.generate(
+            prompt=["Hi"],
+            sampling_params={"max_new_tokens": 12, "regex": "ab", "ignore_eos": True, "temperature": 1.0},
+        )
+        eos = set(engine.core._eos)
+        assert out["text"] == "ab" and len(out["output_ids"]) == 12
+        assert set(out["output_ids"][2:]) <= eos

@@ -13,6 +13,13 @@ class GrammarState:
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Row `row` of a host int32 bitmask: the tokens the grammar allows next."""
+        if self._matcher.is_terminated():
+            # ignore_eos kept the request going past its completed grammar: only stop tokens may follow
+            bitmask[row].zero_()
+            for tid in self._matcher.stop_token_ids:
+                bit = 1 << (tid % 32)
+                bitmask[row, tid // 32] |= bit - (1 << 32) if bit >= 1 << 31 else bit  # int32 words
+            return
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
