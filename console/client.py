@@ -130,6 +130,10 @@ class SupervisorClient:
     def logs(self, name: str, lines: int = 500) -> dict:
         return self._json("GET", f"/servers/{name}/logs", lines=lines)
 
+    def events(self, seconds: float = 300, server: str | None = None) -> dict:
+        params = {"seconds": seconds} | ({"server": server} if server else {})
+        return self._json("GET", "/events", **params)
+
     def probe(self) -> dict:
         return self._request("GET", "/probe", timeout=30.0).json()
 

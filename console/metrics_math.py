@@ -160,9 +160,11 @@ def summarize(new: Scrape, old: Scrape | None = None) -> dict[str, float | None]
         out["errors_total"] = sum(failed) if failed else 0.0
     out["errors"] = _window_errors(new, old)
     out["preemptions"] = _delta(new, old, "num_preemptions_total", "num_preemptions")
-    out["in_flight"] = new.get("num_requests_inflight")
-    if out["in_flight"] is None and out["running"] is not None:
-        out["in_flight"] = out["running"] + (out["waiting"] or 0.0)
+    # The front end's count, or what the schedulers last reported, whichever is larger (a stopped
+    # scheduler reports nothing new; a front end that does not export its count reads 0).
+    scheduled = None if out["running"] is None else out["running"] + (out["waiting"] or 0.0)
+    known = [v for v in (new.get("num_requests_inflight"), scheduled) if v is not None]
+    out["in_flight"] = max(known) if known else None
     out["steps_total"] = _first(new, "scheduler_steps_total", "scheduler_steps")
     return out
 

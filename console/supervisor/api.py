@@ -32,6 +32,9 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
     GET  /servers/{name}/raw_metrics        the latest /metrics text of the server
     GET  /servers/{name}/info               the server's /get_server_info (proxied)
     GET  /servers/{name}/logs?lines=500     {"lines": [str]}
+    GET  /events?seconds=300[&server=NAME]  {"events": [{"server", "t", "kind", "text"}]} oldest first; kind is
+                                             start, exit, restart, kill, fatal, health, stall, drain, reload,
+                                             rebalance or note (kept in history.sqlite, shown in replay)
     POST /servers/{name}/restart | /stop | /start          {"ok", "name", "state"}
     POST /servers/{name}/flush_cache                       the server's answer to POST /flush_cache
     POST /servers/{name}/expert_record/start | /stop       the server's start/stop_expert_distribution_record
@@ -120,6 +123,13 @@ def build_app(sup: Supervisor) -> Starlette:
         response = await sup.proxy(request.path_params["name"], "GET", "/get_server_info")
         return JSONResponse(response.json(), status_code=response.status_code)
 
+    async def events(request: Request):
+        seconds = float(request.query_params.get("seconds", 300))
+        server = request.query_params.get("server")
+        if server is not None:
+            sup.unit(server)
+        return JSONResponse({"events": sup.history.events(time.time() - seconds, server=server)})
+
     async def logs(request: Request):
         lines = int(request.query_params.get("lines", 500))
         return JSONResponse({"lines": sup.logs(request.path_params["name"], lines)})
@@ -165,6 +175,7 @@ def build_app(sup: Supervisor) -> Starlette:
         Route("/servers/{name}/raw_metrics", guarded(raw_metrics)),
         Route("/servers/{name}/info", guarded(info)),
         Route("/servers/{name}/logs", guarded(logs)),
+        Route("/events", guarded(events)),
         Route("/servers/{name}/{action:path}", guarded(action), methods=["POST"]),
         Route("/fleet/rolling_restart", guarded(rolling_restart), methods=["POST"]),
         Route("/fleet/reload", guarded(reload), methods=["POST"]),

@@ -63,12 +63,12 @@ class Supervisor:
         self.scraped: dict[str, ServerScrapes] = {}
         # Servers started with an api_key want it on every route but /health (metrics, info, admin).
         self.auth: dict[str, dict[str, str]] = {}
+        self.history = MetricsHistory(paths.history, self.fleet.history_seconds)
         for spec, args in zip(resolved.servers, resolved.server_args, strict=True):
             self.add_unit(spec, args)
         self.retiring: set[str] = set()  # removed from the profile by a reload: gone once stopped
         self.started_at = time.time()
         self.shutting_down = False
-        self.history = MetricsHistory(paths.history, self.fleet.history_seconds)
         self.http = httpx.AsyncClient(trust_env=False)
         self._tasks: set[asyncio.Task] = set()
         self.resources = ProcessSampler()  # CPU, memory and GPU memory of every server process
@@ -85,10 +85,15 @@ class Supervisor:
             spec, self.fleet, self.launcher, self.paths.log(spec.name), self.resolved.profile.supervisor
         )
         name = spec.name
+        unit.on_event = self.event
         self.units[name] = unit
         self.scraped[name] = ServerScrapes(self.fleet.metrics_interval_s)
         self.auth[name] = self.auth_for(args)
         return unit
+
+    def event(self, server: str, kind: str, text: str) -> None:
+        """Record what happened to a server (the events pane; kept in the history for replay)."""
+        self.history.add_event(server, time.time(), kind, text)
 
     @staticmethod
     def auth_for(args) -> dict[str, str]:
@@ -272,12 +277,31 @@ class Supervisor:
         except httpx.HTTPError:
             return False
         now = time.time()
+        scraped = self.scraped[name]
+        rebalances = scraped.rebalances
         try:
-            summary = self.scraped[name].add(response.text, now)
+            summary = scraped.add(response.text, now)
         except ValueError:
             return False
         self.history.add(name, now, summary, self._status(unit))
+        self._note_changes(unit, now, rebalances)
         return True
+
+    def _note_changes(self, unit: ServerUnit, now: float, rebalances_before: float | None) -> None:
+        """Events a scrape reveals: a stall beginning or ending, an expert rebalance."""
+        scraped = self.scraped[unit.spec.name]
+        stalled = views.stalled_for(self, unit, now)
+        if (stalled is not None) != scraped.stall_noted:
+            scraped.stall_noted = stalled is not None
+            if stalled is not None:
+                in_flight = (scraped.summary or {}).get("in_flight") or 0
+                unit.note(f"STALLED: no scheduler step for {stalled:.0f}s with {in_flight:.0f} request(s) in flight",
+                          "stall")  # fmt: skip
+            else:
+                unit.note("the scheduler steps again", "stall")
+        after = scraped.rebalances
+        if rebalances_before is not None and after is not None and after > rebalances_before:
+            unit.note(f"experts rebalanced (rebalance #{after:.0f})", "rebalance")
 
     # ------------------------------------------------------------ what the API shows
 

@@ -7,7 +7,9 @@ Two tables: `samples` (server, t, metrics) holds what a scrape returned; `status
 restarts, pid, started_at) holds what the supervisor knew of the process at that moment, written at
 every scrape round for every server, so a crash loop (BACKOFF, FATAL) that has no metrics is still
 recorded. `statuses` is a table of its own rather than new columns on `samples`: older history files
-keep working as they are, and readers of the three-column `samples` table are unaffected.
+keep working as they are, and readers of the three-column `samples` table are unaffected. `events`
+(server, t, kind, text) holds what happened to each server, as the supervisor noted it in the server's
+log: starts, exits with their reason, restarts, health changes, stalls, drains, reloads, rebalances.
 """
 
 from __future__ import annotations
@@ -33,8 +35,15 @@ CREATE TABLE IF NOT EXISTS statuses (
     started_at REAL
 );
 CREATE INDEX IF NOT EXISTS statuses_server_t ON statuses (server, t);
+CREATE TABLE IF NOT EXISTS events (
+    server TEXT NOT NULL,
+    t REAL NOT NULL,
+    kind TEXT NOT NULL,
+    text TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_t ON events (t);
 """
-_TABLES = ("samples", "statuses")
+_TABLES = ("samples", "statuses", "events")
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,20 @@ class MetricsHistory:
                     f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} ORDER BY t LIMIT ?)",
                     (count - self.max_rows,),
                 )
+
+    def add_event(self, server: str, t: float, kind: str, text: str) -> None:
+        self._db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (server, t, kind, text))
+        self._count(t)
+
+    def events(self, since: float, until: float | None = None, server: str | None = None) -> list[dict]:
+        """Events from `since` to `until` (default: now), oldest first; one server's or every server's."""
+        sql = "SELECT server, t, kind, text FROM events WHERE t >= ? AND t <= ?"
+        args: list = [since, until if until is not None else float("inf")]
+        if server is not None:
+            sql += " AND server = ?"
+            args.append(server)
+        rows = self._db.execute(sql + " ORDER BY t", args).fetchall()
+        return [{"server": s, "t": t, "kind": k, "text": x} for s, t, k, x in rows]
 
     def query(self, server: str, since: float) -> list[dict]:
         rows = self._db.execute(

@@ -28,6 +28,8 @@ class ServerScrapes:
     raw: str = ""
     # The last scrape at which the scheduler had made progress (a step, or nothing to do).
     progress_at: float | None = None
+    stall_noted: bool = False  # the last stall event said "stalled"
+    rebalances: float | None = None  # EPLB rebalances the server reported so far
     _steps: float | None = None
 
     def __post_init__(self) -> None:
@@ -44,6 +46,7 @@ class ServerScrapes:
             self.progress_at = now
         self._steps = steps
         self.raw, self.summary, self.scraped_at = text, summary, now
+        self.rebalances = scrape.get("eplb_rebalances_total")
         return summary
 
     def stalled_for(self, now: float, stall_after_s: float) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,27 @@ def _with_drain(process: ProcessSpec, fleet: FleetSpec) -> ProcessSpec:
     return dataclasses.replace(process, env=tuple(sorted(env.items())))
 
 
+# The kind of an event, from the words the supervisor notes it with (first match wins).
+_KINDS = (
+    ("profile reloaded", "reload"),
+    ("FATAL", "fatal"),
+    ("exited", "exit"),
+    ("stopped (", "exit"),
+    ("not re-adopted", "exit"),
+    ("restarting", "restart"),
+    ("SIGKILL", "kill"),
+    ("stopping", "drain"),
+    ("health", "health"),
+    ("UNHEALTHY", "health"),
+    ("started", "start"),
+    ("re-adopted", "start"),
+)
+
+
+def event_kind(message: str) -> str:
+    return next((kind for words, kind in _KINDS if words in message), "note")
+
+
 class ServerUnit:
     def __init__(
         self,
@@ -81,6 +103,8 @@ class ServerUnit:
         # A reloaded profile changed this server: its next start (the rolling restart's) uses this spec.
         self.next_spec: ServerSpec | None = None
         self.stopping_since: float | None = None  # when the drain (SIGTERM) began
+        # (server, kind, text) -> None: where the supervisor records events (its history database)
+        self.on_event: Callable[[str, str, str], None] | None = None
 
     def configure(self, fleet: FleetSpec, supervisor: SupervisorSpec) -> None:
         """A reloaded profile's supervision settings, for the running server (no restart needed)."""
@@ -174,6 +198,8 @@ class ServerUnit:
             return
         if ok:
             self.health_failures = 0
+            if self.state == State.UNHEALTHY:
+                self.note(f"health checks pass again after {now - (self.unhealthy_since or now):.0f}s: READY")
             self.unhealthy_since = None
             if self.state != State.READY:
                 if self.state == State.STARTING:
@@ -196,9 +222,11 @@ class ServerUnit:
             self.state = state
             self.changed = True
 
-    def note(self, message: str) -> None:
-        """A line in the server's log, from the supervisor."""
+    def note(self, message: str, kind: str | None = None) -> None:
+        """A line in the server's log, from the supervisor, and an event (the events pane, replay)."""
         supervisor_note(self.log_path, self.spec.name, message)
+        if self.on_event is not None:
+            self.on_event(self.spec.name, kind or event_kind(message), message)
 
     def _spawn(self, now: float) -> None:
         if self.next_spec is not None:

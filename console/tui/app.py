@@ -334,7 +334,8 @@ class ConsoleApp(App):
         name = load_profile(path).fleet.name
         watching = self.snapshot.fleet.name if self.snapshot and self.snapshot.fleet else None
         # This console's own fleet keeps its state directory; another fleet gets its default one.
-        directory = self.state_dir if self.state_dir and name == watching else str(default_state_dir(name))
+        own = self.state_dir or getattr(self.source, "state_dir", None)
+        directory = str(own) if own and name == watching else str(default_state_dir(name))
         return name, directory
 
     def launch_profile_dry_run(self, path: str) -> dict | None:

@@ -46,6 +46,10 @@ class LiveSource(DataSource):
         data = self._call(f"log of {server}", self._client.logs, server, lines)
         return [str(line) for line in (data or {}).get("lines") or []]
 
+    def events(self, seconds: float) -> list[dict[str, Any]]:
+        data = self._call("events", self._client.events, seconds)
+        return [e for e in (data or {}).get("events") or [] if isinstance(e, dict)]
+
     def probe(self) -> dict[str, Any]:
         return self._call("probe", self._client.probe)
 

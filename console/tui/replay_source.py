@@ -240,6 +240,17 @@ class ReplaySource(DataSource):
         except OSError as exc:
             raise SourceError(f"log of {server}: {exc.strerror or exc}") from exc
 
+    def events(self, seconds: float) -> list[dict[str, Any]]:
+        """The recorded events up to the replay's moment (none in a history written before events were)."""
+        try:
+            rows = self._rows(
+                "SELECT server, t, kind, text FROM events WHERE t >= ? AND t <= ? ORDER BY t",
+                (self.now - seconds, self.now),
+            )
+        except SourceError:
+            return []
+        return [{"server": s, "t": t, "kind": k, "text": x} for s, t, k, x in rows]
+
     def probe(self) -> dict[str, Any]:
         raise SourceError("replay: the GPU probe only runs against live machines")
 

@@ -59,6 +59,11 @@ class DataSource(ABC):
     @abstractmethod
     def probe(self) -> dict[str, Any]: ...
 
+    def events(self, seconds: float) -> list[dict[str, Any]]:
+        """What happened to the servers over the last `seconds` (oldest first): {"server", "t", "kind",
+        "text"}; none from a source that does not record them."""
+        return []
+
     def action(self, name: str, server: str | None = None) -> Any:
         """Run one server action (`SERVER_ACTIONS`) or fleet action (`FLEET_ACTIONS`)."""
         raise SourceError(f"{name}: this source is read-only")

@@ -18,7 +18,11 @@ from console.tui import fmt
 from console.tui.fleet_columns import Column, columns, row_cells, stale_age
 from console.tui.model import Fleet, Server, Snapshot
 from console.tui.screens.base import ConsoleScreen
+from console.tui.source import DataSource
+from console.tui.widgets.events import events_text
 from console.tui.widgets.server_table import ServerTable
+
+EVENTS_SECONDS = 600.0
 
 
 def compile_filter(text: str) -> Callable[[Server], bool]:
@@ -80,6 +84,7 @@ class FleetScreen(ConsoleScreen):
             yield ServerTable(id="fleet-table")
             yield Static("", id="fleet-detail", classes="detail")
             yield Static("", id="fleet-nodes", classes="detail")
+            yield Static("", id="fleet-events", classes="detail")
             yield Input(placeholder="filter: regex over name, node, state; !x inverts", id="fleet-filter")
         yield from self.compose_footer()
 
@@ -101,7 +106,23 @@ class FleetScreen(ConsoleScreen):
 
     # ------------------------------------------------------------------ drawing
 
+    def poll_request(self):
+        def fetch(source: DataSource) -> list[dict]:
+            return source.events(EVENTS_SECONDS)
+
+        return fetch
+
     def show(self, snapshot: Snapshot) -> None:
+        if isinstance(snapshot.extra, list):
+            # On a short terminal the table keeps the room: fewer event lines.
+            rows = 6 if self.size.height >= 34 else 3
+            self.query_one("#fleet-events", Static).update(
+                events_text(snapshot.extra, rows, self.console.selected)
+            )
+        elif snapshot.extra_error:
+            self.query_one("#fleet-events", Static).update(
+                Text(f"events: {snapshot.extra_error}", style="red")
+            )
         if snapshot.fleet is None:
             self.query_one("#fleet-detail", Static).update(
                 Text(f"no fleet data: {snapshot.error or 'waiting for the supervisor'}", style="bold red")

@@ -213,6 +213,8 @@ def build_app(state: ServerState) -> FastAPI:
             raise APIError(404, "metrics are off: start the server with --enable-metrics", code="not_found")
         from tokenspeed.runtime.metrics.collector import CONTENT_TYPE
 
+        # Read at scrape time: requests held by the front end, wherever they are (queued, running, streaming).
+        state.metrics.set_inflight(state.llm.num_inflight)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     # ---------------------------------------------------------------- admin
