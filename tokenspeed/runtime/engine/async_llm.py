@@ -1,8 +1,8 @@
 """AsyncLLM: the main process's side of the engine: send tokenized requests, track them, detokenize.
 
-Runs on the HTTP server's event loop. Requests go out over one ZMQ PUSH socket (to the only scheduler or
-to the DP controller); every scheduler answers on one PULL socket: token outputs, stats snapshots, ready
-messages, control-call answers. Each request's `generate()` iterator is woken only when there is something
+Runs on the HTTP server's event loop. The ranks are reached through a `SchedulerClient` (asyncio mode):
+requests go out to the only scheduler or to the DP controller; every scheduler answers with token
+outputs, stats snapshots, ready messages and control-call answers. Each request's `generate()` iterator is woken only when there is something
 worth sending (every `--stream-interval` tokens when streaming, at the end otherwise); if its consumer goes
 away before the end (a client disconnect cancels it), the request is aborted so its KV pages are freed.
 
@@ -17,31 +17,24 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
-
-import zmq
-import zmq.asyncio
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.detokenizer import IncrementalDetokenizer
+from tokenspeed.runtime.engine.endpoints import ServerEndpoints
 from tokenspeed.runtime.engine.io_struct import (
     AbortRequest,
     BatchOutput,
     GenerateRequest,
-    ReadyMessage,
     RequestOutput,
-    RpcRequest,
     RpcResponse,
     StatsSnapshot,
-    decode,
-    encode,
 )
 from tokenspeed.runtime.engine.prompt_check import (
     check_fits,
     check_not_empty,
     check_token_ids,
-    limits_from_ready,
     room_for,
 )
 from tokenspeed.runtime.engine.prompt_encoder import PromptEncoder
@@ -52,13 +45,11 @@ from tokenspeed.runtime.engine.request_state import (
     SequenceOutput,
     TrackedRequest,
 )
+from tokenspeed.runtime.engine.scheduler_client import SchedulerClient
 from tokenspeed.runtime.metrics.collector import FinishedRequestStats, ServerMetrics
 from tokenspeed.sampling_params import SamplingParams
 
 logger = logging.getLogger("tokenspeed.async_llm")
-
-
-_READY_NOTE_INTERVAL_S = 30.0
 
 
 class ServerUnavailable(RuntimeError):
@@ -72,68 +63,40 @@ class AsyncLLM:
         tokenizer: Any,
         metrics: ServerMetrics | None,
         *,
-        output_addr: str,
-        request_addr: str,
-        dp_size: int,
+        endpoints: ServerEndpoints,
+        check_alive: Callable[[], None],
         vocab_size: int | None = None,
     ) -> None:
+        """`check_alive` raises when a scheduler process died (the launcher's `check_alive`): the ready
+        handshake stops with it instead of waiting for a rank that will never answer."""
         self.server_args = server_args
         self.tokenizer = tokenizer
         self.prompts = PromptEncoder(tokenizer)
         self.metrics = metrics
-        self.dp_size = dp_size
+        self.dp_size = endpoints.dp_size
         self.vocab_size = vocab_size
         self.stream_interval = max(1, server_args.stream_interval)
         self.limits: ModelLimits | None = None
         self.rank_stats: dict[int, StatsSnapshot] = {}
         self.accepting = False
         self._requests: dict[str, TrackedRequest] = {}
-        self._rpc: dict[str, tuple[asyncio.Future, list[RpcResponse]]] = {}
         self._log = RequestLogger.from_server_args(server_args, tokenizer)
-        self._ctx = zmq.asyncio.Context(io_threads=1)
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.RCVHWM, 0)
-        self._pull.bind(output_addr)
-        self._output_addr = output_addr
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.SNDHWM, 0)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.connect(request_addr)
+        self._client = SchedulerClient(endpoints, check_alive, asynchronous=True)
         self._recv_task: asyncio.Task | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
     # ------------------------------------------------------------------ life cycle
 
-    async def wait_ready(self, expected: int, check_children) -> list[ReadyMessage]:
-        """Collect one ReadyMessage per scheduler rank; `check_children()` raises if one died meanwhile."""
-        ready: list[ReadyMessage] = []
-        started = last_note = time.monotonic()
-        while len(ready) < expected:
-            check_children()
-            if time.monotonic() - last_note >= _READY_NOTE_INTERVAL_S:
-                # Ranks on other nodes only show up here; say what is missing rather than wait in silence.
-                last_note = time.monotonic()
-                logger.warning(
-                    "still waiting for %d of %d scheduler rank(s) after %.0f s (ready: %s); ranks on other "
-                    "nodes must reach %s",
-                    expected - len(ready), expected, last_note - started,
-                    ", ".join(f"dp{m.dp_rank} tp{m.tp_rank}" for m in ready) or "none", self._output_addr,
-                )  # fmt: skip
-            if not await self._pull.poll(200):
-                continue
-            msg = decode(await self._pull.recv())
-            if isinstance(msg, ReadyMessage):
-                ready.append(msg)
-                logger.info(
-                    "scheduler dp%d tp%d ready (%d/%d)", msg.dp_rank, msg.tp_rank, len(ready), expected
-                )
-        self.limits = limits_from_ready(ready)
+    async def wait_ready(self, expected: int) -> ModelLimits:
+        """Wait for one ready message per scheduler rank; raises (the launcher's `ChildDied`) if a
+        scheduler process dies meanwhile."""
+        self.limits = await self._client.await_ready(expected)
         self.prompts.max_model_len = self.limits.max_model_len
         if self.metrics is not None:
             for g in range(self.dp_size):
                 self.metrics.init_rank(g)
-        return ready
+        return self.limits
 
     def start(self) -> None:
         self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop(), name="async-llm-recv")
@@ -145,9 +108,7 @@ class AsyncLLM:
                 await self._recv_task
             except (asyncio.CancelledError, Exception):
                 pass
-        self._pull.close(linger=0)
-        self._push.close(linger=0)
-        self._ctx.term()
+        self._client.close()
         self.prompts.close()
 
     @property
@@ -227,16 +188,14 @@ class AsyncLLM:
             self._log.received(req)
             # Always streamed from the scheduler: token arrival times feed TTFT and inter-token latency,
             # and stop strings are found as the text forms; the consumer is still woken only when it wants.
-            self._push.send(
-                encode(
-                    GenerateRequest(
-                        rid=rid,
-                        input_ids=input_ids,
-                        sampling=sampling.to_dict(),
-                        stream=True,
-                        arrival_time=req.arrival,
-                    )
-                )  # fmt: skip
+            self._client.send(
+                GenerateRequest(
+                    rid=rid,
+                    input_ids=input_ids,
+                    sampling=sampling.to_dict(),
+                    stream=True,
+                    arrival_time=req.arrival,
+                )
             )
             while True:
                 await req.event.wait()
@@ -262,7 +221,7 @@ class AsyncLLM:
         req = self._requests.get(rid)
         if req is None:
             return False
-        self._push.send(encode(AbortRequest(rid=rid)))
+        self._client.send(AbortRequest(rid=rid))
         if not req.finished:
             self._finish(req, "abort", None, failure)
         return True
@@ -276,22 +235,14 @@ class AsyncLLM:
 
     async def rpc(self, method: str, args: dict | None = None, timeout: float = 30.0) -> list[RpcResponse]:
         """Send a control call to every DP group; returns one answer per group."""
-        call_id = uuid.uuid4().hex
-        fut = asyncio.get_running_loop().create_future()
-        self._rpc[call_id] = (fut, [])
-        self._push.send(encode(RpcRequest(method=method, args=args or {}, call_id=call_id)))
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self._rpc.pop(call_id, None)
+        return await self._client.acall(method, args, timeout)
 
     # ------------------------------------------------------------------ receiving
 
     async def _recv_loop(self) -> None:
         while True:
-            raw = await self._pull.recv()
+            msg = await self._client.areceive()
             try:
-                msg = decode(raw)
                 if isinstance(msg, BatchOutput):
                     now = time.time()
                     for o in msg.outputs:
@@ -300,19 +251,8 @@ class AsyncLLM:
                     self.rank_stats[msg.dp_rank] = msg
                     if self.metrics is not None:
                         self.metrics.observe_stats(msg)
-                elif isinstance(msg, RpcResponse):
-                    self._on_rpc(msg)
             except Exception:
                 logger.exception("failed to handle a scheduler message")
-
-    def _on_rpc(self, msg: RpcResponse) -> None:
-        entry = self._rpc.get(msg.call_id)
-        if entry is None:
-            return
-        fut, answers = entry
-        answers.append(msg)
-        if len(answers) >= self.dp_size and not fut.done():
-            fut.set_result(answers)
 
     def _on_output(self, o: RequestOutput, now: float) -> None:
         req = self._requests.get(o.rid)
@@ -344,7 +284,7 @@ class AsyncLLM:
             req.text.append(delta)
         if stopped:
             if not o.finished:
-                self._push.send(encode(AbortRequest(rid=o.rid)))
+                self._client.send(AbortRequest(rid=o.rid))
             self._finish(req, "stop", req.detok.matched_stop, None)
         elif o.finished:
             self._finish(req, o.finish_reason or "stop", o.matched_stop, _scheduler_failure(o))

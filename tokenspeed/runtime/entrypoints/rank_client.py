@@ -1,8 +1,8 @@
 """The offline Engine's core when the layout has several ranks (tensor / expert parallel on one node).
 
 `RankClient` starts the same scheduler processes `tokenspeed serve` runs (`ServerProcesses`, one per
-rank, over `ServerEndpoints`) and drives them synchronously with the msgpack messages AsyncLLM sends
-(`GenerateRequest`, `AbortRequest`, `RpcRequest` out; `BatchOutput`, `RpcResponse`, `ReadyMessage` in).
+rank, over `ServerEndpoints`) and drives them synchronously through the `SchedulerClient` AsyncLLM uses
+(its blocking mode): the same sockets, messages, ready handshake and control-call matching.
 It answers the EngineCore calls the Engine makes, so tokenizing, detokenizing, stop strings and the
 output shapes stay the Engine's one code path whatever the number of ranks:
 
@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import atexit
 import logging
-import time
-import uuid
 import weakref
-from typing import Any
-
-import zmq
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
@@ -30,22 +27,18 @@ from tokenspeed.runtime.engine.io_struct import (
     AbortRequest,
     BatchOutput,
     GenerateRequest,
-    ReadyMessage,
     RequestOutput,
-    RpcRequest,
     RpcResponse,
     StatsSnapshot,
-    decode,
-    encode,
 )
-from tokenspeed.runtime.engine.prompt_check import check_prompt, limits_from_ready
-from tokenspeed.runtime.engine.request_state import ModelLimits
+from tokenspeed.runtime.engine.prompt_check import check_prompt
+from tokenspeed.runtime.engine.scheduler_client import SchedulerClient
+from tokenspeed.runtime.entrypoints.launch import ChildDied, ServerProcesses
 from tokenspeed.runtime.entrypoints.serve import vocab_size_of
 from tokenspeed.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_POLL_MS = 200
 _RPC_TIMEOUT_S = 60.0
 _ABORT_REASONS = ("abort", "stop")
 
@@ -54,22 +47,17 @@ class RanksDied(RuntimeError):
     """A scheduler rank of the Engine exited; the Engine cannot go on and has stopped its other ranks."""
 
 
+_T = TypeVar("_T")
+
+
 class _Processes:
-    """The ranks, sockets and ipc directories of one client; `close()` is idempotent and never raises."""
+    """The ranks, scheduler client and ipc directories of one RankClient; `close()` is idempotent and
+    never raises."""
 
     def __init__(self, server_args: ServerArgs) -> None:
-        from tokenspeed.runtime.entrypoints.launch import ServerProcesses
-
         self.endpoints = ServerEndpoints.from_server_args(server_args)
         self.procs = ServerProcesses(server_args, self.endpoints)
-        self.ctx = zmq.Context(io_threads=1)
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.RCVHWM, 0)
-        self.pull.bind(self.endpoints.output)
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.setsockopt(zmq.SNDHWM, 0)
-        self.push.setsockopt(zmq.LINGER, 0)
-        self.push.connect(self.endpoints.request_input)
+        self.client = SchedulerClient(self.endpoints, self.procs.check_alive)
         self.closed = False
         atexit.register(self.close)
 
@@ -82,9 +70,7 @@ class _Processes:
             self.procs.shutdown()
         except Exception:  # a half-started set of ranks must still be torn down below
             logger.exception("stopping the Engine's ranks failed")
-        for sock in (self.pull, self.push):
-            sock.close(linger=0)
-        self.ctx.term()
+        self.client.close()
         self.endpoints.cleanup()
 
 
@@ -93,7 +79,6 @@ class RankClient:
         self._world_size = server_args.mapping.world_size
         self._inflight: set[str] = set()
         self._buffer: list[RequestOutput] = []
-        self._rpc_answers: dict[str, RpcResponse] = {}
         self._iteration_tokens: list[int] = []
         self._failure: str | None = None
         self._p = _Processes(server_args)
@@ -102,7 +87,8 @@ class RankClient:
         self._finalizer.atexit = False  # _Processes registers its own exit hook, in the right order
         try:
             self._p.procs.start()
-            self.limits = self._wait_ready()
+            self.limits = self._alive(self._p.client.wait_ready, self._world_size)
+            logger.info("%d scheduler ranks ready", self._world_size)
         except BaseException:
             self._p.close()
             raise
@@ -118,7 +104,7 @@ class RankClient:
             raise ValueError(f"request id {request.rid!r} is already running; request ids must be unique")
         check_prompt(ids, self.limits, self._vocab_size)
         self._inflight.add(request.rid)
-        self._p.push.send(encode(request))
+        self._p.client.send(request)
 
     def abort_request(self, rid: str, reason: str = "abort") -> bool:
         """Ask rank 0 to finish `rid`; its final output comes from a later step(). False if unknown."""
@@ -126,7 +112,7 @@ class RankClient:
             raise ValueError(f"abort reason must be one of {_ABORT_REASONS}, got {reason!r}")
         if rid not in self._inflight or self._failure is not None:
             return False
-        self._p.push.send(encode(AbortRequest(rid=rid)))
+        self._p.client.send(AbortRequest(rid=rid))
         return True
 
     def has_unfinished(self) -> bool:
@@ -165,65 +151,38 @@ class RankClient:
         return self._p.procs.pids()
 
     # ---- messages ------------------------------------------------------------------------------
-    def _wait_ready(self) -> ModelLimits:
-        ready: list[ReadyMessage] = []
-        while len(ready) < self._world_size:
-            msg = self._next_message()
-            if isinstance(msg, ReadyMessage):
-                ready.append(msg)
-        logger.info("%d scheduler ranks ready", len(ready))
-        return limits_from_ready(ready)
-
     def _rpc(self, method: str, args: dict | None = None) -> RpcResponse:
         self._check_usable()
-        call_id = uuid.uuid4().hex
-        self._p.push.send(encode(RpcRequest(method=method, args=args or {}, call_id=call_id)))
-        deadline = time.monotonic() + _RPC_TIMEOUT_S
-        while call_id not in self._rpc_answers:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer to {method!r} from rank 0 within {_RPC_TIMEOUT_S:.0f} s")
-            self._receive(block=True)
-        answer = self._rpc_answers.pop(call_id)
+        answer = self._alive(self._p.client.call, method, args, _RPC_TIMEOUT_S, self._take)[0]
         if not answer.ok and method != "flush_cache":
             raise RuntimeError(answer.error or f"{method} failed")
         return answer
 
     def _receive(self, block: bool) -> None:
         """Take in what the ranks sent: one message (waiting for it if `block`), then all already queued."""
-        while True:
-            msg = self._next_message() if block else self._poll_message()
-            if msg is None:
-                return
+        while (msg := self._alive(self._p.client.receive, block)) is not None:
             block = False
-            if isinstance(msg, BatchOutput):
-                for o in msg.outputs:
-                    if o.rid not in self._inflight:
-                        continue  # a late word on a request given up already
-                    if o.finished:
-                        self._inflight.discard(o.rid)
-                    self._buffer.append(o)
-            elif isinstance(msg, RpcResponse):
-                self._rpc_answers[msg.call_id] = msg
-            elif isinstance(msg, StatsSnapshot):
-                # rank 0 hands its step sizes to whoever reads stats first: its pacer or a stats() call
-                self._iteration_tokens.extend(msg.iteration_tokens)
+            self._take(msg)
 
-    def _poll_message(self) -> Any:
+    def _take(self, msg: Any) -> None:
+        if isinstance(msg, BatchOutput):
+            for o in msg.outputs:
+                if o.rid not in self._inflight:
+                    continue  # a late word on a request given up already
+                if o.finished:
+                    self._inflight.discard(o.rid)
+                self._buffer.append(o)
+        elif isinstance(msg, StatsSnapshot):
+            # rank 0 hands its step sizes to whoever reads stats first: its pacer or a stats() call
+            self._iteration_tokens.extend(msg.iteration_tokens)
+
+    def _alive(self, wait: Callable[..., _T], *args: Any) -> _T:
+        """Run one of the client's waits; a rank that died meanwhile fails this Engine (`RanksDied`)."""
         try:
-            return decode(self._p.pull.recv(zmq.NOBLOCK))
-        except zmq.Again:
-            return None
-
-    def _next_message(self) -> Any:
-        """The next message from any rank; raises `RanksDied` if a rank exits while waiting."""
-        from tokenspeed.runtime.entrypoints.launch import ChildDied
-
-        while not self._p.pull.poll(_POLL_MS):
-            try:
-                self._p.procs.check_alive()
-            except ChildDied as exc:
-                self._fail(str(exc))
-        return decode(self._p.pull.recv())
+            return wait(*args)
+        except ChildDied as exc:
+            self._fail(str(exc))
+            raise  # not reached: _fail raises
 
     def _fail(self, reason: str) -> None:
         self._failure = (

@@ -206,22 +206,21 @@ async def _run_head(server_args: ServerArgs) -> int:
         metrics = ServerMetrics(names[0], server_args.app_key)
 
     endpoints = ServerEndpoints.from_server_args(server_args)
+    procs = ServerProcesses(server_args, endpoints)
     llm = AsyncLLM(
         server_args,
         tokenizer,
         metrics,
-        output_addr=endpoints.output,
-        request_addr=endpoints.request_input,
-        dp_size=endpoints.dp_size,
+        endpoints=endpoints,
+        check_alive=procs.check_alive,
         vocab_size=vocab_size_of(server_args),
     )
-    procs = ServerProcesses(server_args, endpoints)
     state = ServerState(server_args, llm, tokenizer, metrics, names, preferred)
     try:
         procs.start()
         state.child_pids = procs.pids()
         try:
-            await llm.wait_ready(server_args.mapping.world_size, procs.check_alive)
+            await llm.wait_ready(server_args.mapping.world_size)
         except ChildDied as exc:
             logger.error("start-up failed: %s", exc)
             return EXIT_FAILED
