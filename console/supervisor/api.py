@@ -5,7 +5,8 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
 
     GET  /fleet                             {"name", "profile_path", "state_dir", "started_at",
                                              "supervisor_pid", "shutting_down", "servers": [Server],
-                                             "load": Load | null}
+                                             "load": Load | null, "events": the last 12 events of the
+                                             last 10 minutes (as GET /events)}
          Server = {"name", "replica", "node", "gpus": [int], "host", "port", "url", "state", "pid",
                    "pids": [int], "started_at", "uptime_s", "restarts", "recent_restarts" (inside
                    restart_window_s), "last_exit": {"code", "signal", "at", "reason"} | null,

@@ -65,6 +65,7 @@ class MetricsHistory:
         self.retention_s = retention_s
         self.max_rows = max_rows
         self._inserts = 0
+        self.closed = False
 
     def add(self, server: str, t: float, metrics: dict, status: ServerStatus | None = None) -> None:
         self._db.execute("INSERT INTO samples VALUES (?, ?, ?)", (server, t, json.dumps(metrics)))
@@ -104,7 +105,10 @@ class MetricsHistory:
         self._count(t)
 
     def events(self, since: float, until: float | None = None, server: str | None = None) -> list[dict]:
-        """Events from `since` to `until` (default: now), oldest first; one server's or every server's."""
+        """Events from `since` to `until` (default: now), oldest first; one server's or every server's.
+        None (empty) once the history is closed (the supervisor answers a last /fleet while it shuts down)."""
+        if self.closed:
+            return []
         sql = "SELECT server, t, kind, text FROM events WHERE t >= ? AND t <= ?"
         args: list = [since, until if until is not None else float("inf")]
         if server is not None:
@@ -130,4 +134,5 @@ class MetricsHistory:
         ]
 
     def close(self) -> None:
+        self.closed = True
         self._db.close()

@@ -15,6 +15,8 @@ from console.profile.plan import ServerPlan
 from console.supervisor.scrapes import WINDOW_S
 from console.supervisor.states import State
 
+EVENTS_SECONDS, EVENTS_SHOWN = 600.0, 12
+
 STALLED = "STALLED"
 
 
@@ -91,6 +93,8 @@ def fleet_json(sup) -> dict:
         "metrics_interval_s": sup.fleet.metrics_interval_s,
         "stop_timeout_s": sup.fleet.stop_timeout_s,
         "window_s": WINDOW_S,
+        # The latest events (the console's events pane), so it needs no request of its own.
+        "events": sup.history.events(now - EVENTS_SECONDS)[-EVENTS_SHOWN:],
         "servers": [server_json(sup, u, now) for u in sup.units.values()],
         "load": sup.load.report().to_json() if sup.load is not None else None,
     }

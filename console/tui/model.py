@@ -13,6 +13,10 @@ from typing import Any
 from console.metrics_math import METRIC_KEYS
 from console.supervisor.load_report import LoadReport
 
+# The events a fleet answer carries: the last few of the last ten minutes (the fleet screen's pane).
+EVENTS_SECONDS = 600.0
+EVENTS_SHOWN = 12
+
 STATES = ("STARTING", "READY", "STALLED", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
 
 
@@ -171,6 +175,9 @@ class Fleet:
     metrics_interval_s: float = 1.0  # how often the supervisor scrapes
     stop_timeout_s: float | None = None  # how long a stop drains before SIGKILL
     window_s: float = 30.0  # what rates, percentiles and error counts cover
+    events: tuple[
+        dict[str, Any], ...
+    ] = ()  # the latest events, oldest first: {"server", "t", "kind", "text"}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Fleet:
@@ -184,6 +191,7 @@ class Fleet:
             metrics_interval_s=_num(data.get("metrics_interval_s")) or 1.0,
             stop_timeout_s=_num(data.get("stop_timeout_s")),
             window_s=_num(data.get("window_s")) or 30.0,
+            events=tuple(e for e in data.get("events") or [] if isinstance(e, dict)),
         )
 
     @property

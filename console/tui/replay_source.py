@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from console.tui.model import Fleet, History, Server
+from console.tui.model import EVENTS_SECONDS, EVENTS_SHOWN, Fleet, History, Server
 from console.tui.source import DataSource, SourceError
 
 # A server with no sample this close before the replay time is shown as not reporting.
@@ -159,6 +159,7 @@ class ReplaySource(DataSource):
             state_dir=str(self.root),
             started_at=self._layout.get("started_at"),
             servers=tuple(Server.from_json(s) for s in servers),
+            events=tuple(self.events(EVENTS_SECONDS)[-EVENTS_SHOWN:]),
         )
 
     @staticmethod

@@ -122,10 +122,23 @@ def test_fleet_screen_snapshot(recorded, snap_compare):
 def test_fleet_screen_filtered_and_sorted_snapshot(recorded, snap_compare):
     async def run_before(pilot):
         await loaded(pilot)
-        await pilot.press("slash", *"node-b", "enter", "o", "o", "o", "o", "o", "o", "o")  # sort: KV usage
+        await pilot.press("slash", *"node-b", "enter", "K")  # shift+k: sort by KV usage
         await pilot.pause(0.3)
 
     assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
+
+
+def test_fleet_screen_80x24_snapshot(recorded, snap_compare):
+    """A small terminal keeps what an operator needs first: state, queue, KV, tokens/s, TTFT, errors."""
+    shown: list[str] = []
+
+    async def run_before(pilot):
+        await loaded(pilot)
+        shown.extend(c.key for c in pilot.app.screen.shown)
+
+    assert snap_compare(replay_app(recorded), terminal_size=(80, 24), run_before=run_before)
+    assert {"name", "state", "queue", "kv", "tps", "ttft", "errors"} <= set(shown)
+    assert "node" not in shown and "gpus" not in shown  # the first to go
 
 
 def test_server_screen_snapshot(recorded, snap_compare):

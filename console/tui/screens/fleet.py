@@ -18,11 +18,8 @@ from console.tui import fmt
 from console.tui.fleet_columns import Column, columns, row_cells, stale_age
 from console.tui.model import Fleet, Server, Snapshot
 from console.tui.screens.base import ConsoleScreen
-from console.tui.source import DataSource
 from console.tui.widgets.events import events_text
 from console.tui.widgets.server_table import ServerTable
-
-EVENTS_SECONDS = 600.0
 
 
 def compile_filter(text: str) -> Callable[[Server], bool]:
@@ -71,6 +68,7 @@ class FleetScreen(ConsoleScreen):
         self.shown: tuple[Column, ...] = ()  # the columns that fit the terminal, in order
         self.widths: list[int] = []
         self._thresholds: tuple[str | None, Thresholds] = (None, Thresholds())
+        self._shown_texts: dict[str, Text] = {}
 
     def compose(self):
         yield from self.compose_header()
@@ -106,22 +104,18 @@ class FleetScreen(ConsoleScreen):
 
     # ------------------------------------------------------------------ drawing
 
-    def poll_request(self):
-        def fetch(source: DataSource) -> list[dict]:
-            return source.events(EVENTS_SECONDS)
-
-        return fetch
+    def _update(self, widget_id: str, text: Text) -> None:
+        """Update a line only when it changed: an update re-lays the screen out, which costs more than this."""
+        if self._shown_texts.get(widget_id) != text:
+            self._shown_texts[widget_id] = text
+            self.query_one(widget_id, Static).update(text)
 
     def show(self, snapshot: Snapshot) -> None:
-        if isinstance(snapshot.extra, list):
+        if snapshot.fleet is not None:
             # On a short terminal the table keeps the room: fewer event lines.
             rows = 6 if self.size.height >= 34 else 3
-            self.query_one("#fleet-events", Static).update(
-                events_text(snapshot.extra, rows, self.console.selected)
-            )
-        elif snapshot.extra_error:
-            self.query_one("#fleet-events", Static).update(
-                Text(f"events: {snapshot.extra_error}", style="red")
+            self._update(
+                "#fleet-events", events_text(list(snapshot.fleet.events), rows, self.console.selected)
             )
         if snapshot.fleet is None:
             self.query_one("#fleet-detail", Static).update(
@@ -213,7 +207,7 @@ class FleetScreen(ConsoleScreen):
                 label.ljust(width + 2), style="bold reverse" if column.key == self.sort_key else "bold"
             )
         scroll_x = int(self.table.scroll_x) if self.is_mounted else 0
-        self.query_one("#fleet-header", Static).update(header[scroll_x:] if scroll_x else header)
+        self._update("#fleet-header", header[scroll_x:] if scroll_x else header)
 
     def _draw_detail(self, fleet: Fleet, shown: int) -> None:
         server = fleet.server(self.console.selected)
@@ -228,7 +222,7 @@ class FleetScreen(ConsoleScreen):
             detail.append(
                 f"   [{shown} of {len(fleet.servers)} shown: filter '{self.filter_text}']", style="cyan"
             )
-        self.query_one("#fleet-detail", Static).update(detail)
+        self._update("#fleet-detail", detail)
         nodes: dict[str, list[Server]] = {}
         for s in fleet.servers:
             nodes.setdefault(s.node, []).append(s)
@@ -238,7 +232,7 @@ class FleetScreen(ConsoleScreen):
             style = "green" if ready == len(members) else ("red" if ready == 0 else "yellow")
             summary.append(f"{node} {ready}/{len(members)}", style=style)
             summary.append("  ")
-        self.query_one("#fleet-nodes", Static).update(summary)
+        self._update("#fleet-nodes", summary)
 
     # ------------------------------------------------------------------ events and actions
 

@@ -9,6 +9,7 @@ change, and only the rows whose text changed (or the cursor moved over) are repa
 from __future__ import annotations
 
 from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
 from textual.events import Click
@@ -22,7 +23,7 @@ from textual.strip import Strip
 class ServerTable(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     ServerTable { height: 1fr; }
-    ServerTable > .server-table--cursor { background: $accent 40%; }
+    ServerTable > .server-table--cursor { background: $accent; text-style: bold; }
     ServerTable > .server-table--zebra { background: $surface-lighten-1 30%; }
     """
     COMPONENT_CLASSES = {"server-table--cursor", "server-table--zebra"}
@@ -54,6 +55,7 @@ class ServerTable(ScrollView, can_focus=True):
         self._texts: list[Text] = []
         self._strips: dict[tuple[int, int], Strip] = {}  # (row, look) -> rendered line
         self._width = 0
+        self._base: Style | None = None  # this widget's resolved style, until the styles change
 
     # ------------------------------------------------------------------ data
 
@@ -92,13 +94,18 @@ class ServerTable(ScrollView, can_focus=True):
         scroll_x, scroll_y = self.scroll_offset
         index = y + scroll_y
         width = self.size.width
-        base = self.rich_style
+        if self._base is None:
+            self._base = self.rich_style  # walks every ancestor's styles: once, not once a line
+        base = self._base
         if index >= len(self._texts):
             return Strip.blank(width, base)
         look = 2 if index == self.cursor else (1 if index % 2 else 0)
         strip = self._strips.get((index, look))
         if strip is None:
             text = self._texts[index]
+            if look == 2 and text.plain.startswith(" "):
+                # A marker, not only a colour: 256-colour terminals blend a tinted background into the rows'.
+                text = Text("▶", style="bold") + text[1:]
             segments = [
                 Segment(s.text, base + s.style if s.style else base) for s in text.render(self.app.console)
             ]
@@ -124,6 +131,7 @@ class ServerTable(ScrollView, can_focus=True):
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._strips.clear()
+        self._base = None
 
     # ------------------------------------------------------------------ moving
 
