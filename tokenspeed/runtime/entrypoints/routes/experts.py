@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.config.slices import ExpertPlan
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
-from tokenspeed.runtime.entrypoints.server_state import ServerState
+from tokenspeed.runtime.entrypoints.routes.deps import Server, new_router
 
 EXPERT_RECORD = (
     "start_expert_distribution_record",
@@ -33,14 +33,9 @@ EXPERT_RECORD = (
 _REBALANCE_TIMEOUT_S = 120.0
 
 
-def add_expert_routes(app: FastAPI, state: ServerState) -> None:
-    for method in EXPERT_RECORD:
-        app.add_api_route(f"/{method}", _expert_record_route(state, method), methods=["GET", "POST"])
-    app.add_api_route("/rebalance_experts", _rebalance_route(state), methods=["POST"])
-
-
-def _expert_record_route(state: ServerState, method: str):
-    async def route(request: Request) -> Response:
+def _expert_record_route(method: str):
+    # One route per recorder call, each named after it (its /openapi.json operation).
+    async def route(request: Request, state: Server) -> Response:
         body = await request.body()
         try:
             args = json.loads(body) if body.strip() else {}
@@ -78,18 +73,21 @@ def stop_answer(server_args: ServerArgs, results: list[dict]) -> dict[str, Any]:
     return out
 
 
-def _rebalance_route(state: ServerState):
-    async def rebalance_experts() -> Response:
-        answers = await state.llm.rpc("rebalance_experts", timeout=_REBALANCE_TIMEOUT_S)
-        failed = [a for a in answers if not a.ok]
-        if failed:
-            message = failed[0].error or "rebalance_experts failed"
-            if all(a.refused for a in failed):
-                raise bad_request(message, code=failed[0].refused)
-            raise APIError(500, message, code="rebalance_failed")
-        return JSONResponse(rebalance_answer([a.result for a in answers]))
+router = new_router()
+for _method in EXPERT_RECORD:
+    router.add_api_route(f"/{_method}", _expert_record_route(_method), methods=["GET", "POST"])
 
-    return rebalance_experts
+
+@router.post("/rebalance_experts")
+async def rebalance_experts(state: Server) -> Response:
+    answers = await state.llm.rpc("rebalance_experts", timeout=_REBALANCE_TIMEOUT_S)
+    failed = [a for a in answers if not a.ok]
+    if failed:
+        message = failed[0].error or "rebalance_experts failed"
+        if all(a.refused for a in failed):
+            raise bad_request(message, code=failed[0].refused)
+        raise APIError(500, message, code="rebalance_failed")
+    return JSONResponse(rebalance_answer([a.result for a in answers]))
 
 
 def rebalance_answer(results: list[dict]) -> dict[str, Any]:
