@@ -21,6 +21,8 @@ from tokenspeed.demo_models import DEMO_MODELS
 
 MODEL = str(DEMO_MODELS[0].path)
 MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
+# Qwen3's switch for its thinking section, which the reasoning parser and the grammar honour
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 PERSON = {
     "type": "object",
     "properties": {
@@ -75,16 +77,29 @@ def _matches(schema: dict, value) -> bool:
 
 
 def test_json_schema_100_seeded_samples_all_match(client):
-    r = client.chat.completions.create(
-        model="demo", messages=MESSAGES, max_tokens=200, temperature=1, seed=7, n=100,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    r = client.completions.create(
+        model="demo", prompt="A person as JSON:", max_tokens=200, temperature=1, seed=7, n=100,
+        extra_body={"guided_json": PERSON},
     )  # fmt: skip
     assert len(r.choices) == 100
     for ch in r.choices:
-        assert ch.finish_reason == "stop", ch.message.content
-        assert _matches(PERSON, json.loads(ch.message.content)), ch.message.content
+        assert ch.finish_reason == "stop", ch.text
+        assert _matches(PERSON, json.loads(ch.text)), ch.text
     # temperature 1: the samples differ (the grammar constrains, it does not pick)
-    assert len({ch.message.content for ch in r.choices}) > 10
+    assert len({ch.text for ch in r.choices}) > 10
+    # chat with --reasoning-parser qwen3: the schema holds the answer after an optional <think> section,
+    # which goes to reasoning_content
+    r = client.chat.completions.create(
+        model="demo", messages=MESSAGES, max_tokens=200, temperature=1, seed=7, n=20,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )  # fmt: skip
+    done = [ch.message for ch in r.choices if ch.finish_reason == "stop"]
+    assert done
+    for msg in done:
+        assert _matches(PERSON, json.loads(msg.content)), msg
+    for ch in r.choices:
+        if ch.finish_reason == "length":  # the random model opened <think> and was cut off still in it
+            assert ch.message.reasoning_content and not ch.message.content, ch.message
 
 
 def test_regex_ebnf_and_choice_100_samples_each(client):
@@ -108,18 +123,18 @@ def test_regex_ebnf_and_choice_100_samples_each(client):
 
 def test_json_object_and_streaming(client):
     stream = client.chat.completions.create(
-        model="demo", messages=MESSAGES, max_tokens=200, temperature=0, stream=True,
+        model="demo", messages=MESSAGES, max_tokens=200, temperature=0, stream=True, extra_body=NO_THINKING,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
     )  # fmt: skip
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert _matches(PERSON, json.loads(text))
     r = client.chat.completions.create(
-        model="demo", messages=MESSAGES, max_tokens=300, temperature=1, seed=1, n=8,
+        model="demo", messages=MESSAGES, max_tokens=300, temperature=1, seed=1, n=8, extra_body=NO_THINKING,
         response_format={"type": "json_object"},
     )  # fmt: skip
     done = [ch.message.content for ch in r.choices if ch.finish_reason == "stop"]
-    assert all(text.startswith("{") for text in (ch.message.content for ch in r.choices))
-    assert all(isinstance(json.loads(t), dict) for t in done)
+    assert all(ch.message.content.startswith("{") for ch in r.choices)  # no <think> section
+    assert done and all(isinstance(json.loads(t), dict) for t in done)
 
 
 def test_completions_and_generate_constraints(srv, client):
@@ -252,7 +267,7 @@ def _valid_call(name: str, arguments: str) -> bool:
 
 def test_required_and_named_tool_choice_are_enforced(client):
     r = client.chat.completions.create(
-        model="demo", messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+        model="demo", messages=ASK, tools=TOOLS, extra_body=NO_THINKING, tool_choice="required", parallel_tool_calls=False,
         max_tokens=100, temperature=1, seed=1, n=20,
     )  # fmt: skip
     for ch in r.choices:
@@ -262,14 +277,21 @@ def test_required_and_named_tool_choice_are_enforced(client):
         assert _valid_call(call.function.name, call.function.arguments), call
     named = {"type": "function", "function": {"name": "get_weather"}}
     r = client.chat.completions.create(
-        model="demo", messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=100, temperature=1, seed=2
+        model="demo",
+        messages=ASK,
+        tools=TOOLS,
+        extra_body=NO_THINKING,
+        tool_choice=named,
+        max_tokens=100,
+        temperature=1,
+        seed=2,
     )
     (call,) = r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert _valid_call("get_weather", call.function.arguments)
     # streamed: the call's id and name first, then its arguments in pieces the client concatenates
     stream = client.chat.completions.create(
-        model="demo", messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=100, temperature=1, seed=2,
+        model="demo", messages=ASK, tools=TOOLS, extra_body=NO_THINKING, tool_choice=named, max_tokens=100, temperature=1, seed=2,
         stream=True,
     )  # fmt: skip
     pieces, names, finish = [], [], None
@@ -283,7 +305,7 @@ def test_required_and_named_tool_choice_are_enforced(client):
     assert "".join(pieces) == call.function.arguments  # same seed, same call
     with pytest.raises(openai.BadRequestError, match="tool_choice: function 'nope' is not among tools"):
         client.chat.completions.create(
-            model="demo", messages=ASK, tools=TOOLS, max_tokens=4,
+            model="demo", messages=ASK, tools=TOOLS, extra_body=NO_THINKING, max_tokens=4,
             tool_choice={"type": "function", "function": {"name": "nope"}},
         )  # fmt: skip
 

@@ -91,3 +91,22 @@ def test_tool_choice_plans_and_refusals():
         plan_tools(None, "required", True, None)
     with pytest.raises(ValueError, match=r"tools\[0\].function.name"):
         plan_tools([{"type": "function", "function": {}}], "required", True, None)
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek-r1"])
+def test_json_schema_is_deferred_past_the_reasoning(parser):
+    xgr = pytest.importorskip("xgrammar")
+    from tokenspeed.runtime.grammar.reasoning_first import defer_past_reasoning
+
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    grammar = xgr.Grammar.from_ebnf(defer_past_reasoning(parser, schema, any_whitespace=False))
+    opened = "<think>" if parser == "qwen3" else ""
+
+    def accepts(text: str) -> bool:
+        return xgr.testing._is_grammar_accept_string(grammar, text)
+
+    assert accepts(opened + "step 1 < 2, </thin is not the end</think>\n\n" + '{"a": 1}')
+    assert not accepts(opened + "thinking</think>\nnot json")
+    assert accepts('{"a": 1}') == (parser == "qwen3")  # qwen3: thinking may be off
+    with pytest.raises(ValueError, match='json_schema: Unsupported type "nope"'):
+        defer_past_reasoning(parser, '{"type": "nope"}', any_whitespace=False)

@@ -39,7 +39,7 @@ def check_installed(grammar_backend: str) -> None:
         raise ValueError(missing_xgrammar()) from exc
 
 
-def _clean(exc: BaseException) -> str:
+def clean_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return _LOCATION.sub("", text[0] if text else type(exc).__name__)
 
@@ -107,7 +107,7 @@ class GrammarBackend:
             return fut.result()
         if isinstance(exc, GrammarError):
             raise exc
-        raise GrammarError(f"{kind}: {_clean(exc)}") from exc
+        raise GrammarError(f"{kind}: {clean_error(exc)}") from exc
 
     def timed_out(self, kind: str, text: str) -> GrammarError:
         key = (kind, text)

@@ -30,6 +30,7 @@ from tokenspeed.runtime.entrypoints.openai.serving_flow import (
 )
 from tokenspeed.runtime.entrypoints.openai.tool_parsers.tool_choice import ToolPlan, plan_tools
 from tokenspeed.runtime.entrypoints.server_state import ServerState
+from tokenspeed.runtime.grammar.reasoning_first import defer_past_reasoning
 
 
 def _logprob_entries(
@@ -92,6 +93,17 @@ async def _prepare(
             top_logprobs=req.top_logprobs or 0,
             response_format=response_format,
         )
+        args = state.server_args
+        if (
+            reasoning_parser(state, req)
+            and params.json_schema is not None
+            and args.grammar_backend == "xgrammar"
+        ):
+            # the schema holds the answer, not the <think> section before it
+            params.ebnf = defer_past_reasoning(
+                reasoning_parser(state, req), params.json_schema, not args.disable_any_whitespace
+            )
+            params.json_schema = None
         ids = await state.llm.prompts.encode_chat(
             req.template_messages(),
             add_generation_prompt=req.add_generation_prompt,
@@ -103,9 +115,16 @@ async def _prepare(
     return model, ids, params, plan
 
 
-def _shaper(state: ServerState, plan: ToolPlan | None) -> ChoiceOutput:
-    args = state.server_args
-    return ChoiceOutput(args.reasoning_parser, plan, args.tool_call_parser)
+def reasoning_parser(state: ServerState, req: ChatCompletionRequest) -> str | None:
+    """--reasoning-parser, unless the request turns thinking off (Qwen3's chat_template_kwargs
+    enable_thinking: false, which vLLM and SGLang honour the same way)."""
+    if (req.chat_template_kwargs or {}).get("enable_thinking") is False:
+        return None
+    return state.server_args.reasoning_parser
+
+
+def _shaper(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None) -> ChoiceOutput:
+    return ChoiceOutput(reasoning_parser(state, req), plan, state.server_args.tool_call_parser)
 
 
 async def create_chat_completion(
@@ -137,7 +156,7 @@ async def _collect(state, req, model, rid, gens, cache_report, plan) -> dict[str
         out = seq.final
         prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
         completion += out.completion_tokens
-        shaper = _shaper(state, plan)
+        shaper = _shaper(state, req, plan)
         choices.append(
             {
                 "index": i,
@@ -164,7 +183,7 @@ async def _stream(state, req, model, rid, gens, cache_report, plan):
         return sse(response_body(rid, "chat.completion.chunk", created, model, choices, usage_obj))
 
     n = len(gens)
-    shapers = [_shaper(state, plan) for _ in range(n)]
+    shapers = [_shaper(state, req, plan) for _ in range(n)]
     completion = [0] * n
     prompt_tokens, cached = 0, 0
     for i in range(n):
