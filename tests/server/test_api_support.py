@@ -68,9 +68,12 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 @pytest.mark.parametrize(
     "choice", [None, "auto", "required", {"type": "function", "function": {"name": "f"}}]
 )
-def test_tools_that_would_need_tool_calls_are_refused(server, choice):
+def test_tool_choice_needs_its_parser_or_the_grammar_backend(server, choice):
+    # the session server runs without --tool-call-parser (auto) and --grammar-backend (required, named):
+    # tool calls it could not produce are a 400 naming what to start it with, never plain text
     body = _chat(tools=TOOLS) if choice is None else _chat(tools=TOOLS, tool_choice=choice)
-    _refused(_post(server, "/v1/chat/completions", body), "tool_choice")
+    message = _refused(_post(server, "/v1/chat/completions", body), "tool_choice")
+    assert ("--tool-call-parser" if choice in (None, "auto") else "--grammar-backend xgrammar") in message
 
 
 def test_tools_with_tool_choice_none_are_served(server):
