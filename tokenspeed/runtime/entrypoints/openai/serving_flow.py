@@ -1,12 +1,18 @@
-"""The response flow /v1/chat/completions and /v1/completions share: start the request's sequences, then
-stream them as server-sent events or collect them into one JSON body."""
+"""The pipeline /v1/chat/completions and /v1/completions share: request -> prompt -> sequences -> render.
+
+Each endpoint's module (`serving_chat`, `serving_completions`) holds its whole pipeline as one object: it is
+built from the request (model check, sampling parameters, prompt tokens; a 400 for anything wrong), and it
+renders the sequences it asked for, as one JSON body or as server-sent events. `serve_pipeline` runs the
+middle: it starts the sequences and hands them to the renderer, aborting them whichever way the response
+ends.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -14,6 +20,8 @@ from starlette.responses import JSONResponse, Response
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
+    failure_error,
+    first_failure,
     merge,
     start_sequences,
     translate_errors,
@@ -35,6 +43,24 @@ class CollectedSequence:
     logprobs: list[float]
     final: SequenceOutput
     top_logprobs: list[list[list[float]]] | None = None  # per token, [id, logprob] of the most likely
+
+
+class Pipeline(Protocol):
+    """One OpenAI request once its prompts and sampling are known: what to run, and how to render it."""
+
+    prompts: list[list[int]]
+    params: SamplingParams
+    n: int  # sequences per prompt
+    rid: str
+    stream: bool
+
+    def body(self, sequences: list[CollectedSequence]) -> dict[str, Any]:
+        """The JSON answer, from every sequence run to its end (none of them cut short)."""
+        ...
+
+    def events(self, gens: Sequences) -> AsyncIterator[str]:
+        """The server-sent events of the streamed answer, as the sequences produce output."""
+        ...
 
 
 def cache_report_enabled(state: ServerState) -> bool:
@@ -90,6 +116,34 @@ async def sse_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
     except Exception as exc:
         yield translate_errors(exc).sse()
     yield SSE_DONE
+
+
+async def serve_pipeline(state: ServerState, request: Request, pipeline: Pipeline) -> Response:
+    """Start the pipeline's sequences; stream its events, or answer its body once every sequence ended.
+
+    Errors that concern the request (400, 503) are raised here, before any response starts. The
+    sequences are aborted whichever way the response ends, the client leaving included.
+    """
+    p = pipeline
+    try:
+        gens = await start_sequences(state, p.prompts, p.params, p.n, p.rid, p.stream)
+    except Exception as exc:
+        raise translate_errors(exc) from exc
+    if p.stream:
+        return DisconnectAwareStream(sse_events(p.events(gens)), closer(gens))
+    try:
+        result = await unless_disconnected(request, _body(p, gens))
+    finally:
+        await closer(gens)()
+    return JSONResponse(result)
+
+
+async def _body(pipeline: Pipeline, gens: Sequences) -> dict[str, Any]:
+    sequences = await collect_sequences(gens)
+    failure = first_failure([seq.final for seq in sequences])
+    if failure is not None:
+        raise failure_error(failure)  # a cut-off answer is an error, never a 200 that looks complete
+    return pipeline.body(sequences)
 
 
 async def respond(
