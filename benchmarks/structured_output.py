@@ -1,0 +1,81 @@
+"""What a JSON-schema constraint costs a decoding batch: the offline Engine on the CPU demo model, 32
+requests of 64 output tokens each, with and without a schema that holds every token (a string of at
+least 400 characters, so the grammar never completes), runs interleaved so machine load hits both alike.
+
+    python benchmarks/structured_output.py [--repeats 10] [--batch 32]
+
+Reports output tokens/s of each run, the median ratio of adjacent runs and the ratio of the best run of
+each kind, the figure least disturbed by other load (goal: >= 0.9). Results go to
+benchmarks/results/structured_output_cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from tokenspeed import Engine
+from tokenspeed.demo_models import DEMO_MODELS
+
+RESULTS = Path(__file__).resolve().parent / "results" / "structured_output_cpu.json"
+SCHEMA = json.dumps({"type": "string", "minLength": 400})
+
+
+def _run(engine: Engine, prompts: list[list[int]], out_len: int, schema: bool, seed: int) -> float:
+    extra = {"json_schema": SCHEMA} if schema else {}
+    params = [
+        {"max_new_tokens": out_len, "temperature": 1.0, "ignore_eos": True, "seed": seed + i, **extra}
+        for i in range(len(prompts))
+    ]
+    engine.flush_cache()
+    start = time.perf_counter()
+    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    elapsed = time.perf_counter() - start
+    assert all(len(o["output_ids"]) == out_len for o in outs)
+    if schema:
+        assert all(o["text"].startswith('"') for o in outs)
+    return len(prompts) * out_len / elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=64)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, 300, (args.batch, args.input_len), generator=gen).tolist()
+    runs: dict[str, list[float]] = {"plain": [], "schema": []}
+    with Engine(model=str(DEMO_MODELS[0].path), device="cpu", grammar_backend="xgrammar") as engine:
+        _run(engine, prompts[:4], 8, True, 0)  # compile the grammar and warm up
+        for k in range(args.repeats):
+            for kind in ("plain", "schema") if k % 2 == 0 else ("schema", "plain"):
+                runs[kind].append(_run(engine, prompts, args.output_len, kind == "schema", k))
+                print(f"{kind:6s} run {k}: {runs[kind][-1]:.1f} output tok/s", flush=True)
+    ratios = [s / p for s, p in zip(runs["schema"], runs["plain"], strict=True)]
+    result = {
+        "config": vars(args),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()},
+        "output_tok_s": runs,
+        "ratio_schema_over_plain": ratios,
+        "median_ratio": statistics.median(ratios),
+        # best of each kind: the runs least disturbed by other work on the machine
+        "best_ratio": max(runs["schema"]) / max(runs["plain"]),
+    }
+    print(
+        f"median schema/plain of adjacent runs: {result['median_ratio']:.3f}; best of each: {result['best_ratio']:.3f}"
+    )
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
