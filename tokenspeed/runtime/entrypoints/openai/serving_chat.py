@@ -1,7 +1,15 @@
-"""POST /v1/chat/completions."""
+"""POST /v1/chat/completions, its whole pipeline: request -> prompt -> sequences -> render.
+
+`ChatPipeline.prepare` checks the request and applies the chat template (a 400 names what is wrong);
+`serving_flow.serve_pipeline` runs the sequences; `body` and `events` render them as OpenAI's
+chat.completion object or its chat.completion.chunk stream (tool calls and reasoning shaped by
+`ChoiceOutput`).
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -15,7 +23,6 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
     check_model,
     failure_error,
-    first_failure,
     merge,
     new_id,
     now,
@@ -23,14 +30,16 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     translate_errors,
 )
 from tokenspeed.runtime.entrypoints.openai.serving_flow import (
+    CollectedSequence,
+    Sequences,
     cache_report_enabled,
-    collect_sequences,
-    respond,
     response_body,
+    serve_pipeline,
 )
 from tokenspeed.runtime.entrypoints.openai.tool_parsers.tool_choice import ToolPlan, plan_tools
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 from tokenspeed.runtime.grammar.reasoning_first import defer_past_reasoning
+from tokenspeed.sampling_params import SamplingParams
 
 
 def _logprob_entries(
@@ -123,105 +132,112 @@ def reasoning_parser(state: ServerState, req: ChatCompletionRequest) -> str | No
     return state.server_args.reasoning_parser
 
 
-def _shaper(state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None) -> ChoiceOutput:
-    return ChoiceOutput(reasoning_parser(state, req), plan, state.server_args.tool_call_parser)
-
-
 async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, request: Request
 ) -> Response:
-    model, ids, params, plan = await _prepare(state, req)
-    rid = req.rid or new_id("chatcmpl")
-    cache_report = cache_report_enabled(state)
-    return await respond(
-        state,
-        request,
-        [ids],
-        params,
-        req.n,
-        rid,
-        req.stream,
-        events=lambda gens: _stream(state, req, model, rid, gens, cache_report, plan),
-        collect=lambda gens: _collect(state, req, model, rid, gens, cache_report, plan),
-    )
+    return await serve_pipeline(state, request, await ChatPipeline.prepare(state, req))
 
 
-async def _collect(state, req, model, rid, gens, cache_report, plan) -> dict[str, Any]:
-    choices, prompt_tokens, completion, cached = [], 0, 0, 0
-    sequences = await collect_sequences(gens)
-    failure = first_failure([seq.final for seq in sequences])
-    if failure is not None:
-        raise failure_error(failure)  # a cut-off answer is an error, never a 200 that looks complete
-    for i, seq in enumerate(sequences):
-        out = seq.final
-        prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
-        completion += out.completion_tokens
-        shaper = _shaper(state, req, plan)
-        choices.append(
-            {
-                "index": i,
-                "message": shaper.message(seq.text),
-                "logprobs": (
-                    {"content": _logprob_entries(state, seq.token_ids, seq.logprobs, seq.top_logprobs)}
-                    if req.logprobs
-                    else None
-                ),
-                "finish_reason": shaper.finish_reason(out.finish_reason),
-                "matched_stop": out.matched_stop,
-            }
+@dataclass
+class ChatPipeline:
+    state: ServerState
+    req: ChatCompletionRequest
+    model: str
+    prompts: list[list[int]]
+    params: SamplingParams
+    plan: ToolPlan | None
+    rid: str
+    cache_report: bool
+    created: int = field(default_factory=now)
+
+    @classmethod
+    async def prepare(cls, state: ServerState, req: ChatCompletionRequest) -> ChatPipeline:
+        """request -> prompt: a 400 (APIError) for anything the request gets wrong."""
+        model, ids, params, plan = await _prepare(state, req)
+        rid = req.rid or new_id("chatcmpl")
+        return cls(state, req, model, [ids], params, plan, rid, cache_report_enabled(state))
+
+    @property
+    def n(self) -> int:
+        return self.req.n
+
+    @property
+    def stream(self) -> bool:
+        return self.req.stream
+
+    def _shaper(self) -> ChoiceOutput:
+        return ChoiceOutput(
+            reasoning_parser(self.state, self.req), self.plan, self.state.server_args.tool_call_parser
         )
-    usage_obj = usage(prompt_tokens, completion, cached if cache_report else None)
-    return response_body(rid, "chat.completion", now(), model, choices, usage_obj)
 
+    def _logprobs(self, ids: list[int], logprobs: list[float] | None, tops: list | None) -> dict | None:
+        if not self.req.logprobs:
+            return None
+        return {"content": _logprob_entries(self.state, ids, logprobs, tops)}
 
-async def _stream(state, req, model, rid, gens, cache_report, plan):
-    created = now()
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+    def body(self, sequences: list[CollectedSequence]) -> dict[str, Any]:
+        choices, prompt_tokens, completion, cached = [], 0, 0, 0
+        for i, seq in enumerate(sequences):
+            out = seq.final
+            prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
+            completion += out.completion_tokens
+            shaper = self._shaper()
+            choices.append(
+                {
+                    "index": i,
+                    "message": shaper.message(seq.text),
+                    "logprobs": self._logprobs(seq.token_ids, seq.logprobs, seq.top_logprobs),
+                    "finish_reason": shaper.finish_reason(out.finish_reason),
+                    "matched_stop": out.matched_stop,
+                }
+            )
+        usage_obj = usage(prompt_tokens, completion, cached if self.cache_report else None)
+        return response_body(self.rid, "chat.completion", now(), self.model, choices, usage_obj)
 
-    def chunk(choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
-        return sse(response_body(rid, "chat.completion.chunk", created, model, choices, usage_obj))
+    def _chunk(self, choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
+        return sse(
+            response_body(self.rid, "chat.completion.chunk", self.created, self.model, choices, usage_obj)
+        )
 
-    n = len(gens)
-    shapers = [_shaper(state, req, plan) for _ in range(n)]
-    completion = [0] * n
-    prompt_tokens, cached = 0, 0
-    for i in range(n):
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None}])  # fmt: skip
-    failure = None
-    async for i, out in merge(gens):
-        failure = failure or out.failure
-        completion[i] = out.completion_tokens
-        prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
-        deltas = shapers[i].delta(out.text) if out.text else []
-        if out.finished:
-            deltas += shapers[i].end()
-        # one chunk per delta (a tool call's head and arguments are separate deltas); logprobs ride on
-        # the last one, and an output that shows nothing yet still reports its logprobs and finish
-        if not deltas and (out.finished or (req.logprobs and out.token_ids)):
-            deltas = [{}]
-        for delta in deltas[:-1]:
-            yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
-        if deltas:
-            delta = deltas[-1]
-            choice = {
-                "index": i,
-                "delta": delta,
-                "logprobs": (
-                    {"content": _logprob_entries(state, out.token_ids, out.logprobs, out.top_logprobs)}
-                    if req.logprobs
-                    else None
-                ),
-                "finish_reason": shapers[i].finish_reason(out.finish_reason) if out.finished else None,
-            }
+    async def events(self, gens: Sequences) -> AsyncIterator[str]:
+        req, chunk = self.req, self._chunk
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        n = len(gens)
+        shapers = [self._shaper() for _ in range(n)]
+        completion = [0] * n
+        prompt_tokens, cached = 0, 0
+        for i in range(n):
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}])  # fmt: skip
+        failure = None
+        async for i, out in merge(gens):
+            failure = failure or out.failure
+            completion[i] = out.completion_tokens
+            prompt_tokens, cached = out.prompt_tokens, max(cached, out.cached_tokens)
+            deltas = shapers[i].delta(out.text) if out.text else []
             if out.finished:
-                choice["matched_stop"] = out.matched_stop
-            running = usage(prompt_tokens, sum(completion), None) if continuous else None
-            yield chunk([choice], running)
-    if include_usage:
-        yield chunk([], usage(prompt_tokens, sum(completion), cached if cache_report else None))
-    if failure is not None:
-        # After the choice that says "abort"/"error": the cause, as vLLM sends it (the openai client
-        # raises it as an APIError).
-        yield failure_error(failure).sse()
+                deltas += shapers[i].end()
+            # one chunk per delta (a tool call's head and arguments are separate deltas); logprobs ride on
+            # the last one, and an output that shows nothing yet still reports its logprobs and finish
+            if not deltas and (out.finished or (req.logprobs and out.token_ids)):
+                deltas = [{}]
+            for delta in deltas[:-1]:
+                yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+            if deltas:
+                choice = {
+                    "index": i,
+                    "delta": deltas[-1],
+                    "logprobs": self._logprobs(out.token_ids, out.logprobs, out.top_logprobs),
+                    "finish_reason": shapers[i].finish_reason(out.finish_reason) if out.finished else None,
+                }
+                if out.finished:
+                    choice["matched_stop"] = out.matched_stop
+                running = usage(prompt_tokens, sum(completion), None) if continuous else None
+                yield chunk([choice], running)
+        if include_usage:
+            yield chunk([], usage(prompt_tokens, sum(completion), cached if self.cache_report else None))
+        if failure is not None:
+            # After the choice that says "abort"/"error": the cause, as vLLM sends it (the openai client
+            # raises it as an APIError).
+            yield failure_error(failure).sse()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -144,32 +144,3 @@ async def _body(pipeline: Pipeline, gens: Sequences) -> dict[str, Any]:
     if failure is not None:
         raise failure_error(failure)  # a cut-off answer is an error, never a 200 that looks complete
     return pipeline.body(sequences)
-
-
-async def respond(
-    state: ServerState,
-    request: Request,
-    prompts: list[list[int]],
-    params: SamplingParams,
-    n: int,
-    rid: str,
-    stream: bool,
-    events: Callable[[Sequences], AsyncIterator[str]],
-    collect: Callable[[Sequences], Awaitable[dict[str, Any]]],
-) -> Response:
-    """Start ``n`` sequences per prompt; stream ``events`` of them, or answer ``collect``'s body.
-
-    Errors that concern the request (400, 503) are raised here, before any response starts. The
-    sequences are aborted whichever way the response ends, the client leaving included.
-    """
-    try:
-        gens = await start_sequences(state, prompts, params, n, rid, stream)
-    except Exception as exc:
-        raise translate_errors(exc) from exc
-    if stream:
-        return DisconnectAwareStream(sse_events(events(gens)), closer(gens))
-    try:
-        result = await unless_disconnected(request, collect(gens))
-    finally:
-        await closer(gens)()
-    return JSONResponse(result)
