@@ -9,7 +9,7 @@ chat.completion object or its chat.completion.chunk stream (tool calls and reaso
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -26,11 +26,11 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     merge,
     new_id,
     now,
-    sse,
     translate_errors,
 )
 from tokenspeed.runtime.entrypoints.openai.serving_flow import (
     CollectedSequence,
+    Pipeline,
     Sequences,
     cache_report_enabled,
     response_body,
@@ -39,7 +39,6 @@ from tokenspeed.runtime.entrypoints.openai.serving_flow import (
 from tokenspeed.runtime.entrypoints.openai.tool_parsers.tool_choice import ToolPlan, plan_tools
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 from tokenspeed.runtime.grammar.reasoning_first import defer_past_reasoning
-from tokenspeed.sampling_params import SamplingParams
 
 
 def _logprob_entries(
@@ -138,32 +137,25 @@ async def create_chat_completion(
     return await serve_pipeline(state, request, await ChatPipeline.prepare(state, req))
 
 
-@dataclass
-class ChatPipeline:
-    state: ServerState
+@dataclass(kw_only=True)
+class ChatPipeline(Pipeline):
     req: ChatCompletionRequest
-    model: str
-    prompts: list[list[int]]
-    params: SamplingParams
-    plan: ToolPlan | None
-    rid: str
-    cache_report: bool
-    created: int = field(default_factory=now)
+    plan: ToolPlan | None  # how tool calls are read from the answer (None without tools)
 
     @classmethod
     async def prepare(cls, state: ServerState, req: ChatCompletionRequest) -> ChatPipeline:
         """request -> prompt: a 400 (APIError) for anything the request gets wrong."""
         model, ids, params, plan = await _prepare(state, req)
-        rid = req.rid or new_id("chatcmpl")
-        return cls(state, req, model, [ids], params, plan, rid, cache_report_enabled(state))
-
-    @property
-    def n(self) -> int:
-        return self.req.n
-
-    @property
-    def stream(self) -> bool:
-        return self.req.stream
+        return cls(
+            state=state,
+            req=req,
+            model=model,
+            prompts=[ids],
+            params=params,
+            plan=plan,
+            rid=req.rid or new_id("chatcmpl"),
+            cache_report=cache_report_enabled(state),
+        )
 
     def _shaper(self) -> ChoiceOutput:
         return ChoiceOutput(
@@ -195,9 +187,7 @@ class ChatPipeline:
         return response_body(self.rid, "chat.completion", now(), self.model, choices, usage_obj)
 
     def _chunk(self, choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
-        return sse(
-            response_body(self.rid, "chat.completion.chunk", self.created, self.model, choices, usage_obj)
-        )
+        return self.chunk("chat.completion.chunk", choices, usage_obj)
 
     async def events(self, gens: Sequences) -> AsyncIterator[str]:
         req, chunk = self.req, self._chunk

@@ -8,7 +8,7 @@ and tokenizes its prompts (a 400 names what is wrong); `serving_flow.serve_pipel
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -23,20 +23,18 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     failure_error,
     merge,
     new_id,
-    now,
-    sse,
     tokenize,
     translate_errors,
 )
 from tokenspeed.runtime.entrypoints.openai.serving_flow import (
     CollectedSequence,
+    Pipeline,
     Sequences,
     cache_report_enabled,
     response_body,
     serve_pipeline,
 )
 from tokenspeed.runtime.entrypoints.server_state import ServerState
-from tokenspeed.sampling_params import SamplingParams
 
 
 def _logprobs(
@@ -55,18 +53,11 @@ def _echo_text(state: ServerState, prompt: str | list[int], ids: list[int]) -> s
     return state.tokenizer.decode(ids) if state.tokenizer is not None else ""
 
 
-@dataclass
-class CompletionPipeline:
-    state: ServerState
+@dataclass(kw_only=True)
+class CompletionPipeline(Pipeline):
     req: CompletionRequest
-    model: str
-    prompts: list[list[int]]
-    params: SamplingParams
     echo_texts: list[str]  # per prompt: what `echo` puts before its sequences' text ("" without echo)
-    rid: str
-    cache_report: bool
     want_logprobs: bool
-    created: int = field(default_factory=now)
 
     @classmethod
     async def prepare(cls, state: ServerState, req: CompletionRequest) -> CompletionPipeline:
@@ -88,18 +79,17 @@ class CompletionPipeline:
         echo_texts = [
             _echo_text(state, p, ids) if req.echo else "" for p, ids in zip(prompts, prompt_ids, strict=True)
         ]
-        rid = req.rid or new_id("cmpl")
         return cls(
-            state, req, model, prompt_ids, params, echo_texts, rid, cache_report_enabled(state), want_logprobs
+            state=state,
+            req=req,
+            model=model,
+            prompts=prompt_ids,
+            params=params,
+            echo_texts=echo_texts,
+            want_logprobs=want_logprobs,
+            rid=req.rid or new_id("cmpl"),
+            cache_report=cache_report_enabled(state),
         )
-
-    @property
-    def n(self) -> int:
-        return self.req.n
-
-    @property
-    def stream(self) -> bool:
-        return self.req.stream
 
     def prompt_of(self, index: int) -> int:
         return index // self.req.n
@@ -138,7 +128,7 @@ class CompletionPipeline:
         return response_body(self.rid, "text_completion", self.created, self.model, choices, usage_obj)
 
     def _chunk(self, choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
-        return sse(response_body(self.rid, "text_completion", self.created, self.model, choices, usage_obj))
+        return self.chunk("text_completion", choices, usage_obj)
 
     async def events(self, gens: Sequences) -> AsyncIterator[str]:
         req = self.req

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -23,6 +23,8 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     failure_error,
     first_failure,
     merge,
+    now,
+    sse,
     start_sequences,
     translate_errors,
     unless_disconnected,
@@ -45,22 +47,40 @@ class CollectedSequence:
     top_logprobs: list[list[list[float]]] | None = None  # per token, [id, logprob] of the most likely
 
 
-class Pipeline(Protocol):
-    """One OpenAI request once its prompts and sampling are known: what to run, and how to render it."""
+@dataclasses.dataclass(kw_only=True)
+class Pipeline:
+    """One OpenAI request once its prompts and sampling are known: what to run, and how to render it.
+    Each endpoint subclasses it with what its rendering needs, and a `prepare` from its request."""
 
+    state: ServerState
+    req: Any  # the endpoint's request (protocol.py): n, stream, stream_options, logprobs, ...
+    model: str
     prompts: list[list[int]]
     params: SamplingParams
-    n: int  # sequences per prompt
     rid: str
-    stream: bool
+    cache_report: bool  # --enable-cache-report: usage counts cached prompt tokens
+    created: int = dataclasses.field(default_factory=now)
+
+    @property
+    def n(self) -> int:
+        """Sequences per prompt."""
+        return self.req.n
+
+    @property
+    def stream(self) -> bool:
+        return self.req.stream
 
     def body(self, sequences: list[CollectedSequence]) -> dict[str, Any]:
         """The JSON answer, from every sequence run to its end (none of them cut short)."""
-        ...
+        raise NotImplementedError
 
     def events(self, gens: Sequences) -> AsyncIterator[str]:
         """The server-sent events of the streamed answer, as the sequences produce output."""
-        ...
+        raise NotImplementedError
+
+    def chunk(self, kind: str, choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
+        """One server-sent event: a stream chunk of this response."""
+        return sse(response_body(self.rid, kind, self.created, self.model, choices, usage_obj))
 
 
 def cache_report_enabled(state: ServerState) -> bool:
