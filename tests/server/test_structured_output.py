@@ -342,3 +342,24 @@ def test_auto_tool_calls_and_reasoning_parse_whole_and_streamed(client):
     msg = r.choices[0].message
     assert msg.reasoning_content is None and re.fullmatch("[a-z]{3} [a-z]{3}", msg.content)
     assert msg.tool_calls is None and r.choices[0].finish_reason == "stop"
+
+
+def test_tokenize_and_detokenize(srv):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    r = httpx.post(f"{srv.url}/tokenize", json={"model": "demo", "prompt": "Hello world"}, timeout=30).json()
+    assert r["tokens"] == tok.encode("Hello world") and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] > 0 and r["token_strs"] is None
+    r = httpx.post(
+        f"{srv.url}/tokenize", json={"messages": MESSAGES, "return_token_strs": True}, timeout=30
+    ).json()
+    want = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    assert r["tokens"] == (want if isinstance(want, list) else want["input_ids"])
+    assert r["token_strs"] == tok.convert_ids_to_tokens(r["tokens"])
+    back = httpx.post(f"{srv.url}/detokenize", json={"tokens": tok.encode("Hello world")}, timeout=30).json()
+    assert back == {"prompt": "Hello world"}
+    bad = httpx.post(f"{srv.url}/detokenize", json={"tokens": [10**7]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    bad = httpx.post(f"{srv.url}/tokenize", json={"prompt": "x", "foo": 1}, timeout=30)
+    assert bad.status_code == 400 and "foo" in bad.json()["error"]["message"]

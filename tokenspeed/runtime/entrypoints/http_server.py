@@ -19,7 +19,14 @@ from tokenspeed.config.support_check import assess
 from tokenspeed.runtime.entrypoints.http_outcomes import ResponseOutcomes
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
 from tokenspeed.runtime.entrypoints.request_body import BodyLimitMiddleware, BodyRefused, CheckedRoute
-from tokenspeed.runtime.entrypoints.routes import admin, experts, monitoring, native_routes, openai_routes
+from tokenspeed.runtime.entrypoints.routes import (
+    admin,
+    experts,
+    monitoring,
+    native_routes,
+    openai_routes,
+    tokenize,
+)
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 
 _OPEN_PATHS = ("/health",)
@@ -99,6 +106,6 @@ def build_app(state: ServerState) -> FastAPI:
             return APIError(404, f"no route {request.method} {request.url.path}", code="not_found").response()
         return APIError(exc.status_code, str(exc.detail)).response()
 
-    for module in (openai_routes, native_routes, monitoring, admin, experts):
+    for module in (openai_routes, native_routes, tokenize, monitoring, admin, experts):
         app.include_router(module.router)
     return app
