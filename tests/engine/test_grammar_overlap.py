@@ -8,6 +8,7 @@ its steps fall back to the synchronous order while unconstrained requests in the
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -68,3 +69,19 @@ def test_ignore_eos_past_a_completed_grammar_gives_only_stop_tokens():
         eos = set(engine.core._eos)
         assert out["text"] == "ab" and len(out["output_ids"]) == 12
         assert set(out["output_ids"][2:]) <= eos
+
+
+def test_offline_top_logprobs_follow_the_bias_and_the_grammar():
+    with Engine(model=str(DEMO_MODELS[0].path), device="cpu", grammar_backend="xgrammar") as engine:
+        (out,) = engine.generate(
+            prompt=["The answer is"],
+            sampling_params={"max_new_tokens": 3, "temperature": 0.0, "logprobs": True, "top_logprobs": 4,
+                             "regex": "[0-9]{3}", "logit_bias": {"15": 5.0}},
+        )  # fmt: skip
+    tops = out["meta_info"]["output_top_logprobs"]
+    assert len(tops) == 3 and all(len(alts) == 4 for alts in tops)
+    for (lp, tid, _), alts in zip(out["meta_info"]["output_token_logprobs"], tops, strict=True):
+        assert alts[0][1] == tid and alts[0][0] == pytest.approx(lp)  # greedy: the chosen is the likeliest
+        assert [a[0] for a in alts] == sorted((a[0] for a in alts), reverse=True)
+        assert sum(math.exp(a[0]) for a in alts) <= 1 + 1e-5
+    assert re.fullmatch("[0-9]{3}", out["text"])

@@ -46,6 +46,7 @@ class _Sequence:
     detok: Any
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[list[float]]] = field(default_factory=list)  # per token, [id, logprob] pairs
     text: str = ""
     finished: bool = False
     stop_str: str | None = None
@@ -207,6 +208,8 @@ class Engine:
         seq.output_ids.extend(out.new_token_ids)
         if out.new_logprobs:
             seq.logprobs.extend(out.new_logprobs)
+        if out.new_top_logprobs:
+            seq.top_logprobs.extend(out.new_top_logprobs)
         delta = ""
         if seq.detok is not None and not seq.detok.stopped:
             delta, stopped = seq.detok.append(out.new_token_ids, final=out.finished)
@@ -234,6 +237,10 @@ class Engine:
             meta["output_token_logprobs"] = [
                 (lp, t, None) for lp, t in zip(seq.logprobs, seq.output_ids, strict=False)
             ]
+            if seq.sampling.top_logprobs:
+                meta["output_top_logprobs"] = [
+                    [(lp, int(t), None) for t, lp in alts] for alts in seq.top_logprobs
+                ]
         return meta
 
     def _result(self, seq: _Sequence) -> dict[str, Any]:
