@@ -202,6 +202,12 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("best_of: only best_of == n is supported")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        if self.echo and self.logprobs is not None:
+            # OpenAI then scores the prompt too (what evaluation harnesses read); an answer holding only
+            # the completion's logprobs would score the wrong text without saying so
+            raise ValueError(
+                "echo with logprobs: this server does not compute the prompt's logprobs; drop echo or logprobs"
+            )
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as a list: each a string or a list of token ids."""
