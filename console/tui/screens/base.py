@@ -31,6 +31,7 @@ class ConsoleScreen(Screen):
     MODE = ""
     #: True when the screen shows one server (the fleet table's cursor row).
     NEEDS_SERVER = False
+    _status_line: str | None = None  # what the status line shows now
 
     BINDINGS = [
         Binding("tab", "app.next_screen(1)", "Next screen", show=False),
@@ -56,7 +57,10 @@ class ConsoleScreen(Screen):
         """Draw a finished poll. Only called while this screen is visible."""
 
     def show_status(self, line: str) -> None:
-        self.query_one("#status", Static).update(line)
+        # One line, always (app.tcss): no new layout of the screen for a new text.
+        if line != self._status_line:
+            self._status_line = line
+            self.query_one("#status", Static).update(line, layout=False)
 
     def on_screen_resume(self) -> None:
         # A screen that just became visible should not wait a whole interval for its data.

@@ -105,10 +105,11 @@ class FleetScreen(ConsoleScreen):
     # ------------------------------------------------------------------ drawing
 
     def _update(self, widget_id: str, text: Text) -> None:
-        """Update a line only when it changed: an update re-lays the screen out, which costs more than this."""
+        """Update a line only when it changed: an update re-lays the screen out, which costs more than this
+        (the one-line header never changes size, so it skips the layout)."""
         if self._shown_texts.get(widget_id) != text:
             self._shown_texts[widget_id] = text
-            self.query_one(widget_id, Static).update(text)
+            self.query_one(widget_id, Static).update(text, layout=widget_id != "#fleet-header")
 
     def show(self, snapshot: Snapshot) -> None:
         if snapshot.fleet is not None:

@@ -166,6 +166,7 @@ class ServerScreen(ConsoleScreen):
     def __init__(self) -> None:
         super().__init__()
         self._args_for: tuple[str, dict[str, Any]] | None = None
+        self._shown: dict[str, Text | str] = {}
 
     def compose(self):
         yield from self.compose_header()
@@ -221,33 +222,38 @@ class ServerScreen(ConsoleScreen):
                 title.append(f"\nunreachable: {server.error}", style="bold red")
         if snapshot.extra_error:
             title.append(f"\nhistory: {snapshot.extra_error}", style="red")
-        self.query_one("#server-title", Static).update(title)
+        self._update("#server-title", title)
         data = snapshot.extra
         if not isinstance(data, ServerData) or data.name != name:
             return
         for plot_id, _title, key, _render, _ratio in PLOTS:
             self.query_one(f"#{plot_id}", MetricPlot).update_series(data.history.series(key))
-        self.query_one("#server-processes", Static).update(
+        self._update(
+            "#server-processes",
             Text("(a replay: process figures come from a live supervisor)", style="dim")
             if self.console.source.now is not None
-            else processes_text(server.processes if server is not None else ())
+            else processes_text(server.processes if server is not None else ()),
         )
         window = fleet.window_label if fleet is not None else "30s"
-        self.query_one("#server-latency-title", Static).update(f"Latency p50/p99 over {window}")
-        self.query_one("#server-latency", Static).update(
-            latency_text(server.metrics if server is not None else None)
-        )
+        self._update("#server-latency-title", f"Latency p50/p99 over {window}")
+        self._update("#server-latency", latency_text(server.metrics if server is not None else None))
         planned = planned_vs_running(server.plan if server is not None else None, data.info)
         if data.info is not None:
             live = live_text(data.info)
-            self.query_one("#server-live", Static).update(f"{live}\n{planned}" if planned else live)
+            self._update("#server-live", f"{live}\n{planned}" if planned else live)
             args, mapping = split_info(data.info)
             if self._args_for != (data.name, args):
                 # Arguments only change with a new process: redraw the long table only then.
                 self._draw_info(args, mapping)
                 self._args_for = (data.name, args)
         elif data.info_error:
-            self.query_one("#server-live", Static).update(Text(f"info: {data.info_error}", style="red"))
+            self._update("#server-live", Text(f"info: {data.info_error}", style="red"))
+
+    def _update(self, widget_id: str, content: Text | str) -> None:
+        """Update a panel only when its content changed: each update re-lays the screen out."""
+        if self._shown.get(widget_id) != content:
+            self._shown[widget_id] = content
+            self.query_one(widget_id, Static).update(content)
 
     def _draw_info(self, args: dict[str, Any], mapping: Any) -> None:
         self.query_one("#server-mapping", Static).update(mapping_text(mapping))
