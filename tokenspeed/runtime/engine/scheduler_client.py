@@ -84,8 +84,9 @@ class SchedulerClient:
     # ------------------------------------------------------------------ ready handshake
 
     def wait_ready(self, expected: int) -> ModelLimits:
-        """Blocking mode: one ReadyMessage from each of `expected` ranks (other messages are dropped)."""
-        waiting = _ReadyWait(expected, self.output_addr)
+        """Blocking mode: one ReadyMessage from each of `expected` ranks (other messages are dropped). The
+        offline Engine's ranks are all on this node, so a slow start needs no note about other nodes."""
+        waiting = _ReadyWait(expected, self.output_addr, note_every_s=None)
         while not waiting.done:
             waiting.note_if_slow()
             self._check_alive()
@@ -94,8 +95,9 @@ class SchedulerClient:
         return waiting.limits()
 
     async def await_ready(self, expected: int) -> ModelLimits:
-        """Asyncio mode: as `wait_ready`, without blocking the event loop."""
-        waiting = _ReadyWait(expected, self.output_addr)
+        """Asyncio mode: as `wait_ready`, without blocking the event loop; a note every 30 s names the
+        ranks still missing (those of other nodes only show up here)."""
+        waiting = _ReadyWait(expected, self.output_addr, note_every_s=_READY_NOTE_INTERVAL_S)
         while not waiting.done:
             waiting.note_if_slow()
             self._check_alive()
@@ -188,11 +190,12 @@ class SchedulerClient:
 
 
 class _ReadyWait:
-    """The handshake's state: the ranks ready so far, and a note every 30 s while some are missing."""
+    """The handshake's state: the ranks ready so far, and (with `note_every_s`) a note while some miss."""
 
-    def __init__(self, expected: int, output_addr: str) -> None:
+    def __init__(self, expected: int, output_addr: str, note_every_s: float | None) -> None:
         self.expected = expected
         self.output_addr = output_addr
+        self.note_every_s = note_every_s
         self.ready: list[ReadyMessage] = []
         self.started = self.last_note = time.monotonic()
 
@@ -209,7 +212,7 @@ class _ReadyWait:
 
     def note_if_slow(self) -> None:
         now = time.monotonic()
-        if now - self.last_note < _READY_NOTE_INTERVAL_S:
+        if self.note_every_s is None or now - self.last_note < self.note_every_s:
             return
         self.last_note = now
         logger.warning(
