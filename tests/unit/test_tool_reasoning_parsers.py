@@ -110,3 +110,21 @@ def test_json_schema_is_deferred_past_the_reasoning(parser):
     assert accepts('{"a": 1}') == (parser == "qwen3")  # qwen3: thinking may be off
     with pytest.raises(ValueError, match='json_schema: Unsupported type "nope"'):
         defer_past_reasoning(parser, '{"type": "nope"}', any_whitespace=False)
+
+
+def test_start_up_refuses_unknown_parsers_and_a_missing_xgrammar(monkeypatch):
+    import importlib.util
+
+    from tokenspeed.config.server_args import ServerArgs
+    from tokenspeed.config.support_check import assess
+
+    report = assess(ServerArgs(model="demo", reasoning_parser="minimax", tool_call_parser="mistral"))
+    assert "qwen3, deepseek-r1" in str(report.refused["reasoning_parser"])
+    assert "hermes" in str(report.refused["tool_call_parser"])
+    assert not assess(ServerArgs(model="demo", grammar_backend="xgrammar", reasoning_parser="qwen3")).refused
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "xgrammar" else real(name, *a)
+    )
+    report = assess(ServerArgs(model="demo", grammar_backend="xgrammar"))
+    assert report.refused["grammar_backend"][2] == "pip install xgrammar"

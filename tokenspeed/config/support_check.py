@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -147,6 +148,13 @@ def assess(args: ServerArgs) -> SupportReport:
                 "not implemented in this build",
                 f"use one of {choices}",
             )
+    if values["grammar_backend"] == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
+        # a dependency of the package, but a hand-made environment may lack it: say so before loading weights
+        refused["grammar_backend"] = (
+            "--grammar-backend xgrammar",
+            "the xgrammar package is not installed",
+            "pip install xgrammar",
+        )
     return SupportReport(refused, no_effect)
 
 
