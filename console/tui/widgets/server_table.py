@@ -20,6 +20,23 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 
+def _segments(text: Text, base: Style) -> list[Segment] | None:
+    """The segments of a row built from cells that each have one style (spans in order, none overlapping):
+    cut straight from the text, without Rich's general renderer. None for any other text."""
+    plain, pos, out = text.plain, 0, []
+    for span in text.spans:
+        if span.start < pos:
+            return None
+        if span.start > pos:
+            out.append(Segment(plain[pos : span.start], base))
+        style = Style.parse(span.style) if isinstance(span.style, str) else span.style
+        out.append(Segment(plain[span.start : span.end], base + style))
+        pos = span.end
+    if pos < len(plain):
+        out.append(Segment(plain[pos:], base))
+    return out if not text.style else None
+
+
 class ServerTable(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     ServerTable { height: 1fr; }
@@ -106,7 +123,7 @@ class ServerTable(ScrollView, can_focus=True):
             if look == 2 and text.plain.startswith(" "):
                 # A marker, not only a colour: 256-colour terminals blend a tinted background into the rows'.
                 text = Text("▶", style="bold") + text[1:]
-            segments = [
+            segments = _segments(text, base) or [
                 Segment(s.text, base + s.style if s.style else base) for s in text.render(self.app.console)
             ]
             strip = Strip(segments, text.cell_len).extend_cell_length(max(self._width, width), base)
