@@ -92,7 +92,7 @@ class DrainingServer(uvicorn.Server):
         self.state.llm.accepting = False
         timeout = drain_timeout()
         if not await self.state.llm.wait_idle(timeout):
-            logger.warning("%d request(s) still running after %.0f s: aborting them", self.state.llm.num_inflight,
+            logger.warning("%d request(s) still running after %g s: aborting them", self.state.llm.num_inflight,
                            timeout)  # fmt: skip
             self.state.llm.abort_all(
                 RequestFailure.shutdown(
