@@ -22,7 +22,7 @@ import pytest
 from tests.reliability.conftest import DRAIN_TIMEOUT_S, SERVED_NAME, inflight
 
 # Long enough to be cut off: far more tokens than the test takes to kill the server.
-LONG = {"max_tokens": 480, "extra_body": {"ignore_eos": True}}
+LONG = {"max_tokens": 3000, "extra_body": {"ignore_eos": True}}
 N_STREAMS = 4
 
 
@@ -62,7 +62,7 @@ async def _native(url: str, stream: bool) -> dict:
     body = {
         "text": "Once upon",
         "stream": stream,
-        "sampling_params": {"max_new_tokens": 480, "ignore_eos": True},
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
     }
     async with httpx.AsyncClient(base_url=url, timeout=60) as c:
         if not stream:
@@ -86,7 +86,7 @@ async def _cut_off_everything(srv, cut) -> list[dict]:
     deadline = time.monotonic() + 60
     while inflight(srv) < len(tasks) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    await asyncio.sleep(0.1)  # a few tokens into each
+    await asyncio.sleep(0.3)  # a few tokens into each
     cut()
     return await asyncio.gather(*tasks)
 
