@@ -199,6 +199,9 @@ def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_an
 
     print(f"dashboard answered {time.monotonic() - started:.1f}s")
     # The same check as an operator runs it: every panel's query, with its latest values.
+    # The restarted server is scraped while it loads; the check below reads its state once READY.
+    ready_query = f'tokenspeed_fleet:server_state{{fleet="prom", server="{DENSE}", state="READY"}}'
+    wait_until(lambda: 1.0 in prom.values(ready_query), 60, "the restarted server READY in Prometheus")
     check = tokenspeed(
         "grafana", "--check", f"http://127.0.0.1:{port}", "--fleet", "prom", "--rate-window", RATE_WINDOW
     )
