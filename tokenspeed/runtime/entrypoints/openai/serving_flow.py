@@ -9,6 +9,7 @@ ends.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
@@ -48,7 +49,7 @@ class CollectedSequence:
 
 
 @dataclasses.dataclass(kw_only=True)
-class Pipeline:
+class Pipeline(abc.ABC):
     """One OpenAI request once its prompts and sampling are known: what to run, and how to render it.
     Each endpoint subclasses it with what its rendering needs, and a `prepare` from its request."""
 
@@ -70,13 +71,13 @@ class Pipeline:
     def stream(self) -> bool:
         return self.req.stream
 
+    @abc.abstractmethod
     def body(self, sequences: list[CollectedSequence]) -> dict[str, Any]:
         """The JSON answer, from every sequence run to its end (none of them cut short)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def events(self, gens: Sequences) -> AsyncIterator[str]:
         """The server-sent events of the streamed answer, as the sequences produce output."""
-        raise NotImplementedError
 
     def chunk(self, kind: str, choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
         """One server-sent event: a stream chunk of this response."""
