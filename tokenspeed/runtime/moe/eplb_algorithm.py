@@ -190,3 +190,13 @@ def balancedness(loads: torch.Tensor) -> torch.Tensor:
     mx = loads.float().max(dim=-1).values
     mean = loads.float().mean(dim=-1)
     return torch.where(mx > 0, mean / mx.clamp(min=1e-12), torch.ones_like(mx))
+
+
+def worse_layers(
+    weight: torch.Tensor, old: ExpertPlacement, new: ExpertPlacement, num_ranks: int
+) -> torch.Tensor:
+    """Layers [layers] where `new` balances the load `weight` worse than `old` does. The greedy packing
+    is not optimal, so for some loads the placement already in use is the better one."""
+    old_bal = balancedness(rank_loads(weight, old, num_ranks))
+    new_bal = balancedness(rank_loads(weight, new, num_ranks))
+    return new_bal < old_bal - 1e-6

@@ -34,7 +34,7 @@ from tokenspeed.runtime.distributed.comm import broadcast_object
 from tokenspeed.runtime.engine.io_struct import ControlRefused
 from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
-from tokenspeed.runtime.moe.eplb_algorithm import balancedness, rank_loads
+from tokenspeed.runtime.moe.eplb_algorithm import balancedness, rank_loads, worse_layers
 from tokenspeed.runtime.moe.expert_location import ExpertLocation
 
 logger = logging.getLogger(__name__)
@@ -236,9 +236,12 @@ class EPLBManager:
                 counts.float(), self.num_redundant, loc.ep_size, self.num_nodes, self.algorithm
             )
             phy2log = placed.placement.phy2log
-            # layers without experts keep their rows (their counts are all zero)
+            # layers without experts keep their rows (their counts are all zero), and so does a layer
+            # the greedy placement would balance worse for this very load than its current one:
+            # a rebalance never leaves a layer less balanced than it found it
             keep = torch.ones(phy2log.shape[0], dtype=torch.bool)
             keep[self._moe_layers()] = False
+            keep |= worse_layers(counts, loc.placement, placed.placement, loc.ep_size)
             phy2log[keep] = loc.placement.phy2log[keep]
             phy2log = phy2log.tolist()
         phy2log = broadcast_object(phy2log, state.group)
