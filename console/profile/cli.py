@@ -15,11 +15,28 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def validate(paths: list[str]) -> int:
-    failed = 0
+    """Check each file; a file that only serves as the `extends` base of others given with it (as
+    `profiles/*.toml` passes `_base.toml`) is checked through them, not as a fleet of its own."""
+    resolved_by_path = {}
+    failures: dict[str, Exception] = {}
     for path in paths:
         try:
-            resolved = load_and_resolve(path)
-        except (ProfileError, ValueError):
+            resolved_by_path[path] = load_and_resolve(path)
+        except (ProfileError, ValueError) as exc:
+            failures[path] = exc
+    extended_by: dict[Path, list[str]] = {}
+    for path, resolved in resolved_by_path.items():
+        for source in resolved.profile.sources:
+            if Path(source).resolve() != Path(path).resolve():
+                extended_by.setdefault(Path(source).resolve(), []).append(path)
+    failed = 0
+    for path in paths:
+        resolved = resolved_by_path.get(path)
+        if resolved is None:
+            users = extended_by.get(Path(path).resolve())
+            if users:
+                click.echo(f"{path}: ok (a base, extended by {', '.join(users)}; checked through them)")
+                continue
             from console.profile.validate import all_errors
 
             # Not only the first mistake: every one the loader finds, each with its file:line.

@@ -55,3 +55,17 @@ def test_validate_keeps_lines_through_extends_and_passes_good_profiles(tmp_path)
         f"{top}:4: [server] max_num_seqz" in result.stderr and f"{top}:7: [fleet] replicaz" in result.stderr
     )
     assert f"{base}: ok" in result.stdout
+
+
+def test_a_base_passed_with_the_profiles_that_extend_it_is_checked_through_them(tmp_path):
+    """`tokenspeed profile validate profiles/*.toml` passes the shared `_base.toml` too: it has no
+    model of its own, so alone it is not a fleet, but with the profiles extending it, it is fine."""
+    base = tmp_path / "_base.toml"
+    base.write_text("[fleet]\nrestart = \"on-failure\"\n")
+    top = tmp_path / "demo.toml"
+    top.write_text('extends = "_base.toml"\n\n[server]\nmodel = "demo"\ndevice = "cpu"\n')
+    result = tokenspeed("profile", "validate", str(base), str(top))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{base}: ok (a base, extended by {top}; checked through them)" in result.stdout
+    alone = tokenspeed("profile", "validate", str(base))
+    assert alone.returncode == 2 and "model: is required" in alone.stderr
