@@ -123,7 +123,7 @@ class ShardedRowLinear(RowLinear):
         return copy_weight(self.weight, part, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight), self.group)
+        y = all_reduce(self.quant.apply(self, x, None), self.group)
         return y if self.bias is None else y + self.bias
 
 

@@ -13,20 +13,52 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _per_row_scale(dst: torch.Tensor, src: torch.Tensor, name: str) -> torch.Tensor | None:
+    """An FP8 scale given per tensor ([] or [1]) or per row ([out]) as the per-row [out, 1] column it is
+    kept as (a per-tensor scale of a stacked projection covers only that projection's rows)."""
+    if not name.endswith(("weight_scale", "weight_scale_inv")) or dst.dim() < 1 or dst.shape[-1] != 1:
+        return None
+    if src.numel() == 1:
+        return src.reshape(()).expand(dst.shape)
+    if src.numel() == dst.numel():
+        return src.reshape(dst.shape)
+    return None
+
+
 def copy_weight(dst: torch.Tensor, src: torch.Tensor, name: str) -> int:
     """Copy a checkpoint tensor into (a slice of) a parameter; returns the number of values written."""
     if tuple(dst.shape) != tuple(src.shape):
-        raise ValueError(
-            f"checkpoint weight {name!r} has shape {tuple(src.shape)} but the model expects "
-            f"{tuple(dst.shape)}; the config.json does not match the weights"
-        )
+        scale = _per_row_scale(dst, src, name)
+        if scale is None:
+            raise ValueError(
+                f"checkpoint weight {name!r} has shape {tuple(src.shape)} but the model expects "
+                f"{tuple(dst.shape)}; the config.json does not match the weights"
+            )
+        src = scale
     with torch.no_grad():
         dst.copy_(src)
-    return src.numel()
+    return dst.numel()
+
+
+class Unquantized:
+    """How a linear layer with weights in the model's dtype multiplies (the default `quant` of a layer;
+    `layers/quantization/fp8.py` gives FP8 layers another one)."""
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+    def rows(self, param_name: str, start: int, end: int, name: str) -> tuple[int, int]:
+        """The rows of `param_name` that hold output rows [start, end) of the weight."""
+        return start, end
+
+
+UNQUANTIZED = Unquantized()
 
 
 class LinearBase(nn.Module):
     """y = x W^T (+ b) with W stored [out_features, in_features], like Hugging Face checkpoints."""
+
+    quant: Unquantized = UNQUANTIZED
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()
@@ -39,7 +71,7 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.quant.apply(self, x, self.bias)
 
     def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
         return copy_weight(getattr(self, param_name), tensor, name)
@@ -72,7 +104,7 @@ class MergedColumnLinear(ColumnLinear):
         return start, start + self.output_sizes[shard_id]
 
     def load_shard(self, param_name: str, shard_id: int, tensor: torch.Tensor, name: str) -> int:
-        start, end = self.shard_range(shard_id)
+        start, end = self.quant.rows(param_name, *self.shard_range(shard_id), name)
         return copy_weight(getattr(self, param_name)[start:end], tensor, name)
 
 
@@ -96,7 +128,7 @@ class QKVLinear(ColumnLinear):
         return start, start + size
 
     def load_shard(self, param_name: str, shard_id: str, tensor: torch.Tensor, name: str) -> int:
-        start, end = self.shard_range(shard_id)
+        start, end = self.quant.rows(param_name, *self.shard_range(shard_id), name)
         return copy_weight(getattr(self, param_name)[start:end], tensor, name)
 
     def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

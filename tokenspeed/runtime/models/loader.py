@@ -16,7 +16,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tokenspeed.config.quantization import CHECKPOINT
+from tokenspeed.runtime.layers.quantization import fp8
 from tokenspeed.runtime.models.model_config import ModelConfig
+from tokenspeed.runtime.models.quant_tensors import KVScales, split_quant_tensors
 from tokenspeed.runtime.models.registry import get_model_class
 from tokenspeed.runtime.startup_progress import Progress, human_bytes
 
@@ -93,6 +96,20 @@ def iterate_weights(
         progress.finish()
 
 
+def tensor_names(files: list[Path], fmt: str) -> list[str]:
+    """The names of a checkpoint's tensors, without reading them (safetensors headers; pt files mapped)."""
+    names: list[str] = []
+    for path in files:
+        if fmt == "safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                names.extend(f.keys())
+        else:
+            names.extend(torch.load(str(path), map_location="cpu", weights_only=True, mmap=True).keys())
+    return names
+
+
 def _init_dummy(model: nn.Module, seed: int, std: float) -> None:
     device = next(model.parameters()).device
     gen = torch.Generator(device=device)
@@ -118,18 +135,25 @@ def build_model(
     model_config: ModelConfig,
     device: torch.device | str,
     transform: Callable[[nn.Module], None] | None = None,
+    fp8_names: list[str] | None = None,
 ) -> nn.Module:
     """The model with uninitialised parameters on `device`, in `model_config.dtype`.
 
     `transform` edits the model while it is still on the meta device (tensor parallelism swaps layers for
-    this rank's shards there, so only the shards are ever allocated).
+    this rank's shards there, so only the shards are ever allocated). `fp8_names`, the tensor names of an
+    FP8 checkpoint, turn the layers it holds in FP8 into FP8 layers there too.
     """
     cls = get_model_class(model_config.architecture)
     with torch.device("meta"):
         model = cls(model_config)
     if transform is not None:
         transform(model)
-    model = model.to(dtype=model_config.dtype).to_empty(device=device)
+    model = model.to(dtype=model_config.dtype)
+    if fp8_names is not None:
+        block = model_config.weight_quant.block if model_config.weight_quant else None
+        n = fp8.convert_model(model, fp8.checkpoint_fp8_modules(model, fp8_names), block)
+        logger.info("weights: %d layers in FP8 (%s)", n, model_config.weight_quant.describe())
+    model = model.to_empty(device=device)
     init_buffers(model)
     return model.eval()
 
@@ -149,7 +173,11 @@ def load_model(
     files: tuple[str, list[Path]] | None = None
     if load_format != "dummy":
         files = weight_files(model_config.model_path, load_format)  # fail before allocating memory
-    model = build_model(model_config, device, transform)
+    quant = model_config.weight_quant
+    # An FP8 checkpoint loads into FP8 layers; random weights (dummy) are quantized like --quantization fp8.
+    fp8_names = tensor_names(files[1], files[0]) if quant is not None and quant.source == CHECKPOINT and files else None
+    model = build_model(model_config, device, transform, fp8_names)
+    kv_scales = KVScales()
     if files is None:
         started = time.monotonic()
         std = float(getattr(model_config.hf_config, "initializer_range", 0.02) or 0.02)
@@ -161,5 +189,10 @@ def load_model(
         fmt, paths = files
         logger.info("weights: reading %d %s file(s) from %s", len(paths), fmt, model_config.model_path)
         with torch.no_grad():
-            model.load_weights(iterate_weights(paths, fmt))
+            model.load_weights(split_quant_tensors(iterate_weights(paths, fmt), kv_scales))
+    if quant is not None and fp8_names is None:
+        started = time.monotonic()
+        n = fp8.quantize_model(model)
+        logger.info("weights: %d layers quantized to FP8 e4m3 per channel in %.1f s", n, time.monotonic() - started)
+    model.kv_scales = kv_scales
     return model

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from tokenspeed.config.quantization import WeightQuant, weight_quant
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.models.registry import supported_architectures
 
@@ -138,6 +139,8 @@ class ModelConfig:
     num_experts: int
     num_experts_per_tok: int
     hf_overrides: dict[str, Any] = field(default_factory=dict)
+    # FP8 weights (a quantized checkpoint, or --quantization fp8); None: weights in `dtype`
+    weight_quant: WeightQuant | None = None
 
     @classmethod
     def from_pretrained(
@@ -148,9 +151,12 @@ class ModelConfig:
         max_model_len: int | None = None,
         trust_remote_code: bool = False,
         device: str | None = None,
+        quantization: str | None = None,
     ) -> ModelConfig:
         local = resolve_model_path(path)
         overrides = parse_hf_overrides(hf_overrides)
+        # Before transformers reads it: a checkpoint we cannot run is refused by its quantization method.
+        quant = weight_quant(json.loads(Path(local, "config.json").read_text()), quantization, path)
         hf = load_hf_config(local, overrides, trust_remote_code)
         archs = list(getattr(hf, "architectures", None) or [])
         supported = supported_architectures()
@@ -199,6 +205,7 @@ class ModelConfig:
             num_experts=num_experts,
             num_experts_per_tok=int(getattr(hf, "num_experts_per_tok", 0) or 0) if num_experts else 0,
             hf_overrides=overrides,
+            weight_quant=quant,
         )
         config._check_sliding_window()
         return config
@@ -215,6 +222,7 @@ class ModelConfig:
             max_model_len=args.max_model_len,
             trust_remote_code=args.trust_remote_code,
             device=device,
+            quantization=args.quantization,
         )
 
     @property

@@ -11,7 +11,8 @@ from tokenspeed.runtime.layers.moe import SparseMoeBlock
 from tokenspeed.runtime.models.qwen3 import Qwen3ForCausalLM
 from tokenspeed.runtime.models.weight_utils import WeightTarget
 
-_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+# `weight_scale`: the scale of an FP8 expert (the loader names `weight_scale_inv` so too)
+_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale)$")
 _STACKED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
 _PARTS = {"gate_proj": ("w13", "gate"), "up_proj": ("w13", "up"), "down_proj": ("w2", "down")}
 
@@ -40,7 +41,8 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         m = _PER_EXPERT.match(name)
         if m:
             param, part = _PARTS[m.group(3)]
-            return WeightTarget(m.group(1), param, (int(m.group(2)), part))
+            suffix = "_scale" if m.group(4) == "weight_scale" else ""
+            return WeightTarget(m.group(1), param + suffix, (int(m.group(2)), part))
         m = _STACKED_EXPERTS.match(name)
         if m:
             return WeightTarget(m.group(1), "w13" if m.group(2) == "gate_up_proj" else "w2")

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
 from tokenspeed.runtime.moe.dispatch import DispatchView, localize, torch_dispatch
 
 logger = logging.getLogger(__name__)
@@ -73,18 +74,27 @@ def count_routed(counts: torch.Tensor, ids: torch.Tensor, token_mask: torch.Tens
 
 
 def torch_experts(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    scales: ExpertScales | None = None,
 ) -> torch.Tensor:
-    """Sum over (token, k) with ids >= 0 of weight * expert(x), one expert at a time (host sync)."""
+    """Sum over (token, k) with ids >= 0 of weight * expert(x), one expert at a time (host sync).
+    FP8 experts (`scales` given) are dequantized one expert at a time: the float32 reference."""
     out = torch.zeros_like(x)
     inter = w2.shape[-1]
     for expert in torch.unique(ids).tolist():
         if expert < 0:
             continue
         token_idx, slot = torch.where(ids == expert)
-        gate_up = F.linear(x[token_idx], w13[expert])
+        w13_e, w2_e = w13[expert], w2[expert]
+        if scales is not None:
+            w13_e, w2_e = scales.dequantize(expert, w13_e, w2_e, x.dtype)
+        gate_up = F.linear(x[token_idx], w13_e)
         h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(h, w2[expert]) * weights[token_idx, slot, None].to(h.dtype)
+        y = F.linear(h, w2_e) * weights[token_idx, slot, None].to(h.dtype)
         out.index_add_(0, token_idx, y.to(out.dtype))
     return out
 
@@ -103,7 +113,7 @@ class TorchMoe:
         return weights, ids
 
     def experts(self, module, x, weights, ids):
-        return torch_experts(x, module.w13, module.w2, weights, ids)
+        return torch_experts(x, module.w13, module.w2, weights, ids, ExpertScales.of(module))
 
 
 class TritonMoe:
@@ -125,9 +135,15 @@ class TritonMoe:
         return self._route(logits, top_k, renormalize, dispatch, counts, token_mask)
 
     def experts(self, module, x, weights, ids):
+        scales = ExpertScales.of(module)
         if not x.is_cuda:
-            return torch_experts(x, module.w13, module.w2, weights, ids)
-        return self._fused(x, module.w13, module.w2, weights, ids, self._pick(self.table, x.shape[0]))
+            return torch_experts(x, module.w13, module.w2, weights, ids, scales)
+        w13, w2 = module.w13, module.w2
+        if scales is not None:
+            # FP8 experts: the layer's experts dequantized for this pass (correct and capturable in a
+            # CUDA graph, not yet the fast path: the fused kernels read bf16 weights). Not run on a GPU yet.
+            w13, w2 = scales.dequantize_all(w13, w2, x.dtype)
+        return self._fused(x, w13, w2, weights, ids, self._pick(self.table, x.shape[0]))
 
 
 class UsesMoeBackend(nn.Module):

@@ -29,6 +29,7 @@ from tokenspeed.runtime.layers.linear import copy_weight
 from tokenspeed.runtime.layers.moe.backend import UsesMoeBackend, torch_experts
 from tokenspeed.runtime.layers.moe.experts import TorchExperts
 from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock, recorder_sink
+from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
 from tokenspeed.runtime.moe.dispatch import DispatchView, ExpertDispatch, localize
 from tokenspeed.runtime.moe.expert_location import DISPATCH_ALGORITHMS, ExpertLocation
 
@@ -147,7 +148,7 @@ class ExpertParallelExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         """The reference: `local` are this rank's slot indices, -1 for another rank's."""
-        return torch_experts(x, self.w13, self.w2, topk_weights, local)
+        return torch_experts(x, self.w13, self.w2, topk_weights, local, ExpertScales.of(self))
 
     def extra_repr(self) -> str:
         return (
@@ -197,7 +198,7 @@ class TensorParallelExperts(nn.Module):
         return copy_weight(self.w2, self._slice(tensor, 2), name)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return torch_experts(x, self.w13, self.w2, topk_weights, topk_ids)
+        return torch_experts(x, self.w13, self.w2, topk_weights, topk_ids, ExpertScales.of(self))
 
 
 class ParallelMoeBlock(UsesMoeBackend):

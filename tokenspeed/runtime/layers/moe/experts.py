@@ -12,9 +12,12 @@ import torch
 from torch import nn
 
 from tokenspeed.runtime.layers.linear import copy_weight
+from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales, scale_rows
 
 
 class TorchExperts(nn.Module):
+    fp8_block: tuple[int, int] | None = None  # FP8 experts: the tile of their block-wise scales
+
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.num_experts = num_experts
@@ -29,26 +32,25 @@ class TorchExperts(nn.Module):
         return copy_weight(getattr(self, param_name), tensor, name)
 
     def load_shard(self, param_name: str, shard_id: tuple[int, str], tensor: torch.Tensor, name: str) -> int:
-        """shard_id = (expert, "gate" | "up" | "down")."""
+        """shard_id = (expert, "gate" | "up" | "down"); `param_name` may be an FP8 scale (`w13_scale`)."""
         expert, part = shard_id
         if not 0 <= expert < self.num_experts:
             raise ValueError(
                 f"checkpoint weight {name!r} names expert {expert} but the config has {self.num_experts}"
             )
         inter = self.intermediate_size
-        if part == "gate":
-            dst = self.w13[expert, :inter]
-        elif part == "up":
-            dst = self.w13[expert, inter:]
-        else:
-            dst = self.w2[expert]
-        return copy_weight(dst, tensor, name)
+        param = getattr(self, param_name)
+        if part == "down":
+            return copy_weight(param[expert], tensor, name)
+        start = 0 if part == "gate" else inter
+        start, end = scale_rows(param_name, start, start + inter, self.fp8_block, name)
+        return copy_weight(param[expert, start:end], tensor, name)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """The reference computation (MoE blocks call their backend instead; tests compare against this)."""
         from tokenspeed.runtime.layers.moe.backend import torch_experts
 
-        return torch_experts(x, self.w13, self.w2, topk_weights, topk_ids)
+        return torch_experts(x, self.w13, self.w2, topk_weights, topk_ids, ExpertScales.of(self))
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, hidden={self.hidden_size}, intermediate={self.intermediate_size}"
