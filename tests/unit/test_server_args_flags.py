@@ -338,7 +338,14 @@ def test_table_covers_every_flag_of_the_parser(parser):
     """Every option of the parser is either in the seed table or one of our documented additions."""
     in_table = {a.split("=")[0] for argv, _, _ in SEED_FLAG_TABLE for a in argv if a.startswith("-")}
     # --api-key-file gives api_key from a file (tests/reliability/test_api_key_secrets.py).
-    ours = {"-h", "--help", "--api-key-file"}
+    # The NGRAM match windows (SGLang's spelling) size prompt lookup (tests/unit/test_speculative_parts.py).
+    ours = {
+        "-h",
+        "--help",
+        "--api-key-file",
+        "--speculative-ngram-min-match-window-size",
+        "--speculative-ngram-max-match-window-size",
+    }
     options = {s for action in parser._actions for s in action.option_strings}
     assert options - in_table == ours
 

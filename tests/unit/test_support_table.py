@@ -152,23 +152,25 @@ def test_values_resolution_derives_are_not_taken_for_settings():
     assert assess(ServerArgs(model="m", device="cpu")).no_effect == {}
 
 
-def test_speculative_settings_change_nothing_when_refused():
+def test_speculative_settings_keep_the_batch_and_graph_sizes():
     plain = ServerArgs(model="m", device="cpu")
     spec = ServerArgs(
         model="m", device="cpu", speculative_algorithm="EAGLE3", speculative_draft_model_path="d"
     )
     assert (spec.max_num_seqs, spec.max_cudagraph_capture_size) == (plain.max_num_seqs, 160)
-    assert set(assess(spec).refused) == {"speculative_algorithm", "speculative_draft_model_path"}
+    assert set(assess(spec).refused) == {"speculative_draft_model_path"}  # "d" holds no draft
+    mtp = ServerArgs(model="m", device="cpu", speculative_algorithm="MTP")
+    assert set(assess(mtp).refused) == {"speculative_algorithm", "draft_model_path_use_base"}
 
 
 @pytest.mark.parametrize(
     "argv",
     [
         ["--moe-backend", "bogus"],
-        ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/does/not/exist"],
+        ["--speculative-algorithm", "MTP"],
         ["--kvstore-ratio", "3"],
     ],
-    ids=["moe-backend", "eagle3", "kvstore"],
+    ids=["moe-backend", "mtp", "kvstore"],
 )
 def test_refusal_is_fast_and_has_no_traceback(argv):
     started = time.monotonic()

@@ -67,7 +67,7 @@ FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
     "drafter_attention_backend": ATTENTION_BACKENDS,
     "sampling_backend": SAMPLING_BACKENDS,
     "grammar_backend": ("xgrammar", "none"),
-    "speculative_algorithm": ("EAGLE3", "MTP", "DFLASH"),
+    "speculative_algorithm": ("EAGLE3", "MTP", "DFLASH", "NGRAM"),
     "speculative_eagle_topk": (1,),
     "mm_attention_backend": ("fa3", "fa4", "triton_attn", "flashinfer_cudnn"),
     "disaggregation_mode": ("null", "prefill", "decode", "encode"),

@@ -285,7 +285,7 @@ def resolve_speculative_decoding(args: ServerArgs) -> None:
     if args.speculative_algorithm == "DFLASH":
         if args.speculative_num_draft_tokens is None:
             raise ValueError(
-                "DFLASH needs a block size: pass --speculative-num-draft-tokens N or "
+                "--speculative-algorithm DFLASH needs a block size: pass --speculative-num-draft-tokens N or "
                 '--speculative-config \'{"method": "dflash", "num_speculative_tokens": N}\''
             )
         expected = max(int(args.speculative_num_draft_tokens) - 1, 0)
@@ -302,6 +302,10 @@ def resolve_speculative_decoding(args: ServerArgs) -> None:
     elif args.speculative_algorithm is not None and args.speculative_num_draft_tokens is None:
         # Chain drafting verifies every drafted token plus the one the target model adds.
         args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+    elif args.speculative_algorithm == "EAGLE3":
+        _resolve_chain_steps(args)
+    if args.speculative_algorithm == "NGRAM":
+        _check_ngram_windows(args)
     if isinstance(args.eagle3_layers_to_capture, str):
         try:
             args.eagle3_layers_to_capture = [int(x) for x in args.eagle3_layers_to_capture.split(",")]
@@ -314,6 +318,36 @@ def resolve_speculative_decoding(args: ServerArgs) -> None:
         raise ValueError(
             f"--speculative-eagle-topk {args.speculative_eagle_topk}: tree drafting (topk > 1) is not "
             "supported; only chain drafting runs end to end, so use --speculative-eagle-topk 1"
+        )
+    if args.speculative_algorithm == "EAGLE3" and args.speculative_draft_model_path is None:
+        raise ValueError(
+            "--speculative-algorithm EAGLE3 needs its draft model: pass --speculative-draft-model-path DIR "
+            "(an EAGLE3 draft in the Hugging Face layout)"
+        )
+
+
+def _resolve_chain_steps(args: ServerArgs) -> None:
+    """Chain drafting runs one draft step per drafted token: steps = draft tokens - 1."""
+    expected = args.speculative_num_draft_tokens - 1
+    if args.speculative_num_steps == expected:
+        return
+    if args.speculative_num_steps == _field_default(args, "speculative_num_steps"):
+        args.speculative_num_steps = expected
+        return
+    raise ValueError(
+        "chain drafting (--speculative-eagle-topk 1) verifies the drafted tokens plus one, so "
+        "--speculative-num-draft-tokens must be --speculative-num-steps + 1; got "
+        f"speculative_num_steps={args.speculative_num_steps} and "
+        f"speculative_num_draft_tokens={args.speculative_num_draft_tokens}: pass only one of them"
+    )
+
+
+def _check_ngram_windows(args: ServerArgs) -> None:
+    lo, hi = args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size
+    if lo < 1 or hi < lo:
+        raise ValueError(
+            "NGRAM match windows must satisfy 1 <= --speculative-ngram-min-match-window-size <= "
+            f"--speculative-ngram-max-match-window-size; got {lo} and {hi}"
         )
 
 

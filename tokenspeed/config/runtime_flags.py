@@ -103,14 +103,33 @@ SPECULATIVE_FLAGS: tuple[FlagRow, ...] = (
         'JSON with keys method, model, num_speculative_tokens, e.g. {"method": "eagle3", ...}.',
         aliases=("--speculative_config",),
     ),
-    Opt("--speculative-algorithm", str, "Speculative decoding algorithm."),
-    Opt("--speculative-draft-model-path", str, "Draft model directory or repo id."),
+    Opt(
+        "--speculative-algorithm",
+        str,
+        "Speculative decoding: EAGLE3 (a draft model), NGRAM (prompt lookup, a TokenSpeed choice); MTP and "
+        "DFLASH are refused. Speculative batches run synchronously (no overlap scheduling).",
+    ),
+    Opt("--speculative-draft-model-path", str, "EAGLE3 draft model directory (Hugging Face layout)."),
     Opt(
         "--speculative-draft-model-quantization", str, "Quantization of the draft model ('unquant' for none)."
     ),
     Opt("--speculative-num-steps", int, "Draft steps per verification."),
     Opt("--speculative-eagle-topk", int, "Candidates per draft step (only chain drafting, 1)."),
-    Opt("--speculative-num-draft-tokens", int, "Draft tokens verified per step."),
+    Opt(
+        "--speculative-num-draft-tokens",
+        int,
+        "Tokens verified per step: the last token plus N-1 drafted ones (default: num steps + 1).",
+    ),
+    Opt(
+        "--speculative-ngram-min-match-window-size",
+        int,
+        "NGRAM: shortest suffix matched against the request's earlier tokens (a TokenSpeed flag).",
+    ),
+    Opt(
+        "--speculative-ngram-max-match-window-size",
+        int,
+        "NGRAM: longest suffix matched; longer matches are tried first (a TokenSpeed flag).",
+    ),
     Switch(
         "--enable-output-logprobs",
         "Compute sampled-token logprobs (more graph memory); without it requested logprobs are empty.",

@@ -187,6 +187,10 @@ class ServerArgs:
     speculative_eagle_topk: int = 1
     speculative_num_draft_tokens: int | None = None
     eagle3_layers_to_capture: str | list[int] | None = None
+    # Prompt lookup (NGRAM, TokenSpeed's own flags, spelled as SGLang's): the longest suffix of the request's
+    # tokens, from max down to min tokens, that occurred earlier proposes the tokens that followed it.
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 12
 
     # Logprobs cost graph memory, so they are off unless asked for; requests for them on a server
     # without the flag get empty logprobs.

@@ -24,8 +24,6 @@ REFUSED = "refused unless default"
 NO_EFFECT = "accepted, no effect by design"
 
 # Reasons shared by several fields.
-_NO_SPEC = "speculative decoding is not implemented in this build (no draft model runs)"
-_SPEC_INSTEAD = "drop the speculative flags; the target model decodes one token per step"
 _NO_KVSTORE = "the host-memory KVStore tier is not implemented in this build"
 _KVSTORE_INSTEAD = "drop the --kvstore-* flags; the device KV pool with the prefix cache is what runs"
 _NO_DISAGG = "disaggregated prefill/decode serving is not implemented in this build"
@@ -78,6 +76,10 @@ GRAMMAR_IMPLEMENTED = ("none", "xgrammar")
 REASONING_PARSERS_IMPLEMENTED = (None, "qwen3", "deepseek-r1", "deepseek_r1")
 # tokenspeed.runtime.entrypoints.openai.tool_parsers.TOOL_PARSERS
 TOOL_PARSERS_IMPLEMENTED = (None, "hermes", "qwen25", "llama3_json")
+# tokenspeed.runtime.speculative.config.SPECULATIVE_ALGORITHMS
+SPECULATIVE_IMPLEMENTED = (None, "EAGLE3", "NGRAM")
+# Seed algorithms that need layers inside the target checkpoint (config.support_check refuses them by name).
+SPECULATIVE_IN_CHECKPOINT = ("MTP", "DFLASH")
 
 SUPPORT: dict[str, Support] = {
     # Model and tokenizer
@@ -178,7 +180,9 @@ SUPPORT: dict[str, Support] = {
     "eplb_rebalance_num_iterations": _impl("server/test_parallel_server.py"),
     # MoE backend
     "moe_backend": _impl("unit/test_moe_recording.py", MOE_IMPLEMENTED),
-    "draft_moe_backend": _refused(_NO_SPEC, _SPEC_INSTEAD),
+    "draft_moe_backend": _refused(
+        "the only draft model (EAGLE3) is one dense decoder layer: it has no MoE", "drop --draft-moe-backend"
+    ),
     "all2all_backend": _impl(UNTESTED, ALL2ALL_IMPLEMENTED),
     "deepep_mode": _inert("DeepEP is not built (--all2all-backend none is the only one), so it has no mode"),
     "disable_flashinfer_cutlass_moe_fp4_allgather": _inert("FP4 MoE is not implemented; there is no allgather"),
@@ -205,10 +209,10 @@ SUPPORT: dict[str, Support] = {
     "preferred_sampling_params": _impl("server/test_api_support.py"),
     # Kernel backends
     "attention_backend": _impl("engine/test_attention.py", ATTENTION_IMPLEMENTED),
-    "drafter_attention_backend": _refused(_NO_SPEC, _SPEC_INSTEAD),
+    "drafter_attention_backend": _impl("engine/test_speculative.py", ATTENTION_IMPLEMENTED),
     "sampling_backend": _impl("engine/test_sampling.py", SAMPLING_IMPLEMENTED),
-    "dp_sampling": _inert("it splits speculative verification, which does not run in this build"),
-    "dp_sampling_min_bs": _inert("it sizes speculative verification, which does not run in this build"),
+    "dp_sampling": _inert("speculative verification runs on one rank: there is no batch to split"),
+    "dp_sampling_min_bs": _inert("speculative verification runs on one rank: there is no batch to split"),
     "attention_use_fp4_indexer_cache": _inert(_NO_DEEPSEEK),
     "use_trtllm_ragged_deepseek_prefill": _inert(_NO_DEEPSEEK),
     "deepseek_v4_mega_moe_max_num_tokens": _inert(_NO_DEEPSEEK),
@@ -224,20 +228,23 @@ SUPPORT: dict[str, Support] = {
     # the bitmask is applied by plain tensor ops inside the sampling step, the same with or without graphs
     "disable_capturable_grammar": _inert("one grammar path runs: the bitmask is applied inside the sampler"),
     # Speculative decoding
-    **dict.fromkeys(
-        (
-            "draft_model_path_use_base",
-            "speculative_config",
-            "speculative_algorithm",
-            "speculative_draft_model_path",
-            "speculative_draft_model_quantization",
-            "speculative_num_steps",
-            "speculative_eagle_topk",
-            "speculative_num_draft_tokens",
-            "eagle3_layers_to_capture",
-        ),
-        _refused(_NO_SPEC, _SPEC_INSTEAD),
+    "draft_model_path_use_base": _refused(
+        "the draft model is never the base checkpoint: MTP layers are not in any supported architecture",
+        "pass --speculative-draft-model-path DIR of an EAGLE3 draft",
     ),
+    "speculative_config": _impl("engine/test_speculative.py"),
+    "speculative_algorithm": _impl("engine/test_speculative.py", SPECULATIVE_IMPLEMENTED),
+    "speculative_draft_model_path": _impl("engine/test_speculative.py"),
+    "speculative_draft_model_quantization": _refused(
+        "the draft model runs in the target's dtype; no quantized draft loader is built",
+        "drop --speculative-draft-model-quantization",
+    ),
+    "speculative_num_steps": _impl("engine/test_speculative.py"),
+    "speculative_eagle_topk": _impl("engine/test_speculative.py"),
+    "speculative_num_draft_tokens": _impl("engine/test_speculative.py"),
+    "speculative_ngram_min_match_window_size": _impl("unit/test_speculative_parts.py"),
+    "speculative_ngram_max_match_window_size": _impl("unit/test_speculative_parts.py"),
+    "eagle3_layers_to_capture": _impl("engine/test_speculative.py"),
     "enable_output_logprobs": _impl("server/test_openai_api.py"),
     # Runtime options
     "disable_pdl": _inert("no kernel here is launched with programmatic dependent launch"),

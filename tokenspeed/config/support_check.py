@@ -16,10 +16,11 @@ import contextlib
 import dataclasses
 import importlib.util
 import logging
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from tokenspeed.config.support import IMPLEMENTED, NO_EFFECT, REFUSED, SUPPORT
+from tokenspeed.config.support import IMPLEMENTED, NO_EFFECT, REFUSED, SPECULATIVE_IN_CHECKPOINT, SUPPORT
 
 if TYPE_CHECKING:
     from tokenspeed.config.server_args import ServerArgs
@@ -148,6 +149,26 @@ def assess(args: ServerArgs) -> SupportReport:
                 "not implemented in this build",
                 f"use one of {choices}",
             )
+    if values["draft_model_path_use_base"]:
+        # derived from a draft path equal to the model as well, so set_fields may not list it
+        support = SUPPORT["draft_model_path_use_base"]
+        refused["draft_model_path_use_base"] = (flag_of("draft_model_path_use_base"), support.note, support.instead)
+    draft = values["speculative_draft_model_path"]
+    if values["speculative_algorithm"] == "EAGLE3" and not os.path.isfile(os.path.join(str(draft), "config.json")):
+        # found before the target's weights are read, rather than after
+        refused["speculative_draft_model_path"] = (
+            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {draft}",
+            "that folder holds no config.json",
+            "pass the folder of an EAGLE3 draft in the Hugging Face layout (config.json, *.safetensors)",
+        )
+    if values["speculative_algorithm"] in SPECULATIVE_IN_CHECKPOINT:
+        algo = values["speculative_algorithm"]
+        refused["speculative_algorithm"] = (
+            f"--speculative-algorithm {algo}",
+            f"{algo} drafts with multi-token-prediction layers shipped inside the target checkpoint, and none "
+            "of the supported architectures (Llama, Qwen2, Qwen3, Qwen3-MoE) carries them",
+            "use --speculative-algorithm EAGLE3 with --speculative-draft-model-path, or NGRAM",
+        )
     if values["grammar_backend"] == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
         # a dependency of the package, but a hand-made environment may lack it: say so before loading weights
         refused["grammar_backend"] = (

@@ -83,6 +83,15 @@ class KVCacheManager:
         req.pages.extend(pages)
         return True
 
+    def truncate(self, req: Request) -> None:
+        """Free the pages past the request's computed tokens (a verify step's rejected drafts); pages the
+        prefix cache holds are never among them."""
+        keep = max(self.pages_for(req.num_computed_tokens), req.num_tree_pages)
+        extra = req.pages[keep:]
+        if extra:
+            del req.pages[keep:]
+            self.allocator.free(extra)
+
     def share(self, req: Request) -> None:
         """Offer the request's newly filled pages to the prefix cache."""
         full = req.num_computed_tokens // self.block_size

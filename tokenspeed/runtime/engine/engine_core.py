@@ -42,6 +42,9 @@ from tokenspeed.runtime.parallel.experts import EXPERT_RECORD_METHODS, ExpertCon
 from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
 from tokenspeed.runtime.scheduler.request import Request
 from tokenspeed.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from tokenspeed.runtime.speculative.config import SpecConfig
+from tokenspeed.runtime.speculative.proposer import create_proposer
+from tokenspeed.runtime.speculative.stats import SpecDecodeStats
 from tokenspeed.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -105,7 +108,18 @@ class EngineCore:
         self._gen_events: collections.deque[tuple[float, int]] = collections.deque()
         self._iteration_tokens: collections.deque[int] = collections.deque(maxlen=4096)
         self._num_nan_aborted = 0
+        self.spec = SpecConfig.from_server_args(server_args)
+        self.spec_stats = SpecDecodeStats()
+        self.proposer = create_proposer(self.spec, self.runner, self.kv) if self.spec is not None else None
         self.overlap, why = overlap_mode(self.config, has_peers=peers is not None)
+        if self.spec is not None:
+            if peers is not None:
+                raise ValueError(
+                    f"--speculative-algorithm {self.spec.algorithm} runs on single-rank servers in this build; "
+                    "drop --tp/--ep (or the speculative flags)"
+                )
+            # Drafts are proposed from the tokens of the step before, so each step waits for them.
+            self.overlap, why = False, "off (speculative decoding: drafts need the previous step's tokens)"
         logger.info("overlap scheduling: %s", why)
         self._in_flight: InFlightBatch | None = None
         self._grammars = self._grammar_admission(server_args)
@@ -222,10 +236,21 @@ class EngineCore:
         # not shown and not counted.
         live = [not it.req.is_finished for it in batch.items]
         self.scheduler.update_from_output(
-            batch, result.token_ids, result.logprobs, result.errors, result.top_logprobs
+            batch, result.token_ids, result.logprobs, result.errors, result.top_logprobs, result.runs
         )
+        if result.runs is not None:
+            for run, ok in zip(result.runs, live, strict=True):
+                if run is not None and ok:
+                    self.spec_stats.record(run)
+        if self.proposer is not None:
+            self.proposer.propose(batch, in_flight.launched)
         self._iteration_tokens.append(batch.num_tokens)
-        num_sampled = sum(it.sample for it, ok in zip(batch.items, live, strict=True) if ok)
+        runs = result.runs or [None] * len(batch.items)
+        num_sampled = sum(
+            (len(run.tokens) if run is not None else it.sample)
+            for it, run, ok in zip(batch.items, runs, live, strict=True)
+            if ok
+        )
         self._gen_events.append((time.monotonic(), num_sampled))
         if result.errors:
             self._num_nan_aborted += sum(
@@ -279,6 +304,11 @@ class EngineCore:
             iteration_tokens=list(self._iteration_tokens),
             num_nan_aborted=self._num_nan_aborted,
             timestamp=time.time(),
+            spec_num_drafts=self.spec_stats.num_drafts,
+            spec_num_draft_tokens=self.spec_stats.num_draft_tokens,
+            spec_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
+            spec_acceptance_lengths=self.spec_stats.drain_lengths(),
+            spec_mean_acceptance_length=self.spec_stats.mean_acceptance_length,
         )
         self._iteration_tokens.clear()
         experts = self.experts.snapshot()

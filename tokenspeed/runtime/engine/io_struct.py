@@ -90,6 +90,12 @@ class StatsSnapshot:
     eplb_balancedness: list[float] | None = None  # [moe layer] mean / max tokens per EP rank
     eplb_rebalances: int = 0
     eplb_rebalance_seconds: float = 0.0  # decoding stalled by all rebalances so far
+    # Speculative decoding (cumulative counts; lengths since the last snapshot); zero when it is off
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_acceptance_lengths: list[int] = field(default_factory=list)
+    spec_mean_acceptance_length: float = 0.0  # 1 + accepted / drafts, since start
 
     @property
     def kv_usage(self) -> float:

@@ -33,8 +33,9 @@ from tokenspeed.runtime.layers.sampling import create_sampler
 from tokenspeed.runtime.models.model_config import ModelConfig
 from tokenspeed.runtime.parallel.experts import ExpertController, NoExperts
 from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
-from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
+from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest, VerifiedRun
 from tokenspeed.runtime.scheduler.request import Request
+from tokenspeed.runtime.speculative.verifier import logit_row_spans, verify
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class StepResult:
     errors: list[str | None] | None = None
     # per item, (token id, logprob) of the most likely tokens, for the requests that asked (top_logprobs)
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # per item, the tokens a verify forward emitted for a drafted item (speculative decoding), else None
+    runs: list[VerifiedRun | None] | None = None
 
 
 @dataclass
@@ -62,6 +65,7 @@ class LaunchedBatch:
     token_ids: torch.Tensor | None = None  # [len(sampled)] int64 on the device
     host: list[torch.Tensor | None] = field(default_factory=list)  # ids, logprobs, NaN rows, top ids, top lps
     copied: Any = None  # torch.cuda.Event recorded after the copies to the host
+    result: StepResult | None = None  # a verify step's tokens, already on the host (it is synchronous)
 
 
 @dataclass(frozen=True)
@@ -173,16 +177,22 @@ class ModelRunner:
         positions: list[int] = []
         rows, seq_lens, ext_lens, prefix_lens = [], [], [], []
         pending_at, pending_from = [], []
+        logits_at: list[int] = []  # the token rows whose logits the step needs
         for it in batch.items:
             end = it.start + it.num_new_tokens
-            known = it.req.token_ids[it.start : end]
-            if len(known) < it.num_new_tokens:
+            num_known = it.num_new_tokens - len(it.draft_ids)
+            known = it.req.token_ids[it.start : it.start + num_known]
+            if len(known) < num_known:
                 # Only a decode runs ahead of its host tokens, by the one token of the batch before.
-                assert prev is not None and len(known) == it.num_new_tokens - 1, "input token unknown"
+                assert prev is not None and len(known) == num_known - 1, "input token unknown"
                 pending_at.append(len(input_ids) + len(known))
                 pending_from.append(prev.row_of[it.req])
                 known = [*known, 0]  # overwritten on the device below
+            # a drafted item needs the logits of every token it computes: each verifies the next draft
+            first_row = len(input_ids) + (num_known - 1 if it.draft_ids else it.num_new_tokens - 1)
+            logits_at.extend(range(first_row, len(input_ids) + it.num_new_tokens))
             input_ids.extend(known)
+            input_ids.extend(it.draft_ids)
             positions.extend(range(it.start, end))
             rows.append(it.req.row)
             seq_lens.append(end)
@@ -208,7 +218,7 @@ class ModelRunner:
             seq_lens=tensor(seq_lens, torch.int32),
             extend_lens=ext_t,
             extend_prefix_lens=tensor(prefix_lens, torch.int32),
-            logits_indices=torch.cumsum(ext_t, 0).long() - 1,
+            logits_indices=tensor(logits_at),
             req_to_token=self.req_to_token.table,
             kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,
@@ -226,7 +236,10 @@ class ModelRunner:
         items: list[ScheduledRequest] = batch.items
         sampled = [i for i, it in enumerate(items) if it.sample]
         launched = LaunchedBatch(num_items=len(items), sampled=sampled)
-        if not sampled:
+        if batch.has_drafts:
+            launched.result = self._verify(items, logits)
+            launched.sampled = []
+        if not launched.sampled:
             return launched
         rows = logits if len(sampled) == len(items) else logits[torch.tensor(sampled, device=logits.device)]
         # Filled on the host while the device runs the forward queued above; copied without waiting.
@@ -246,6 +259,8 @@ class ModelRunner:
 
     def resolve(self, launched: LaunchedBatch) -> StepResult:
         """Wait for a launched batch's sampled tokens and return them per item."""
+        if launched.result is not None:
+            return launched.result
         result = StepResult(token_ids=[-1] * launched.num_items)
         if not launched.sampled:
             return result
@@ -269,6 +284,46 @@ class ModelRunner:
             for j, i in enumerate(launched.sampled):
                 if nan_rows[j]:
                     result.errors[i] = NAN_ERROR
+        return result
+
+    def _verify(self, items: list[ScheduledRequest], logits: torch.Tensor) -> StepResult:
+        """A batch with drafted items (speculative decoding): each of those has one logit row per token it
+        computed and is verified; the other sampling items draw as usual from their one row."""
+        spans = logit_row_spans(items)
+        dev = logits.device
+        result = StepResult(token_ids=[-1] * len(items), runs=[None] * len(items))
+        plain = [i for i, it in enumerate(items) if it.sample and not it.draft_ids]
+        if plain:
+            rows = logits[torch.tensor([spans[i][0] for i in plain], device=dev)]
+            bitmask = fill_token_bitmask([items[i].req.grammar for i in plain], rows.shape[1], dev)
+            out = self.sampler(rows, [_SampleRow(items[i].req, items[i].output_index) for i in plain], bitmask)
+            for j, i in enumerate(plain):
+                result.token_ids[i] = out.token_ids[j]
+            if out.logprobs is not None:
+                result.logprobs = [0.0] * len(items)
+                for j, i in enumerate(plain):
+                    result.logprobs[i] = out.logprobs[j]
+            if out.top_ids is not None:
+                result.top_logprobs = [[] for _ in items]
+                for j, i in enumerate(plain):
+                    result.top_logprobs[i] = list(zip(out.top_ids[j], out.top_logprobs[j], strict=True))
+            if out.nan_rows is not None and any(out.nan_rows):
+                result.errors = [NAN_ERROR if i in plain and out.nan_rows[plain.index(i)] else None for i in range(len(items))]
+        drafted = [i for i, it in enumerate(items) if it.draft_ids]
+        rows = torch.cat([torch.arange(*spans[i], device=dev) for i in drafted])
+        runs = verify(
+            logits[rows],
+            [items[i] for i in drafted],
+            greedy_backend=self.sampler.name == "greedy",
+            nan_detection=self.sampler.enable_nan_detection,
+        )
+        for i, run in zip(drafted, runs, strict=True):
+            if run is None:
+                result.errors = result.errors or [None] * len(items)
+                result.errors[i] = NAN_ERROR
+            else:
+                result.runs[i] = run
+                result.token_ids[i] = run.tokens[-1]
         return result
 
     @torch.inference_mode()

@@ -63,6 +63,8 @@ class Request:
     # time.time() when a batch first included it (the end of its queue wait); a preempted request that is
     # scheduled again keeps it, so queue time is the wait before any work started.
     first_scheduled_time: float | None = None
+    # Speculative tokens proposed to follow token_ids (runtime/speculative); its next decode verifies them.
+    draft_ids: list[int] = field(default_factory=list)
 
     # KV state, owned by the KV cache manager
     row: int | None = None  # req_to_token row while running
@@ -102,6 +104,14 @@ class Request:
         return (limit is not None and self.num_tokens - len(self.prompt_ids) >= limit) or (
             self.num_tokens >= max_model_len
         )
+
+    def max_draft_tokens(self, max_model_len: int) -> int:
+        """Drafts a decode may verify: every accepted one and the token after it must still be allowed."""
+        room = max_model_len - self.num_tokens - 1
+        limit = self.sampling.max_new_tokens
+        if limit is not None:
+            room = min(room, limit - (self.num_tokens - len(self.prompt_ids)) - 1)
+        return max(room, 0)
 
     def finish(self, reason: str, matched_stop: int | None = None, error: str | None = None) -> None:
         self.status = RequestStatus.FINISHED

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
-from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
+from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest, VerifiedRun
 from tokenspeed.runtime.scheduler.request import Request, RequestStatus
 
 
@@ -56,9 +56,10 @@ class _StepBudget:
     chunking: bool
     num_prefills: int = 0
 
-    def chunk(self, remaining: int, is_decode: bool) -> int:
+    def chunk(self, remaining: int, is_decode: bool, num_drafts: int = 0) -> int:
         if is_decode:
-            return 1 if self.tokens >= 1 else 0
+            # a decode with drafts computes them too: as many as the step's budget leaves room for
+            return int(min(1 + num_drafts, self.tokens)) if self.tokens >= 1 else 0
         if self.chunking:
             return int(min(remaining, self.tokens, self.prefill_tokens))
         # Whole prompts only; an oversized one may go alone, otherwise it could never run.
@@ -146,15 +147,19 @@ class Scheduler:
                 continue
             remaining = req.num_tokens - req.num_computed_tokens
             is_decode = remaining == 1
-            n = budget.chunk(remaining, is_decode) if (decodes if is_decode else prefills) else 0
+            drafts = self._drafts_of(req) if is_decode else []
+            n = budget.chunk(remaining, is_decode, len(drafts)) if (decodes if is_decode else prefills) else 0
             if n == 0:
                 i += 1
                 continue
+            if n > 1 and is_decode and not self.kv.grow(req, n):
+                n = 1  # pages for drafts never preempt anyone: decode without them
+            drafts = drafts[: n - 1] if is_decode else []
             while not self.kv.grow(req, n) and self.running[-1] is not req:
                 self._preempt(self.running[-1], batch)
             if req.row is not None and self.kv.pages_for(req.num_computed_tokens + n) <= len(req.pages):
                 budget.consume(n, is_decode)
-                batch.items.append(ScheduledRequest(req, req.num_computed_tokens, n))
+                batch.items.append(ScheduledRequest(req, req.num_computed_tokens, n, drafts))
                 i += 1
             elif self.kv.pages_for(req.num_tokens) > self.kv.allocator.num_allocatable:
                 # Even alone it cannot fit: the KV pool is its context limit. It ends once its in-flight
@@ -166,6 +171,12 @@ class Scheduler:
                 self._finish(req, "length")
             else:
                 self._preempt(req, batch)  # requests ahead of it hold the pages; it retries later
+
+    def _drafts_of(self, req: Request) -> list[int]:
+        """The request's proposed drafts that its limits still allow (none while a token is in flight)."""
+        if not req.draft_ids or req.num_pending_tokens:
+            return []
+        return req.draft_ids[: req.max_draft_tokens(self.config.max_model_len)]
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: _StepBudget) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
@@ -206,8 +217,10 @@ class Scheduler:
         logprobs: list[float] | None = None,
         errors: list[str | None] | None = None,
         top_logprobs: list[list[tuple[int, float]]] | None = None,
+        runs: list[VerifiedRun | None] | None = None,
     ) -> None:
-        """Apply a step's results: token_ids[i] (and logprobs[i], errors[i]) belong to batch.items[i].
+        """Apply a step's results: token_ids[i] (and logprobs[i], errors[i]) belong to batch.items[i];
+        runs[i], where set, replaces them with the tokens a verify forward emitted for a drafted item.
         Results of requests that finished since the batch was scheduled are dropped."""
         for i, item in enumerate(batch.items):
             req = item.req
@@ -223,6 +236,9 @@ class Scheduler:
             if not item.sample:
                 if current:
                     self.kv.share(req)
+                continue
+            if runs is not None and runs[i] is not None:
+                self._apply_run(item, runs[i], queue, current)
                 continue
             if req.grammar is not None and not req.grammar.accept(token_ids[i]):
                 queue.remove(req)
@@ -243,3 +259,27 @@ class Scheduler:
                 if current:
                     self.kv.share(req)
                 self.outbox.append(req)
+
+    def _apply_run(self, item: ScheduledRequest, run: VerifiedRun, queue: list | deque, current: bool) -> None:
+        """Append a verified run; tokens after one that ends the request (stop token, length) are dropped.
+        The K/V of rejected drafts is rolled back: computed tokens end after the last accepted draft."""
+        req = item.req
+        for j, token in enumerate(run.tokens):
+            req.append_token(token, self.config.max_model_len)
+            if run.logprobs is not None and req.sampling.logprobs:
+                req.output_logprobs.append(run.logprobs[j])
+                if run.top_logprobs is not None and req.sampling.top_logprobs:
+                    req.output_top_logprobs.append(run.top_logprobs[j][: req.sampling.top_logprobs])
+            if req.is_finished:
+                break
+        if current:
+            req.num_computed_tokens = min(req.num_computed_tokens, item.start + len(run.tokens))
+            self.kv.truncate(req)
+        if req.is_finished:
+            queue.remove(req)
+            req.num_computed_tokens = min(req.num_computed_tokens, len(req.token_ids) - 1)
+            self._finish(req)
+            return
+        if current:
+            self.kv.share(req)
+        self.outbox.append(req)

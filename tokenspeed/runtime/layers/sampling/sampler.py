@@ -95,7 +95,7 @@ class Sampler(ABC):
         if token_bitmask is not None:
             logits = apply_token_bitmask(logits, token_bitmask)
         adjusted = logits  # what logprobs are read from: bias and grammar, not the min_tokens ban
-        logits = _mask_min_new_tokens(logits, reqs)
+        logits = mask_min_new_tokens(logits, reqs)
         token_ids = self._sample(logits, reqs).long()
         out = DeviceSample(token_ids=token_ids, nan_rows=nan_rows)
         wanted, top = logprobs_wanted(reqs)
@@ -108,7 +108,7 @@ class Sampler(ABC):
         """[S, V] logits -> [S] int64 token ids."""
 
 
-def _mask_min_new_tokens(logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
+def mask_min_new_tokens(logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
     """Forbid stop tokens (and EOS unless ignore_eos) before a request reaches min_new_tokens."""
     rows, cols = [], []
     for i, r in enumerate(reqs):

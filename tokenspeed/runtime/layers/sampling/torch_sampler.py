@@ -15,7 +15,7 @@ import torch
 from tokenspeed.runtime.layers.sampling.penalties import apply_penalties, needs_penalties
 from tokenspeed.runtime.layers.sampling.sampler import Sampler, SamplingRequest
 
-_GREEDY_TEMPERATURE = 1e-5
+GREEDY_TEMPERATURE = 1e-5
 
 
 def filter_sorted_probs(
@@ -45,10 +45,10 @@ class TorchSampler(Sampler):
         logits = apply_penalties(logits, reqs) if needs_penalties(reqs) else logits.float()
         argmax = torch.argmax(logits, dim=-1)
         host_temps = [r.sampling.temperature for r in reqs]
-        if all(t <= _GREEDY_TEMPERATURE for t in host_temps):
+        if all(t <= GREEDY_TEMPERATURE for t in host_temps):
             return argmax  # decided on the host: an all-greedy step never waits for the device here
         temps = torch.tensor(host_temps, dtype=torch.float32, device=dev)
-        greedy = temps <= _GREEDY_TEMPERATURE
+        greedy = temps <= GREEDY_TEMPERATURE
         scaled = logits / torch.where(greedy, 1.0, temps).unsqueeze(1)
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
         probs = filter_sorted_probs(

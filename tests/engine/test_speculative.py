@@ -1,0 +1,154 @@
+"""Speculative decoding gives exactly the outputs of plain decoding, and holds no KV page afterwards.
+
+Tiny random Llama and Qwen3 models; prompts built with repeated runs of tokens so prompt lookup (NGRAM)
+finds drafts and random models' loops get accepted. Greedy output with drafts equals greedy output without,
+token for token, under the scheduling regimes of the correctness tests (chunked prefill with mixed batches,
+a KV pool so small that requests are preempted), twice (the second pass over cached prefixes). Stop tokens
+and max_new_tokens inside an accepted run, streaming, n > 1, seeded sampling and aborts mid-speculation are
+checked on the same engines; after every run no KV page is held.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import pytest
+
+from tests.leak_check import assert_no_kv_leak
+from tests.tiny_models import make_tiny_model
+from tokenspeed import Engine
+from tokenspeed.runtime.engine.io_struct import GenerateRequest
+
+MAX_NEW = 16
+ARCHS = ("llama", "qwen3")
+CONFIGS = {
+    "default": dict(block_size=4, max_total_tokens=2048),
+    "chunked_mixed": dict(
+        block_size=4, max_total_tokens=2048, chunked_prefill_size=7, max_prefill_tokens=7, enable_mixed_batch=True
+    ),
+    "preemption": dict(block_size=4, max_total_tokens=96, enable_mixed_batch=True, chunked_prefill_size=16),
+}
+NGRAM = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def make_prompts(seed: int = 5) -> list[list[int]]:
+    rng = random.Random(seed)
+    prompts = []
+    for n in (3, 9, 14, 22, 30):
+        unit = [rng.randrange(5, 200) for _ in range(rng.randrange(2, 6))]
+        body = [rng.randrange(5, 200) for _ in range(n)]
+        prompts.append(body[: n // 2] + unit * 3 + body[n // 2 :] + unit[:2])
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """arch -> (model folder, prompts, plain greedy outputs), built lazily."""
+    cache: dict[str, tuple[str, list[list[int]], list[list[int]]]] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            path = make_tiny_model(arch, tmp_path_factory.mktemp(arch))
+            prompts = make_prompts()
+            params = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True}
+            with Engine(model=path, device="cpu", dtype="float32", **CONFIGS["default"]) as plain:
+                ref = [o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=params)]
+            cache[arch] = (path, prompts, ref)
+        return cache[arch]
+
+    return get
+
+
+def spec_engine(path: str, config: str = "default", **extra) -> Engine:
+    return Engine(model=path, device="cpu", dtype="float32", **CONFIGS[config], **NGRAM, **extra)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_ngram_greedy_equals_plain(models, arch, config):
+    path, prompts, ref = models(arch)
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True}
+    with spec_engine(path, config) as engine:
+        assert not engine.core.overlap
+        for run in range(2):
+            outs = engine.generate(input_ids=prompts, sampling_params=params)
+            for i, (out, want) in enumerate(zip(outs, ref, strict=True)):
+                assert out["output_ids"] == want, f"{arch}/{config} run {run} prompt {i}"
+                assert out["meta_info"]["completion_tokens"] == MAX_NEW
+            assert_no_kv_leak(engine, flush=False)
+        stats = engine.get_stats()
+        assert stats.spec_num_drafts > 0 and stats.spec_num_accepted_tokens > 0, stats
+        assert stats.spec_num_accepted_tokens <= stats.spec_num_draft_tokens
+        assert stats.spec_mean_acceptance_length > 1.0
+        if config == "preemption":
+            assert stats.num_preemptions > 0
+        assert_no_kv_leak(engine)
+
+
+def test_stops_inside_an_accepted_run_and_streaming(models):
+    """A stop token or max_new_tokens inside a run ends the request there: later tokens are never shown.
+    Streamed chunks add up to the non-streamed answer, and a verify step's tokens arrive together."""
+    path, prompts, ref = models("llama")
+    free = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True}
+    params, expected = [], []
+    for i, out in enumerate(ref):
+        stop = out[min(2 + i, len(out) - 1)]
+        params.append({**free, "stop_token_ids": [stop]})
+        expected.append(out[: out.index(stop) + 1])
+    params[0] = {**free, "max_new_tokens": 5}
+    expected[0] = ref[0][:5]
+    with spec_engine(path) as engine:
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        assert [o["output_ids"] for o in outs] == expected
+        chunks: dict[int, list[list[int]]] = defaultdict(list)
+        for upd in engine.generate(input_ids=prompts, sampling_params=free, stream=True):
+            chunks[upd["index"]].append(upd["output_ids"])
+        for i, cs in chunks.items():
+            assert [t for c in cs for t in c] == ref[i]
+        assert any(len(c) > 1 for cs in chunks.values() for c in cs), "no step emitted several tokens"
+        assert_no_kv_leak(engine)
+
+
+def test_seeded_sampling_and_n(models):
+    """Seeded sampling with drafts is reproducible; n > 1 gives n answers; penalties and logprobs run."""
+    path, prompts, _ = models("qwen3")
+    params = {
+        "max_new_tokens": 12,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "seed": 3,
+        "ignore_eos": True,
+        "repetition_penalty": 1.1,
+        "logprobs": True,
+    }
+    with spec_engine(path) as engine:
+        a = engine.generate(input_ids=prompts, sampling_params=params)
+        b = engine.generate(input_ids=prompts, sampling_params=params)
+        assert [o["output_ids"] for o in a] == [o["output_ids"] for o in b]
+        many = engine.generate(input_ids=prompts[3], sampling_params={**params, "n": 3, "seed": None})
+        assert len(many) == 3 and all(len(o["output_ids"]) == 12 for o in many)
+        assert_no_kv_leak(engine)
+
+
+def test_abort_mid_speculation_leaks_nothing(models):
+    path, prompts, _ = models("llama")
+    with spec_engine(path, "preemption") as engine:
+        core = engine.core
+        sampling = {"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+        for i, p in enumerate(prompts):
+            core.add_request(GenerateRequest(f"r{i}", p, sampling, stream=True))
+        finished = set()
+        for step in range(400):
+            for o in core.step():
+                if o.finished:
+                    finished.add(o.rid)
+            if step == 6:
+                assert core.spec_stats.num_drafts > 0, "drafts were expected by now"
+                for rid in ("r0", "r2", "r4"):
+                    core.abort_request(rid)
+            if not core.has_unfinished():
+                break
+        assert finished == {f"r{i}" for i in range(len(prompts))}
+        assert_no_kv_leak(engine)

@@ -1,0 +1,129 @@
+"""Verify forward results -> the tokens each drafted request emits (`VerifiedRun`).
+
+A drafted item's forward computed its last known token and k drafts, so the model returned k+1 logit rows:
+row j is the target's next-token distribution after the drafts before j. Each row is read as the sampler
+would read a request whose tokens already include those drafts (penalties count them, min_new_tokens counts
+them as outputs), so `target_probs` gives exactly the distribution plain decoding would sample from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tokenspeed.runtime.layers.sampling.logit_adjust import read_logprobs
+from tokenspeed.runtime.scheduler.batch import ScheduledRequest, VerifiedRun
+from tokenspeed.runtime.scheduler.request import Request
+from tokenspeed.runtime.speculative.rejection import greedy_verify, is_greedy, rejection_sample, target_probs
+
+
+@dataclass(frozen=True)
+class DraftedRow:
+    """A request as the sampler sees it at draft position j: its tokens followed by the first j drafts."""
+
+    req: Request
+    drafts: tuple[int, ...]
+    num_output_tokens: int
+
+    @property
+    def sampling(self):
+        return self.req.sampling
+
+    @property
+    def generator(self):
+        return self.req.generator
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [*self.req.token_ids, *self.drafts]
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.req.eos_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.req.num_prompt_tokens
+
+
+def logit_row_spans(items: Sequence[ScheduledRequest]) -> list[tuple[int, int]]:
+    """Per item, its rows [a, b) of the step's logits: one per draft plus one (the runner's layout)."""
+    spans, start = [], 0
+    for it in items:
+        spans.append((start, start + len(it.draft_ids) + 1))
+        start += len(it.draft_ids) + 1
+    return spans
+
+
+def drafted_rows(item: ScheduledRequest) -> list[DraftedRow]:
+    d = tuple(item.draft_ids)
+    return [DraftedRow(item.req, d[:j], item.output_index + j) for j in range(len(d) + 1)]
+
+
+def verify(
+    logits: torch.Tensor,
+    items: Sequence[ScheduledRequest],
+    greedy_backend: bool = False,
+    nan_detection: bool = False,
+) -> list[VerifiedRun | None]:
+    """logits: [sum(k_i + 1), V], the rows of `items` (all drafted) in order. None marks an item whose
+    logits held NaN (with --enable-nan-detection; the caller aborts it)."""
+    rows = [r for it in items for r in drafted_rows(it)]
+    nan_rows = torch.isnan(logits).any(dim=-1).tolist() if nan_detection else None
+    if nan_rows is not None and any(nan_rows):
+        logits = torch.nan_to_num(logits, nan=0.0)
+    probs, adjusted = target_probs(logits, rows, greedy_backend)
+    argmax = probs.argmax(dim=-1).tolist()  # a greedy row's one-hot peak
+    runs: list[VerifiedRun | None] = []
+    tokens_at: list[int] = []  # for logprobs: per emitted token, its row and id
+    rows_at: list[int] = []
+    start = 0
+    for it in items:
+        k = len(it.draft_ids)
+        end = start + k + 1
+        if nan_rows is not None and any(nan_rows[start:end]):
+            runs.append(None)
+            start = end
+            continue
+        if is_greedy(it.req, greedy_backend):
+            tokens = greedy_verify(argmax[start:end], it.draft_ids)
+        else:
+            tokens = rejection_sample(probs[start:end], it.draft_ids, None, it.req.generator)
+        runs.append(VerifiedRun(tokens=tokens, num_drafted=k))
+        if it.req.sampling.logprobs:
+            rows_at.extend(range(start, start + len(tokens)))
+            tokens_at.extend(tokens)
+        start = end
+    if rows_at:
+        _attach_logprobs(runs, items, adjusted, rows_at, tokens_at)
+    return runs
+
+
+def _attach_logprobs(
+    runs: list[VerifiedRun | None],
+    items: Sequence[ScheduledRequest],
+    adjusted: torch.Tensor,
+    rows_at: list[int],
+    tokens_at: list[int],
+) -> None:
+    dev = adjusted.device
+    top = max(it.req.sampling.top_logprobs for it in items if it.req.sampling.logprobs)
+    chosen, top_ids, top_lps = read_logprobs(
+        adjusted[torch.tensor(rows_at, device=dev)], torch.tensor(tokens_at, device=dev), top
+    )
+    chosen = chosen.tolist()
+    top_ids = top_ids.tolist() if top_ids is not None else None
+    top_lps = top_lps.tolist() if top_lps is not None else None
+    pos = 0
+    for it, run in zip(items, runs, strict=True):
+        if run is None or not it.req.sampling.logprobs:
+            continue
+        n = len(run.tokens)
+        run.logprobs = chosen[pos : pos + n]
+        if top_ids is not None:
+            run.top_logprobs = [
+                list(zip(top_ids[pos + j], top_lps[pos + j], strict=True)) for j in range(n)
+            ]
+        pos += n
