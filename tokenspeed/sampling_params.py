@@ -25,7 +25,16 @@ _FLOAT_FIELDS = (
     "frequency_penalty",
     "presence_penalty",
 )
-_INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "n", "top_logprobs")
+_INT_FIELDS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "top_k",
+    "seed",
+    "n",
+    "top_logprobs",
+    "prompt_logprobs",
+    "logprob_start_len",
+)
 _BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "logprobs")
 # OpenAI clamps logit_bias to this range; chat top_logprobs and completions logprobs=N go up to 20.
 LOGIT_BIAS_LIMIT = 100.0
@@ -54,6 +63,11 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per output token (with logprobs), most likely first
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, within +-100
+    # Prompt logprobs (vLLM's prompt_logprobs, SGLang's input logprobs): None computes none; N the logprob
+    # and rank of each prompt token from `logprob_start_len` on (the first token has none), with the N most
+    # likely tokens at its position. Read from the model's raw logits, as vLLM does.
+    prompt_logprobs: int | None = None
+    logprob_start_len: int = 0
     json_schema: str | None = None  # a JSON schema (text) the output must match
     regex: str | None = None
     ebnf: str | None = None
@@ -115,6 +129,12 @@ class SamplingParams:
             raise ValueError(
                 f"top_logprobs must be between 0 and {TOP_LOGPROBS_MAX}, got {self.top_logprobs}"
             )
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= TOP_LOGPROBS_MAX:
+            raise ValueError(
+                f"prompt_logprobs must be between 0 and {TOP_LOGPROBS_MAX}, got {self.prompt_logprobs}"
+            )
+        if self.logprob_start_len < 0:
+            raise ValueError(f"logprob_start_len must be >= 0, got {self.logprob_start_len}")
         self._verify_constraints()
 
     def _verify_constraints(self) -> None:
@@ -152,7 +172,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a finite number, got {value}")
         for name in _INT_FIELDS:
             value = getattr(self, name)
-            if value is None and name in ("max_new_tokens", "seed"):
+            if value is None and name in ("max_new_tokens", "seed", "prompt_logprobs"):
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise ValueError(f"{name} must be an integer, got {value!r}")

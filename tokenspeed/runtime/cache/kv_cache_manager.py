@@ -53,8 +53,7 @@ class KVCacheManager:
         """Give a waiting request a table row and its cached prefix. False when no row is free."""
         if not self.table.can_allocate():
             return False
-        # The last token is always computed, so that the step that computes it yields logits.
-        match = self.prefix_cache.match_prefix(req.token_ids[: req.num_tokens - 1])
+        match = self.prefix_cache.match_prefix(req.token_ids[: req.prefix_match_limit()])
         self.prefix_cache.lock(match.node)
         req.row = self.table.allocate()
         req.pages = list(match.pages)

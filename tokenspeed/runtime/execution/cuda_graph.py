@@ -207,7 +207,13 @@ class CudaGraphRunner:
         return size if (self.pad or size == bs) else None
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.is_decode_only and self.padded_size(fb.batch_size) is not None
+        # a batch keeping extra logits rows (prompt logprobs) is never decode-only; checked all the same,
+        # since a graph returns one row per request
+        return (
+            fb.is_decode_only
+            and fb.logits_indices.shape[0] == fb.batch_size
+            and self.padded_size(fb.batch_size) is not None
+        )
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         bs = fb.batch_size

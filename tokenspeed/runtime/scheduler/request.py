@@ -56,6 +56,10 @@ class Request:
     error: str | None = None
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # With sampling.prompt_logprobs: per prompt token, [logprob, rank, [[id, logprob], ...]] once its
+    # position's logits were computed (None before, and for the first token and those before
+    # logprob_start_len). Indexed by position, so a chunk computed again after preemption rewrites it alike.
+    prompt_logprobs: list[list | None] | None = field(init=False, default=None)
     num_emitted_tokens: int = 0  # outputs already sent to the front end
     num_preemptions: int = 0
     num_pending_tokens: int = 0  # sampled by launched batches, not yet on the host
@@ -74,6 +78,30 @@ class Request:
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)
+        if self.sampling.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * len(self.prompt_ids)
+
+    @property
+    def prompt_logprobs_from(self) -> int:
+        """The first prompt token whose logprob is returned (the first token has none to return)."""
+        return max(1, self.sampling.logprob_start_len)
+
+    def first_missing_prompt_logprob(self) -> int | None:
+        """The first prompt token still without the logprob it asked for, or None."""
+        if self.prompt_logprobs is None:
+            return None
+        for t in range(self.prompt_logprobs_from, len(self.prompt_ids)):
+            if self.prompt_logprobs[t] is None:
+                return t
+        return None
+
+    def prefix_match_limit(self) -> int:
+        """How many leading tokens may come from the prefix cache. Never the last (the step computing it
+        yields the logits to sample from), nor, while a prompt logprob is missing, the position before
+        that token: a cached position has no logits (vLLM skips the cache hit for such requests too)."""
+        limit = self.num_tokens - 1
+        missing = self.first_missing_prompt_logprob()
+        return limit if missing is None else min(limit, missing - 1)
 
     @property
     def num_prompt_tokens(self) -> int:
