@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenspeed.runtime.engine.io_struct import StatsSnapshot
+from tokenspeed.runtime.metrics.spec_metrics import SpecDecodeMetrics
 from tokenspeed.runtime.moe.expert_metrics import ExpertMetrics
 
 PREFIX = "tokenspeed:"
@@ -182,6 +183,7 @@ class ServerMetrics:
         )
         # MoE expert load and EPLB (series appear once a MoE scheduler reports them)
         self.experts = ExpertMetrics(self.registry, labels)
+        self.spec = SpecDecodeMetrics(self.registry, labels)
 
     def _labels(self, dp_rank: int) -> dict[str, str]:
         out = {"model_name": self.model_name, "dp_rank": str(dp_rank)}
@@ -202,6 +204,7 @@ class ServerMetrics:
                        self.prefill_time, self.decode_time, self.inference_time, self.request_prompt_tokens,
                        self.request_generation_tokens):  # fmt: skip
             metric.labels(**labels)
+        self.spec.init_rank(labels)
         self._last.setdefault(dp_rank, _Cumulative())
 
     def observe_stats(self, snap: StatsSnapshot) -> None:
@@ -230,6 +233,7 @@ class ServerMetrics:
         # iteration_tokens holds one entry per step since the last snapshot
         self.scheduler_steps.labels(**labels).inc(len(snap.iteration_tokens))
         self.experts.observe(snap, labels)
+        self.spec.observe(snap, labels)
 
     def on_request_received(self, dp_rank: int = 0) -> None:
         self.num_requests.labels(**self._labels(dp_rank)).inc()

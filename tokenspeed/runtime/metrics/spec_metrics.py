@@ -1,0 +1,64 @@
+"""Speculative-decoding metrics (vLLM's names under the tokenspeed: prefix), fed by StatsSnapshot.
+
+    spec_decode_num_drafts            verify forwards of a request that carried drafts
+    spec_decode_num_draft_tokens      drafted tokens verified
+    spec_decode_num_accepted_tokens   drafted tokens accepted
+    spec_decode_acceptance_length     histogram of tokens emitted per verification (accepted + 1)
+
+Mean acceptance length = 1 + accepted / drafts; the console computes it from the two counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from tokenspeed.runtime.engine.io_struct import StatsSnapshot
+
+PREFIX = "tokenspeed:"
+_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+
+
+@dataclass
+class _Last:
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+
+
+class SpecDecodeMetrics:
+    def __init__(self, registry: CollectorRegistry, labels: list[str]):
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=registry)
+
+        self.counters = {
+            "spec_num_drafts": counter("spec_decode_num_drafts", "Verify forwards of requests with drafts."),
+            "spec_num_draft_tokens": counter("spec_decode_num_draft_tokens", "Drafted tokens verified."),
+            "spec_num_accepted_tokens": counter(
+                "spec_decode_num_accepted_tokens", "Drafted tokens accepted by verification."
+            ),
+        }
+        self.acceptance_length = Histogram(
+            PREFIX + "spec_decode_acceptance_length",
+            "Tokens emitted per verification of a drafted request (accepted drafts + 1).",
+            labels,
+            buckets=_LENGTH_BUCKETS,
+            registry=registry,
+        )
+        self._last: dict[int, _Last] = {}
+
+    def init_rank(self, labels: dict[str, str]) -> None:
+        for metric in (*self.counters.values(), self.acceptance_length):
+            metric.labels(**labels)
+
+    def observe(self, snap: StatsSnapshot, labels: dict[str, str]) -> None:
+        last = self._last.setdefault(snap.dp_rank, _Last())
+        for name, counter in self.counters.items():
+            value = getattr(snap, name)
+            delta = value - getattr(last, name)
+            counter.labels(**labels).inc(delta if delta >= 0 else value)
+            setattr(last, name, value)
+        hist = self.acceptance_length.labels(**labels)
+        for n in snap.spec_acceptance_lengths:
+            hist.observe(n)
