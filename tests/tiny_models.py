@@ -174,6 +174,8 @@ class PagedHarness:
         num_pages: int = 64,
         block_size: int = 16,
         max_reqs: int = 16,
+        kv_dtype: torch.dtype | None = None,
+        kv_scales: tuple[list[float], list[float]] | None = None,
     ):
         from tokenspeed.runtime.cache.kv_pool import KVPool, KVPoolSpec
         from tokenspeed.runtime.layers.attention import create_attention_backend
@@ -184,10 +186,10 @@ class PagedHarness:
             model_config.num_layers,
             model_config.num_kv_heads,
             model_config.head_dim,
-            model_config.dtype,
+            kv_dtype or model_config.dtype,
             block_size,
         )
-        self.pool = KVPool(spec, num_pages, self.device)
+        self.pool = KVPool(spec, num_pages, self.device, kv_scales)
         self.req_to_token = torch.zeros(
             max_reqs, model_config.max_model_len, dtype=torch.int32, device=self.device
         )

@@ -43,6 +43,9 @@ class RunnerConfig:
     max_total_tokens: int | None
     cpu_kv_cache_memory_gb: float
     gpu_memory_utilization: float
+    # KV cache storage: "auto" (the model's dtype) or "fp8_e4m3", and a file of FP8 KV scales
+    kv_cache_dtype: str = "auto"
+    quantization_param_path: str | None = None
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> RunnerConfig:
@@ -64,6 +67,8 @@ class RunnerConfig:
             max_total_tokens=args.max_total_tokens,
             cpu_kv_cache_memory_gb=args.cpu_kv_cache_memory_gb,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_cache_dtype=args.kv_cache_dtype,
+            quantization_param_path=args.quantization_param_path,
         )
 
 

@@ -90,17 +90,14 @@ SUPPORT: dict[str, Support] = {
     "load_format": _impl("engine/test_loader.py", LOAD_FORMATS_IMPLEMENTED),
     "trust_remote_code": _impl("server/test_tokenizer.py"),
     "dtype": _impl("engine/test_loader.py"),
-    "kv_cache_dtype": Support(
-        IMPLEMENTED, "unit/test_support_table.py", values=("auto",)
-    ),  # the KV pool is kept in the model dtype
-    "kv_cache_quant_method": Support(IMPLEMENTED, "unit/test_support_table.py", values=("none",)),
-    "quantization": _refused(
-        "quantized checkpoints (fp8, mxfp4, nvfp4, w8a8_fp8, compressed-tensors) are not implemented",
-        "serve an unquantized (BF16/FP16/FP32) checkpoint",
-    ),
-    "quantization_param_path": _refused(
-        "KV cache scales are not used: the KV cache is never quantized", "drop --quantization-param-path"
-    ),
+    # FP8 e4m3 KV pool with per-tensor K/V scales ("fp8" resolves to "fp8_e4m3")
+    "kv_cache_dtype": _impl("engine/test_fp8_kv_cache.py", ("auto", "fp8", "fp8_e4m3")),
+    # per_token_head (a scale per token and head, computed at write time) is not built: per-tensor scales
+    "kv_cache_quant_method": _impl("engine/test_fp8_kv_cache.py", ("none",)),
+    # FP8 checkpoints are detected from config.json; fp8 also quantizes an unquantized checkpoint at load.
+    # mxfp4, nvfp4 and w8a8_fp8 checkpoints have no loader here.
+    "quantization": _impl("engine/test_fp8_weights.py", (None, "fp8", "compressed-tensors")),
+    "quantization_param_path": _impl("engine/test_fp8_kv_cache.py"),
     "max_model_len": _impl("engine/test_engine_api.py"),
     "device": _impl("server/test_serve_cli.py"),
     "served_model_name": _impl("server/test_native_api.py"),

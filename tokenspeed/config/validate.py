@@ -6,6 +6,7 @@ Every error is a ``ValueError`` that names the flag and what would fix it.
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING
 
 from tokenspeed.config.flags import CHOICES_CHECKED_ELSEWHERE, FIELD_CHOICES
@@ -96,6 +97,20 @@ def check_inputs(args: ServerArgs) -> None:
     for name in _JSON_OBJECT_FIELDS:
         _check_json_object(name, vars(args)[name])
     _check_preferred_sampling_params(args.preferred_sampling_params)
+    _check_kv_scales_file(args)
+
+
+def _check_kv_scales_file(args: ServerArgs) -> None:
+    path = args.quantization_param_path
+    if path is None:
+        return
+    if args.kv_cache_dtype == "auto":
+        raise ValueError(
+            f"--quantization-param-path {path} gives FP8 KV cache scales, which a KV cache in the model's "
+            "dtype does not use; add --kv-cache-dtype fp8_e4m3 or drop --quantization-param-path"
+        )
+    if not os.path.isfile(path):
+        raise ValueError(f"--quantization-param-path {path}: no such file (a JSON file of KV cache scales)")
 
 
 def _check_json_object(name: str, text: str | None) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tokenspeed.config.slices import GraphConfig, RunnerConfig
-from tokenspeed.runtime.cache.kv_pool import KVPool, KVPoolSpec
+from tokenspeed.runtime.cache.kv_pool import KVPool, KVPoolSpec, kv_storage_dtype
 from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.execution.forward_batch import ForwardBatch
@@ -31,6 +31,7 @@ from tokenspeed.runtime.layers.attention.default_backend import default_attentio
 from tokenspeed.runtime.layers.moe.backend import apply_moe_backend
 from tokenspeed.runtime.layers.sampling import create_sampler
 from tokenspeed.runtime.models.model_config import ModelConfig
+from tokenspeed.runtime.models.quant_tensors import pool_kv_scales
 from tokenspeed.runtime.parallel.experts import ExpertController, NoExperts
 from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest, VerifiedRun
@@ -132,7 +133,7 @@ class ModelRunner:
             num_layers=model_config.num_layers,
             num_kv_heads=kv_config.num_kv_heads,
             head_dim=model_config.head_dim,
-            dtype=model_config.dtype,
+            dtype=kv_storage_dtype(config.kv_cache_dtype, model_config.dtype),
             block_size=bs,
         )
         # Allocated before the pool is sized, so the free memory measured already excludes it.
@@ -146,7 +147,13 @@ class ModelRunner:
             num_pages = plan_num_pages(config, self.spec, device, model_config.max_model_len)
         num_pages = self.peers.agree_num_pages(num_pages)
         kv_started = time.monotonic()
-        self.kv_pool = KVPool(self.spec, num_pages, device)
+        kv_scales = pool_kv_scales(
+            config.kv_cache_dtype != "auto",
+            config.quantization_param_path,
+            getattr(self.model, "kv_scales", None),
+            model_config.num_layers,
+        )
+        self.kv_pool = KVPool(self.spec, num_pages, device, kv_scales)
         logger.info(
             "KV cache: %d pages of %d tokens (%.1f MiB), allocated in %.1f s",
             num_pages - 1,

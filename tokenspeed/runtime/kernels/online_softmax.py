@@ -52,9 +52,11 @@ def attend_keys(
         nmask = offs_n < hi
         loc = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0).to(tl.int64)
         kv_mask = nmask[:, None] & dmask[None, :]
+        # An FP8 cache is read in q's dtype; its per-tensor scales are folded in by the caller
+        # (K's into sm_scale, V's into the output). A no-op for a cache in q's dtype.
         k = tl.load(
             K_buf + loc[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
+        ).to(q.dtype)
         if IEEE:
             qk = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -71,7 +73,7 @@ def attend_keys(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(
             V_buf + loc[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
+        ).to(q.dtype)
         if FP32_PV:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         elif IEEE:

@@ -14,12 +14,15 @@ scale for K and V of a layer), read by `read_kv_scales_file`.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 _KV_SCALE = re.compile(r"(?:^|\.)layers\.(\d+)\..*\b([kv])_scale$")
 
@@ -87,3 +90,20 @@ def read_kv_scales_file(path: str, num_layers: int, tp_rank: int = 0) -> KVScale
             raise ValueError(f"{flag}: the scale of layer {i} must be a positive number, got {value!r}")
         scales.k[i] = scales.v[i] = float(value)
     return scales
+
+
+def pool_kv_scales(
+    quantized: bool, param_path: str | None, checkpoint: KVScales | None, num_layers: int
+) -> tuple[list[float], list[float]] | None:
+    """The (k, v) scales per layer an FP8 KV pool uses: `--quantization-param-path` when given, else the
+    checkpoint's, else 1.0 (logged, since unit scales can cost accuracy on models with large K/V)."""
+    if not quantized:
+        return None
+    scales = read_kv_scales_file(param_path, num_layers) if param_path else checkpoint
+    if not scales:
+        logger.info("KV cache: FP8 e4m3 with K/V scales 1.0 (no k_scale/v_scale in the checkpoint)")
+        return [1.0] * num_layers, [1.0] * num_layers
+    k, v = scales.per_layer(num_layers)
+    logger.info("KV cache: FP8 e4m3 with per-layer K/V scales from %s (K %.4g..%.4g, V %.4g..%.4g)",
+                scales.source, min(k), max(k), min(v), max(v))  # fmt: skip
+    return k, v

@@ -95,7 +95,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             raise ValueError("--attention-backend flashinfer needs a CUDA GPU; use --attention-backend torch")
         if kv_pool is None:
             raise ValueError("the flashinfer backend needs the KV pool")
-        if kv_pool.spec.dtype not in (torch.float16, torch.bfloat16):
+        if kv_pool.spec.dtype not in (torch.float16, torch.bfloat16) and not kv_pool.quantized:
             raise ValueError(
                 f"--attention-backend flashinfer supports bfloat16/float16 KV caches, not {kv_pool.spec.dtype}; "
                 "use --dtype bfloat16 or --attention-backend triton"
@@ -106,7 +106,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.page_size = spec.block_size
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
-        self.dtype = spec.dtype
+        # q in the model's dtype; an FP8 pool (not yet run on a GPU) is planned with kv_data_type float8
+        # and read with its per-tensor k_scale / v_scale.
+        self.kv_dtype = spec.dtype
+        self.dtype = getattr(model_config, "dtype", spec.dtype) if kv_pool.quantized else spec.dtype
         self.num_heads = _num_q_heads(model_config)
         self.sm_scale = 1.0 / math.sqrt(self.head_dim)
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
@@ -186,7 +189,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             self.head_dim,
             self.page_size,
             q_data_type=self.dtype,
-            kv_data_type=self.dtype,
+            kv_data_type=self.kv_dtype,
             sm_scale=self.sm_scale,
         )
 
@@ -203,12 +206,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         ext = fb.extend_lens_cpu or fb.extend_lens.tolist()
         seq = fb.seq_lens_cpu or fb.seq_lens.tolist()
         qo_indptr = torch.tensor(_cumsum(ext), dtype=torch.int32)
-        common = dict(causal=True, sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.dtype)
+        common = dict(causal=True, sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.kv_dtype)
         if all(s == e for s, e in zip(seq, ext, strict=True)):
             # Fresh prompts only: each attends over its own new tokens, which are the layer's k/v.
+            # (the new k/v are passed as computed, in q's dtype, whatever the pool stores)
             self.ragged_wrapper.plan(
-                qo_indptr, qo_indptr, num_heads, self.num_kv_heads, self.head_dim, **common
-            )
+                qo_indptr, qo_indptr, num_heads, self.num_kv_heads, self.head_dim,
+                **dict(common, kv_data_type=self.dtype),
+            )  # fmt: skip
             self.plan = _Plan(self.ragged_wrapper, RAGGED)
             return
         table = self._page_table(fb)
@@ -270,7 +275,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         kv_stored: bool = False,
     ) -> torch.Tensor:
         pool = fb.kv_pool
-        if not kv_stored:
+        if pool.quantized and not kv_stored:
+            pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        elif not kv_stored:
             k_buf, v_buf = pool.get_kv(layer_id)
             store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
         if q.dtype != self.dtype:
@@ -283,4 +290,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         plan = self.plan
         if plan.kind == RAGGED:
             return plan.wrapper.run(q, k.to(self.dtype).contiguous(), v.to(self.dtype).contiguous())
+        if pool.quantized:
+            scales = dict(k_scale=pool.k_scales[layer_id], v_scale=pool.v_scales[layer_id])
+            return plan.wrapper.run(q, pool.paged_view(layer_id), **scales)
         return plan.wrapper.run(q, pool.paged_view(layer_id))

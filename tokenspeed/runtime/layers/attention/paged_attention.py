@@ -46,7 +46,9 @@ class PagedAttention(nn.Module):
         backend = fb.attn_backend
         kv_stored = False
         if cos_sin is not None:
-            if q.is_cuda and getattr(backend, "supports_fused_rope_store", False):
+            # An FP8 pool is written by its own quantizing store (`KVPool.set_kv`), not the fused kernel.
+            fused = getattr(backend, "supports_fused_rope_store", False) and not fb.kv_pool.quantized
+            if q.is_cuda and fused:
                 from tokenspeed.runtime.kernels.rope_store import rope_store_kv
 
                 k_buf, v_buf = fb.kv_pool.get_kv(self.layer_id)

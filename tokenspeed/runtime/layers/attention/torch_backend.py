@@ -92,16 +92,17 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         if md.decode_tokens is not None:
             qd = q[md.decode_tokens].unsqueeze(2)  # [Bd, H, 1, D]
-            kd = k_buf[md.decode_slots].transpose(1, 2).to(q.dtype)  # [Bd, KV, S, D]
-            vd = v_buf[md.decode_slots].transpose(1, 2).to(q.dtype)
+            ks, vs = pool.k_scales[layer_id], pool.v_scales[layer_id]
+            kd = pool.dequant(k_buf[md.decode_slots], ks, q.dtype).transpose(1, 2)  # [Bd, KV, S, D]
+            vd = pool.dequant(v_buf[md.decode_slots], vs, q.dtype).transpose(1, 2)
             o = F.scaled_dot_product_attention(
                 qd, kd, vd, attn_mask=md.decode_mask, scale=scaling, enable_gqa=True
             )
             out[md.decode_tokens] = o.squeeze(2)
         for e in md.extends:
             qe = q[e.start : e.start + e.length].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
-            ke = k_buf[e.slots].transpose(0, 1).unsqueeze(0).to(q.dtype)  # [1, KV, S, D]
-            ve = v_buf[e.slots].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            ke = pool.dequant(k_buf[e.slots], pool.k_scales[layer_id], q.dtype).transpose(0, 1)[None]
+            ve = pool.dequant(v_buf[e.slots], pool.v_scales[layer_id], q.dtype).transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=e.mask, scale=scaling, enable_gqa=True)
             out[e.start : e.start + e.length] = o.squeeze(0).transpose(0, 1)
         return out

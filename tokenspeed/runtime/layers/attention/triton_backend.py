@@ -116,12 +116,19 @@ class TritonAttentionBackend(AttentionBackend):
         scaling: float,
         kv_stored: bool = False,
     ) -> torch.Tensor:
-        k_buf, v_buf = fb.kv_pool.get_kv(layer_id)
-        if not kv_stored:
+        pool = fb.kv_pool
+        k_buf, v_buf = pool.get_kv(layer_id)
+        if pool.quantized:
+            # FP8 cache (not yet run on a GPU): quantizing store, the kernels read FP8 in q's dtype, the
+            # per-tensor K scale folds into the softmax scale and the V scale into the output.
+            if not kv_stored:
+                pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+            scaling = scaling * pool.k_scales[layer_id]
+        elif not kv_stored:
             store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
         if q.stride(-1) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
-        if q.dtype != k_buf.dtype:
+        if q.dtype != k_buf.dtype and not pool.quantized:
             q = q.to(k_buf.dtype)
         out = torch.empty_like(q)
         md = self.metadata
@@ -157,4 +164,6 @@ class TritonAttentionBackend(AttentionBackend):
                 scaling,
                 self.reduce_in_fp32,
             )
+        if pool.quantized and pool.v_scales[layer_id] != 1.0:
+            out.mul_(pool.v_scales[layer_id])
         return out
