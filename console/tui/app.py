@@ -26,6 +26,7 @@ from console.tui.screens.modals import ConfirmScreen, HelpScreen, LeaveScreen
 from console.tui.screens.profile import ProfileScreen
 from console.tui.screens.server import ServerScreen
 from console.tui.source import DataSource, SourceError
+from console.tui.widgets.scrollbar import use_whole_cell_scrollbars
 
 SCREEN_ORDER = ("fleet", "server", "experts", "logs", "profile", "gpus")
 
@@ -87,6 +88,7 @@ class ConsoleApp(App):
         state_dir: str | None = None,
     ) -> None:
         super().__init__()
+        use_whole_cell_scrollbars()  # no eighth-block glyphs beside log and ServerArgs lines
         self.state_dir = state_dir
         self.source = source
         self.readonly = readonly or source.readonly

@@ -10,7 +10,16 @@ from console.tui.live_source import LiveSource
 from console.tui.screens.modals import HelpScreen
 from console.tui.screens.server import PLOTS
 from console.tui.widgets.plot import MetricPlot
-from tests.console.tui_pilot import log_lines, row_order, status, table_rows, text_of, wait_for
+from tests.console.tui_pilot import (
+    EIGHTH_BLOCKS,
+    log_lines,
+    row_order,
+    screen_lines,
+    status,
+    table_rows,
+    text_of,
+    wait_for,
+)
 from tests.console.tui_support import running_fleet
 
 SIZE = (170, 50)
@@ -97,6 +106,23 @@ async def test_enter_opens_the_server_screen_with_history_args_and_mapping(fleet
         assert "world_size: 1" in text_of(app, "#server-mapping")
         await pilot.press("escape")
         assert app.current_mode == "fleet"
+
+
+async def test_server_args_lines_have_no_stray_glyph_at_their_right_edge(fleet):
+    """The ServerArgs table's right edge holds its scrollbar: drawn in whole cells, never a `▁▁` that reads
+    as part of the line beside it (30 lines: the table shows fewer rows than there are arguments)."""
+    app = make_app(fleet)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await pilot.press("2")
+        args = app.screen.query_one("#server-args", DataTable)
+        await wait_for(pilot, lambda: args.row_count > 0, what="server args")
+        await pilot.pause(0.3)
+        assert args.max_scroll_y > 0  # a scrollbar beside the arguments
+        lines = screen_lines(app)
+        # The side panel, right of the history plots (which draw eighth blocks on purpose).
+        side = next(line.index("ServerArgs") for line in lines if "ServerArgs" in line)
+        assert not [line for line in lines if EIGHTH_BLOCKS & set(line[side:])], "\n".join(lines)
 
 
 async def test_experts_screen_draws_the_load_heatmap(fleet):

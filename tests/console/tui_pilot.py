@@ -32,6 +32,17 @@ def status(app: ConsoleApp) -> str:
     return text_of(app, "#status")
 
 
+# What Textual draws at the ends of a scrollbar thumb (and the history plots draw on purpose).
+EIGHTH_BLOCKS = frozenset("▁▂▃▄▅▆▇▉▊▋▌▍▎▏")
+
+
+def screen_lines(app: ConsoleApp) -> list[str]:
+    """The terminal's lines as the screen draws them now (the whole screen, every widget composed)."""
+    console = Console(width=app.size.width, file=io.StringIO(), record=True, color_system=None)
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text().splitlines()
+
+
 def log_lines(app: ConsoleApp) -> list[str]:
     return [strip.text for strip in app.screen.query_one(RichLog).lines]
 

@@ -1,0 +1,42 @@
+"""The log screen's lines as the terminal shows them: nothing drawn beside a line that is not part of it.
+
+Over a recorded fleet (a replay: the same lines on every run, so the scrollbar thumb always lands where it
+did when Textual drew a `▂▂` at the right edge of a log line).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.console.test_tui_snapshots import T0, loaded, replay_app, write_recording
+from tests.console.tui_pilot import EIGHTH_BLOCKS, log_lines, screen_lines, wait_for
+
+LOG_LINES = 500
+
+
+@pytest.fixture(scope="module")
+def long_log_recording(tmp_path_factory):
+    root = tmp_path_factory.mktemp("edges") / "rec"
+    write_recording(root)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T0))
+    lines = [f"{stamp} INFO scheduler: step {i}: batch 3 tokens {40 + i}" for i in range(LOG_LINES)]
+    (root / "logs" / "demo-0.log").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("size", [(200, 55), (80, 24)])
+async def test_log_lines_have_no_stray_glyph_at_their_right_edge(long_log_recording, size):
+    app = replay_app(long_log_recording)
+    async with app.run_test(size=size) as pilot:
+        await loaded(pilot)
+        await pilot.press("4")
+        await wait_for(pilot, lambda: len(log_lines(app)) == LOG_LINES, what="the whole log")
+        await pilot.pause(0.3)
+        lines = screen_lines(app)
+        assert len(lines) == size[1]
+        assert sum("scheduler: step" in line for line in lines) > size[1] // 2  # the log fills the screen
+        # Followed to its end, with a scrollbar beside it; no eighth block anywhere (nothing else draws one).
+        assert any(f"step {LOG_LINES - 1}:" in line for line in lines)
+        assert not [line for line in lines if EIGHTH_BLOCKS & set(line)], "\n".join(lines)
