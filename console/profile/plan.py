@@ -200,12 +200,14 @@ def plan_server(
         _sharded_over(mapping, "moe_ep"),
         int(args.ep_num_redundant_experts or 0),
         ckpt_bytes,
+        layer_bytes=1 if shape.fp8_checkpoint or args.quantization == "fp8" else None,
     ) + mm.rotary_table_bytes(max_len, shape.head_dim)
     block = int(args.block_size)
     table = mm.request_table_bytes(max_num_seqs, max_len, block)
     held = mm.held_back_bytes(sizes, attention, shape.hidden, shape.intermediate, shape.vocab, dtype_bytes)
     heads = mm.kv_heads_per_rank(shape.kv_heads, mapping.attn.tp_size)
-    per_token = mm.kv_bytes_per_token(shape.num_layers, heads, shape.head_dim, dtype_bytes)
+    kv_bytes = mm.kv_dtype_bytes(args.kv_cache_dtype, dtype_bytes)
+    per_token = mm.kv_bytes_per_token(shape.num_layers, heads, shape.head_dim, kv_bytes)
     memory = mm.plan_gpu_memory(
         int(total_mib * MIB), int(free_mib * MIB), util, weights, table, held, per_token, block
     )

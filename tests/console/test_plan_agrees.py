@@ -27,7 +27,7 @@ from console.profile.plan import plan_with_platform, platform_facts
 from tokenspeed.config import memory_model
 from tokenspeed.config.cli import prepare_server_args
 from tokenspeed.config.slices import ExpertPlan, GraphConfig
-from tokenspeed.runtime.cache.kv_pool import KVPoolSpec
+from tokenspeed.runtime.cache.kv_pool import KVPoolSpec, kv_storage_dtype
 from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.distributed.groups import ParallelGroups, RankGroup
 from tokenspeed.runtime.distributed.mapping import GROUP_KINDS
@@ -35,6 +35,7 @@ from tokenspeed.runtime.distributed.tensor_parallel import apply_parallelism, lo
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.execution.kv_sizing import gpu_num_pages
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
+from tokenspeed.runtime.layers.quantization import fp8
 from tokenspeed.runtime.models.loader import build_model
 from tokenspeed.runtime.models.model_config import ModelConfig
 
@@ -66,6 +67,13 @@ CASES = {
         "h200x2-others.json",
         "attn_tp_size = 2\nep_size = 2\nmax_model_len = 16384",
         [0, 1],
+    ),
+    # FP8 weights quantized at load (one byte a weight) and an FP8 KV cache (one byte an element)
+    "llama8b-1xH200-fp8-weights-fp8-kv": (
+        "llama-3.1-8b-config.json",
+        "h200x8-idle.json",
+        'dtype = "bfloat16"\nmax_model_len = 32768\nquantization = "fp8"\nkv_cache_dtype = "fp8_e4m3"',
+        [0],
     ),
     "llama8b-1xL4-small-graphs": ("llama-3.1-8b-config.json", "l4x1-idle.json", "max_model_len = 4096", [0]),
 }
@@ -99,18 +107,24 @@ def server_kv_tokens(argv: list[str], gpu_free: list[tuple[int, int]], facts) ->
     """What `tokenspeed serve argv` sizes its KV pool to on GPUs with (free, total) bytes before start."""
     args = prepare_server_args(argv, platform=facts)
     config = ModelConfig.from_pretrained(
-        args.model, dtype=args.dtype, max_model_len=args.max_model_len, device=args.device
+        args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        device=args.device,
+        quantization=args.quantization,
     )
     groups = _rank0_groups(args.mapping)
     model = build_model(
         config, "meta", lambda m: apply_parallelism(m, groups, ExpertPlan.from_server_args(args))
     )
+    if config.weight_quant is not None:
+        fp8.quantize_model(model)  # what the loader does after reading an unquantized checkpoint
     held_by_model = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     spec = KVPoolSpec(
         num_layers=config.num_layers,
         num_kv_heads=local_kv_heads(config.num_kv_heads, args.mapping.attn_tp_size),
         head_dim=config.head_dim,
-        dtype=config.dtype,
+        dtype=kv_storage_dtype(args.kv_cache_dtype, config.dtype),
         block_size=args.block_size,
     )
     table = ReqToTokenTable(args.max_num_seqs, config.max_model_len, args.block_size, "meta").table
@@ -149,3 +163,17 @@ def test_plan_equals_the_servers_sizing(case, tmp_path):
         assert served["capture_sizes"] == (planned.cudagraph_capture_sizes or None)
         assert planned.weights_gib * (1 << 30) == pytest.approx(served["model_bytes"], rel=0.002)
         assert planned.kv_tokens == pytest.approx(tokens, rel=0.002), (planned.kv_tokens, tokens)
+
+
+def test_fp8_kv_cache_plans_twice_the_tokens(tmp_path):
+    """The same server with --kv-cache-dtype fp8_e4m3: half the bytes a token, twice the KV tokens."""
+    probe = load_probe(DATA / "h200x8-idle.json")
+    tokens = {}
+    for kv in ("auto", "fp8_e4m3"):
+        server = f'dtype = "bfloat16"\nmax_model_len = 32768\nkv_cache_dtype = "{kv}"'
+        (tmp_path / kv).mkdir()
+        resolved = load_and_resolve(_profile(tmp_path / kv, "llama-3.1-8b-config.json", server, [0]))
+        planned = plan_with_platform(resolved, probe).server(resolved.servers[0].name)
+        tokens[kv] = (planned.kv_tokens, planned.kv_bytes_per_token)
+    assert tokens["fp8_e4m3"][1] * 2 == tokens["auto"][1] == 131072  # 32 layers x 8 heads x 128 x K,V
+    assert tokens["fp8_e4m3"][0] == pytest.approx(2 * tokens["auto"][0], rel=1e-4)

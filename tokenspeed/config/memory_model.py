@@ -45,6 +45,11 @@ def compute_dtype_bytes(dtype_flag: str, config_dtype: str, device: str) -> int:
     return 4 if device == "cpu" else 2
 
 
+def kv_dtype_bytes(kv_cache_dtype: str, compute_bytes: int) -> int:
+    """Bytes of a KV cache element: one for an FP8 cache (`--kv-cache-dtype fp8_e4m3`), else the model's."""
+    return 1 if kv_cache_dtype.startswith("fp8") else compute_bytes
+
+
 def kv_heads_per_rank(kv_heads: int, tp_size: int) -> int:
     """KV heads one attention-TP rank stores: split when they divide, else one replicated head."""
     return kv_heads // tp_size if kv_heads >= tp_size else 1

@@ -29,6 +29,8 @@ class ModelShape:
     tie_embeddings: bool
     config_dtype: str  # `torch_dtype` of config.json ("bfloat16", "float32", ...)
     max_position: int
+    # the checkpoint stores its linear layers and experts in FP8 (quantization_config in config.json)
+    fp8_checkpoint: bool = False
 
     @property
     def dtype_bytes(self) -> int:
@@ -69,23 +71,25 @@ class ModelShape:
         moe_ep: int,
         redundant_experts: int = 0,
         checkpoint_bytes: int | None = None,
+        layer_bytes: int | None = None,
     ) -> int:
         """Weights on one GPU: attention and embeddings split by attention TP, dense layers by dense TP,
-        experts by MoE TP x EP (EP ranks hold (experts + redundant) / EP slots each). A checkpoint's real
-        size scales the parameter estimate (it knows about biases and quantised layers)."""
+        experts by MoE TP x EP (EP ranks hold (experts + redundant) / EP slots each). `layer_bytes` (1 for
+        FP8 weights) is the element size of the decoder layers' weights; embeddings keep `dtype_bytes`. A
+        checkpoint's real size scales the estimate (it knows about biases and layers left unquantized)."""
         experts = self.expert_params
         if self.num_experts and (moe_ep > 1 or redundant_experts > 0):  # the server's choice of EP
             experts = experts * (self.num_experts + redundant_experts) // self.num_experts // moe_ep
         else:
             experts = experts // max(moe_tp, 1)
-        params = (
-            (self.attention_params + self.embedding_params) / max(attn_tp, 1)
-            + self.dense_params / max(dense_tp, 1)
-            + experts
+        layers = self.attention_params / max(attn_tp, 1) + self.dense_params / max(dense_tp, 1) + experts
+        per_gpu = (
+            layers * (layer_bytes or dtype_bytes) + self.embedding_params / max(attn_tp, 1) * dtype_bytes
         )
-        per_gpu = params * dtype_bytes
         if checkpoint_bytes:
-            per_gpu *= checkpoint_bytes / (self.total_params * self.dtype_bytes)
+            stored = 1 if self.fp8_checkpoint else self.dtype_bytes
+            layer_params = self.attention_params + self.dense_params + self.expert_params
+            per_gpu *= checkpoint_bytes / (layer_params * stored + self.embedding_params * self.dtype_bytes)
         return int(per_gpu)
 
     def intermediate_per_gpu(self, tp: int) -> int:
@@ -116,4 +120,14 @@ def model_shape(config: dict) -> ModelShape:
         tie_embeddings=bool(text.get("tie_word_embeddings", False)),
         config_dtype=dtype,
         max_position=int(text.get("max_position_embeddings") or 4096),
+        fp8_checkpoint=_is_fp8(config.get("quantization_config") or text.get("quantization_config")),
+    )
+
+
+def _is_fp8(quant_config: dict | None) -> bool:
+    # the methods tokenspeed.config.quantization reads as FP8; the server refuses any other at load
+    return bool(quant_config) and quant_config.get("quant_method") in (
+        "fp8",
+        "compressed-tensors",
+        "modelopt",
     )
