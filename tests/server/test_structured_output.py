@@ -363,10 +363,3 @@ def test_tokenize_and_detokenize(srv):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     bad = httpx.post(f"{srv.url}/tokenize", json={"prompt": "x", "foo": 1}, timeout=30)
     assert bad.status_code == 400 and "foo" in bad.json()["error"]["message"]
-
-
-def test_echo_with_logprobs_is_refused_rather_than_half_answered(client):
-    with pytest.raises(openai.BadRequestError, match="echo with logprobs"):
-        client.completions.create(model="demo", prompt="Hi there", max_tokens=1, echo=True, logprobs=1)
-    r = client.completions.create(model="demo", prompt="Hi there", max_tokens=2, echo=True)
-    assert r.choices[0].text.startswith("Hi there")

@@ -267,6 +267,8 @@ class AsyncLLM:
         req.cached_tokens = max(req.cached_tokens, o.cached_tokens)
         if req.first_scheduled is None:
             req.first_scheduled = o.first_scheduled_time
+        if o.prompt_logprobs is not None:
+            req.prompt_logprobs = o.prompt_logprobs
         if o.new_token_ids:
             k = len(o.new_token_ids)
             if req.first_token is None:

@@ -172,7 +172,7 @@ class EngineCore:
             self._grammars.add(req)  # joins the scheduler once its grammar is compiled
             return
         self.scheduler.add_request(req)
-        if sp.max_new_tokens == 0:
+        if sp.max_new_tokens == 0 and sp.prompt_logprobs is None:  # else it runs to score its prompt
             self.scheduler.abort_request(req.rid, reason="length")
 
     def _admit_compiled(self) -> None:
@@ -232,6 +232,7 @@ class EngineCore:
     def _resolve(self, in_flight: InFlightBatch) -> None:
         batch = in_flight.batch
         result = self.runner.resolve(in_flight.launched)
+        self.scheduler.apply_prompt_results(batch, result.prompt_logprobs)
         # A request that finished since (aborted, or ended by its previous token) drops its result: it is
         # not shown and not counted.
         live = [not it.req.is_finished for it in batch.items]
@@ -281,6 +282,8 @@ class EngineCore:
             error=req.error,
             dp_rank=self.dp_rank,
             first_scheduled_time=req.first_scheduled_time,
+            # with the first output: every prompt position was computed before the first token
+            prompt_logprobs=req.prompt_logprobs if start == 0 else None,
         )
 
     # ---- state --------------------------------------------------------------------------------

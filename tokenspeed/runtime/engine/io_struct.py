@@ -58,6 +58,9 @@ class RequestOutput:
     # Wall-clock time (time.time(), the clock of GenerateRequest.arrival_time) the scheduler first put the
     # request in a batch; kept across preemption. None if it never was (aborted while waiting).
     first_scheduled_time: float | None = None
+    # In the request's first output, with sampling.prompt_logprobs: per prompt token, None or
+    # [logprob, rank, [[token id, logprob], ...] most likely first] (Request.prompt_logprobs)
+    prompt_logprobs: list[list | None] | None = None
 
 
 @dataclass

@@ -57,6 +57,9 @@ class SequenceOutput:
     queue_time: float | None = None  # arrival to first scheduled (s); None until the scheduler reports it
     # per token in token_ids, [token id, logprob] of the most likely tokens (with top_logprobs asked for)
     top_logprobs: list[list[list[float]]] | None = None
+    # in the first output only, with sampling.prompt_logprobs: per prompt token, None (the first) or
+    # [logprob, rank, [[token id, logprob], ...]] (RequestOutput.prompt_logprobs)
+    prompt_logprobs: list[list | None] | None = None
 
     @property
     def error(self) -> str | None:
@@ -76,6 +79,7 @@ class TrackedRequest:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None
     top_logprobs: list[list[list[float]]] | None = None
+    prompt_logprobs: list[list | None] | None = None  # until the output that carries them is taken
     sent_any: bool = False
     finished: bool = False
     finish_reason: str | None = None
@@ -112,7 +116,9 @@ class TrackedRequest:
             failure=self.failure,
             queue_time=self.queue_time,
             top_logprobs=self.top_logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
+        self.prompt_logprobs = None
         self.text, self.ids = [], []
         self.logprobs = [] if self.logprobs is not None else None
         self.top_logprobs = [] if self.top_logprobs is not None else None

@@ -32,6 +32,7 @@ import torch
 from tokenspeed.config.flags import FIELD_ALIASES
 from tokenspeed.config.support_check import no_effect_warning, refuse_unsupported
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput
+from tokenspeed.runtime.entrypoints.openai.logprob_format import input_logprobs
 from tokenspeed.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class _Sequence:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[list[float]]] = field(default_factory=list)  # per token, [id, logprob] pairs
+    prompt_logprobs: list | None = None  # with sampling.prompt_logprobs (RequestOutput.prompt_logprobs)
     text: str = ""
     finished: bool = False
     stop_str: str | None = None
@@ -206,6 +208,8 @@ class Engine:
     def _apply(self, seq: _Sequence, out: RequestOutput) -> tuple[str, list[int]]:
         seq.last = out
         seq.output_ids.extend(out.new_token_ids)
+        if out.prompt_logprobs is not None:
+            seq.prompt_logprobs = out.prompt_logprobs
         if out.new_logprobs:
             seq.logprobs.extend(out.new_logprobs)
         if out.new_top_logprobs:
@@ -241,6 +245,9 @@ class Engine:
                 meta["output_top_logprobs"] = [
                     [(lp, int(t), None) for t, lp in alts] for alts in seq.top_logprobs
                 ]
+        if seq.prompt_logprobs is not None:
+            # SGLang's input_token_logprobs / input_top_logprobs, from logprob_start_len on
+            meta.update(input_logprobs(seq.prompt_ids, seq.prompt_logprobs, seq.sampling.logprob_start_len))
         return meta
 
     def _result(self, seq: _Sequence) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Request: `text` or `input_ids` (one prompt or a batch), `sampling_params` (SamplingParams fields:
 `max_new_tokens`, `temperature`, ...; one dict or one per prompt), `stream`, optional `rid`,
-`return_logprob`. Answer per sequence: `text`, `output_ids`, `meta_info` (`id`, `finish_reason`,
+`return_logprob` (with `top_logprobs_num` alternatives, and `logprob_start_len` >= 0 for the prompt's
+logprobs from that token on: `input_token_logprobs`, `input_top_logprobs`). Answer per sequence: `text`, `output_ids`, `meta_info` (`id`, `finish_reason`,
 `prompt_tokens`, `completion_tokens`, `cached_tokens`, `e2e_latency`, `queue_time` once scheduled). Streaming sends cumulative `text`
 (and cumulative `output_ids`, or only the new ones with `--stream-output`) as server-sent events.
 """
@@ -17,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
+from tokenspeed.runtime.entrypoints.openai.logprob_format import input_logprobs
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
     check_logprobs,
@@ -72,6 +74,8 @@ GENERATE_OPENAPI = {
                         "stream": _BOOL,
                         "rid": {"anyOf": [_STR, {"type": "array", "items": _STR}]},
                         "return_logprob": _BOOL,
+                        "top_logprobs_num": _INT,
+                        "logprob_start_len": _INT,
                     },
                 }
             }
@@ -137,6 +141,16 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
         values["logprobs"] = want_logprobs
         if want_logprobs and body.get("top_logprobs_num"):
             values["top_logprobs"] = body["top_logprobs_num"]
+        start = body.get("logprob_start_len", -1)
+        if want_logprobs and not (isinstance(start, int) and not isinstance(start, bool) and start >= -1):
+            raise bad_request(
+                f"logprob_start_len must be -1 (output logprobs only) or a prompt position, got {start!r}",
+                param="logprob_start_len",
+            )
+        if want_logprobs and start >= 0:
+            # SGLang's input logprobs: the prompt's, from token `start` on
+            values["prompt_logprobs"] = body.get("top_logprobs_num") or 0
+            values["logprob_start_len"] = start
         try:
             p = SamplingParams.from_dict(values)
             p.verify()
@@ -148,11 +162,12 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
     return out
 
 
-# What /generate reads; SGLang's other fields (lora_path, logprob_start_len, return_text_in_logprobs,
-# image_data, custom_logit_processor, ...) are refused by name rather than dropped.
+# What /generate reads; SGLang's other fields (lora_path, return_text_in_logprobs, image_data,
+# custom_logit_processor, ...) are refused by name rather than dropped.
 _BODY_FIELDS = frozenset(
-    {"text", "input_ids", "sampling_params", "stream", "rid", "return_logprob", "top_logprobs_num"}
-)
+    {"text", "input_ids", "sampling_params", "stream", "rid", "return_logprob", "top_logprobs_num",
+     "logprob_start_len"}
+)  # fmt: skip
 
 
 async def generate(state: ServerState, body: dict[str, Any], request: Request) -> Response:
@@ -175,6 +190,7 @@ async def generate(state: ServerState, body: dict[str, Any], request: Request) -
         raise bad_request("rid must be a string or a list of strings", param="rid")
     base_rid = rids if isinstance(rids, str) else new_id("gen")
     gens = []
+    gen_prompts: list[tuple[list[int], int]] = []  # per sequence, its prompt's token ids, logprob_start_len
     try:
         for k, (ids, p) in enumerate(zip(prompts, params, strict=True)):
             rid = (
@@ -184,14 +200,15 @@ async def generate(state: ServerState, body: dict[str, Any], request: Request) -
             )
             n, p.n = p.n, 1
             gens.extend(await start_sequences(state, [ids], p, n, rid, stream))
+            gen_prompts.extend([(ids, p.logprob_start_len)] * n)
     except Exception as exc:
         await closer(gens)()
         raise translate_errors(exc) from exc
     started = time.time()
     if stream:
-        return DisconnectAwareStream(_stream(state, gens, started), closer(gens))
+        return DisconnectAwareStream(_stream(state, gens, gen_prompts, started), closer(gens))
     try:
-        results = await unless_disconnected(request, _collect(gens, started))
+        results = await unless_disconnected(request, _collect(gens, gen_prompts, started))
     finally:
         await closer(gens)()
     if len(results) == 1 and not batched:
@@ -200,7 +217,11 @@ async def generate(state: ServerState, body: dict[str, Any], request: Request) -
 
 
 def _meta(
-    out: SequenceOutput, started: float, logprobs: list[float] | None, tops: list | None = None
+    out: SequenceOutput,
+    started: float,
+    logprobs: list[float] | None,
+    tops: list | None = None,
+    prompt: tuple[list[int], list, int] | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": out.rid,
@@ -218,17 +239,22 @@ def _meta(
     if tops is not None:
         # SGLang's spelling: per output token, [logprob, token id, text (not sent)] most likely first
         meta["output_top_logprobs"] = [[[lp, int(t), None] for t, lp in alts] for alts in tops]
+    if prompt is not None:
+        meta.update(input_logprobs(*prompt))
     return meta
 
 
-async def _collect(gens, started: float) -> list[dict[str, Any]]:
+async def _collect(gens, gen_prompts: list[tuple[list[int], int]], started: float) -> list[dict[str, Any]]:
     n = len(gens)
     texts: list[list[str]] = [[] for _ in range(n)]
     ids: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float] | None] = [None] * n
     tops: list[list | None] = [None] * n
+    prompt: list[tuple[list[int], list, int] | None] = [None] * n
     final: list[Any] = [None] * n
     async for i, out in merge(gens):
+        if out.prompt_logprobs is not None:
+            prompt[i] = (gen_prompts[i][0], out.prompt_logprobs, gen_prompts[i][1])
         texts[i].append(out.text)
         ids[i].extend(out.token_ids)
         if out.logprobs is not None:
@@ -246,22 +272,25 @@ async def _collect(gens, started: float) -> list[dict[str, Any]]:
             {
                 "text": "".join(texts[i]),
                 "output_ids": ids[i],
-                "meta_info": _meta(out, started, lps[i], tops[i]),
+                "meta_info": _meta(out, started, lps[i], tops[i], prompt[i]),
             }
         )
     return results
 
 
-async def _stream(state: ServerState, gens, started: float):
+async def _stream(state: ServerState, gens, gen_prompts: list[tuple[list[int], int]], started: float):
     incremental = state.server_args.stream_output
     n = len(gens)
     texts = [""] * n
     ids: list[list[int]] = [[] for _ in range(n)]
     lps: list[list[float] | None] = [None] * n
+    prompt: list[tuple[list[int], list, int] | None] = [None] * n
     failure = None
     try:
         async for i, out in merge(gens):
             failure = failure or out.failure
+            if out.prompt_logprobs is not None:
+                prompt[i] = (gen_prompts[i][0], out.prompt_logprobs, gen_prompts[i][1])
             texts[i] += out.text
             ids[i].extend(out.token_ids)
             if out.logprobs is not None:
@@ -270,7 +299,7 @@ async def _stream(state: ServerState, gens, started: float):
                 "index": i,
                 "text": texts[i],
                 "output_ids": list(out.token_ids) if incremental else list(ids[i]),
-                "meta_info": _meta(out, started, lps[i]),
+                "meta_info": _meta(out, started, lps[i], prompt=prompt[i]),
             }
             yield sse(body)
     except APIError as exc:

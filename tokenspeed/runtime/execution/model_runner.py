@@ -25,6 +25,14 @@ from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
+from tokenspeed.runtime.execution.prompt_logprobs import (
+    DevicePromptLogprobs,
+    PromptRows,
+    entries_per_item,
+    plan_prompt_rows,
+    row_indices,
+    score_prompt_rows,
+)
 from tokenspeed.runtime.grammar.bitmask import fill_token_bitmask
 from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
@@ -52,6 +60,8 @@ class StepResult:
     errors: list[str | None] | None = None
     # per item, (token id, logprob) of the most likely tokens, for the requests that asked (top_logprobs)
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # item index -> (first scored prompt token, its entries on): prompt logprobs computed this step
+    prompt_logprobs: dict[int, tuple[int, list[list]]] | None = None
     # per item, the tokens a verify forward emitted for a drafted item (speculative decoding), else None
     runs: list[VerifiedRun | None] | None = None
 
@@ -66,6 +76,8 @@ class LaunchedBatch:
     token_ids: torch.Tensor | None = None  # [len(sampled)] int64 on the device
     host: list[torch.Tensor | None] = field(default_factory=list)  # ids, logprobs, NaN rows, top ids, top lps
     copied: Any = None  # torch.cuda.Event recorded after the copies to the host
+    prompt_rows: PromptRows | None = None  # the prompt logprobs this batch computes, if any
+    prompt_host: DevicePromptLogprobs | None = None  # their host copies
     result: StepResult | None = None  # a verify step's tokens, already on the host (it is synchronous)
 
 
@@ -239,14 +251,29 @@ class ModelRunner:
     def launch(self, batch: ScheduledBatch, prev: LaunchedBatch | None = None) -> LaunchedBatch:
         """Queue the forward and sampling of `batch`; `prev` is the launched batch not yet resolved."""
         self.peers.before_forward(batch)  # peers follow this batch
-        logits = self.run(self.prepare(batch, prev))
         items: list[ScheduledRequest] = batch.items
+        fb = self.prepare(batch, prev)
+        # Peers keep only the usual rows: the LM head is replicated, so the extra rows need no collective.
+        prompt_rows = plan_prompt_rows(items)
+        num_rows = fb.logits_indices.shape[0]  # the step's own rows; prompt rows come after them
+        if prompt_rows is not None:
+            extra = row_indices(prompt_rows, self.device)
+            fb = dataclasses.replace(fb, logits_indices=torch.cat([fb.logits_indices, extra]))
+        logits = self.run(fb)
         sampled = [i for i, it in enumerate(items) if it.sample]
         launched = LaunchedBatch(num_items=len(items), sampled=sampled)
+        if prompt_rows is not None:
+            logits, extra_logits = logits[:num_rows], logits[num_rows:]
+            scored = score_prompt_rows(prompt_rows, extra_logits)
+            launched.prompt_rows = prompt_rows
+            launched.prompt_host = DevicePromptLogprobs(
+                *(_to_host(t) for t in (scored.logprobs, scored.ranks, scored.top_ids, scored.top_logprobs))
+            )
         if batch.has_drafts:
             launched.result = self._verify(items, logits)
             launched.sampled = []
         if not launched.sampled:
+            self._record_copies(launched)
             return launched
         rows = logits if len(sampled) == len(items) else logits[torch.tensor(sampled, device=logits.device)]
         # Filled on the host while the device runs the forward queued above; copied without waiting.
@@ -259,20 +286,26 @@ class ModelRunner:
         launched.host = [
             _to_host(t) for t in (out.token_ids, out.logprobs, out.nan_rows, out.top_ids, out.top_logprobs)
         ]
-        if out.token_ids.device.type == "cuda":
+        self._record_copies(launched)
+        return launched
+
+    def _record_copies(self, launched: LaunchedBatch) -> None:
+        if self.device.type == "cuda" and (launched.sampled or launched.prompt_rows is not None):
             launched.copied = torch.cuda.Event()
             launched.copied.record()
-        return launched
 
     def resolve(self, launched: LaunchedBatch) -> StepResult:
         """Wait for a launched batch's sampled tokens and return them per item."""
-        if launched.result is not None:
-            return launched.result
         result = StepResult(token_ids=[-1] * launched.num_items)
-        if not launched.sampled:
-            return result
         if launched.copied is not None:
             launched.copied.synchronize()
+        if launched.prompt_rows is not None:
+            result.prompt_logprobs = entries_per_item(launched.prompt_rows, launched.prompt_host)
+        if launched.result is not None:
+            launched.result.prompt_logprobs = result.prompt_logprobs
+            return launched.result
+        if not launched.sampled:
+            return result
         token_ids, logprobs, nan_rows, top_ids, top_lps = (
             None if t is None else t.tolist() for t in launched.host
         )

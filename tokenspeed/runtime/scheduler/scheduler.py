@@ -210,6 +210,26 @@ class Scheduler:
         batch.num_preempted += 1
 
     # ---- results ------------------------------------------------------------------------------------
+    def apply_prompt_results(
+        self, batch: ScheduledBatch, prompt_logprobs: dict[int, tuple[int, list[list]]] | None
+    ) -> None:
+        """The prompt side of a step's results, before its tokens: prompt_logprobs[i] (first prompt token
+        scored, its entries on) belongs to batch.items[i]. A request that asked for no output (max_tokens 0
+        with prompt logprobs: it only scores its prompt) ends at the step that would sample its first token.
+        """
+        for i, item in enumerate(batch.items):
+            req = item.req
+            if req.is_finished:
+                continue
+            if prompt_logprobs is not None and i in prompt_logprobs:
+                # computed from valid K/V even if preempted since: kept, by position
+                first, entries = prompt_logprobs[i]
+                req.prompt_logprobs[first : first + len(entries)] = entries
+            if item.sample and req.sampling.max_new_tokens == 0 and req.first_missing_prompt_logprob() is None:
+                (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
+                req.num_computed_tokens = min(req.num_computed_tokens, len(req.token_ids) - 1)
+                self._finish(req, "length")
+
     def update_from_output(
         self,
         batch: ScheduledBatch,

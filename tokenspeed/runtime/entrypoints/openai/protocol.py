@@ -69,6 +69,19 @@ class _SamplingFields(BaseModel):
     guided_grammar: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    # vLLM's extra field: per prompt token its logprob and rank, with this many most likely tokens
+    prompt_logprobs: int | None = None
+
+    def check_prompt_logprobs(self) -> None:
+        if self.prompt_logprobs is None:
+            return
+        if not 0 <= self.prompt_logprobs <= 20:
+            raise ValueError(f"prompt_logprobs must be between 0 and 20, got {self.prompt_logprobs}")
+        if self.stream:
+            # as vLLM: they belong to the whole answer, which a stream never sends in one piece
+            raise ValueError(
+                "prompt_logprobs: not available with stream true; drop stream or prompt_logprobs"
+            )
 
     def constraint_fields(self) -> dict[str, Any]:
         return {
@@ -87,6 +100,7 @@ class _SamplingFields(BaseModel):
         logprobs: bool,
         top_logprobs: int = 0,
         response_format: dict[str, Any] | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         """Request fields override `--preferred-sampling-params`, which override the defaults."""
         values: dict[str, Any] = {}
@@ -120,6 +134,7 @@ class _SamplingFields(BaseModel):
             logprobs=logprobs,
             top_logprobs=top_logprobs if logprobs else 0,
             logit_bias=self.logit_bias,
+            prompt_logprobs=prompt_logprobs,
             n=1,  # the front end fans n out into n sequences
         )
         constraint = from_request(response_format, self.constraint_fields())
@@ -178,6 +193,7 @@ class ChatCompletionRequest(_SamplingFields):
 
     def check_supported(self) -> None:
         self.check_n()
+        self.check_prompt_logprobs()
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
@@ -202,12 +218,14 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("best_of: only best_of == n is supported")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
-        if self.echo and self.logprobs is not None:
-            # OpenAI then scores the prompt too (what evaluation harnesses read); an answer holding only
-            # the completion's logprobs would score the wrong text without saying so
-            raise ValueError(
-                "echo with logprobs: this server does not compute the prompt's logprobs; drop echo or logprobs"
-            )
+        self.check_prompt_logprobs()
+
+    def prompt_logprobs_wanted(self) -> int | None:
+        """Alternatives per prompt token to compute: vLLM's prompt_logprobs, and with echo and logprobs the
+        prompt's scores that OpenAI puts before the completion's (what evaluation harnesses read)."""
+        echoed = self.logprobs if self.echo and self.logprobs is not None else None
+        given = [n for n in (self.prompt_logprobs, echoed) if n is not None]
+        return max(given) if given else None
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as a list: each a string or a list of token ids."""

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from tokenspeed.runtime.entrypoints.openai.chat_output import ChoiceOutput
 from tokenspeed.runtime.entrypoints.openai.errors import bad_request
-from tokenspeed.runtime.entrypoints.openai.logprob_format import chat_entries
+from tokenspeed.runtime.entrypoints.openai.logprob_format import chat_entries, vllm_prompt_logprobs
 from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
@@ -100,6 +100,7 @@ async def _prepare(
             req.logprobs,
             top_logprobs=req.top_logprobs or 0,
             response_format=response_format,
+            prompt_logprobs=req.prompt_logprobs,
         )
         args = state.server_args
         if (
@@ -184,7 +185,18 @@ class ChatPipeline(Pipeline):
                 }
             )
         usage_obj = usage(prompt_tokens, completion, cached if self.cache_report else None)
-        return response_body(self.rid, "chat.completion", now(), self.model, choices, usage_obj)
+        body = response_body(self.rid, "chat.completion", now(), self.model, choices, usage_obj)
+        if self.req.prompt_logprobs is not None:
+            # vLLM's place for them: the response's, one prompt for every choice
+            entries = sequences[0].prompt_logprobs
+            body["prompt_logprobs"] = (
+                None
+                if entries is None
+                else vllm_prompt_logprobs(
+                    self.state.tokenizer, self.prompts[0], entries, self.req.prompt_logprobs
+                )
+            )
+        return body
 
     def _chunk(self, choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
         return self.chunk("chat.completion.chunk", choices, usage_obj)

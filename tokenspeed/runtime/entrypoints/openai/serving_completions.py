@@ -15,7 +15,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenspeed.runtime.entrypoints.openai.errors import APIError
-from tokenspeed.runtime.entrypoints.openai.logprob_format import completion_logprobs
+from tokenspeed.runtime.entrypoints.openai.logprob_format import (
+    completion_logprobs,
+    completion_prompt_logprobs,
+    joined,
+    vllm_prompt_logprobs,
+)
 from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, usage
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
@@ -69,7 +74,11 @@ class CompletionPipeline(Pipeline):
             check_logprobs(state, want_logprobs)
             prompts = req.prompts()
             params = req.sampling_params(
-                req.max_tokens, state.preferred_sampling_params, want_logprobs, top_logprobs=req.logprobs or 0
+                req.max_tokens,
+                state.preferred_sampling_params,
+                want_logprobs,
+                top_logprobs=req.logprobs or 0,
+                prompt_logprobs=req.prompt_logprobs_wanted(),
             )
             prompt_ids = [await tokenize(state, p) for p in prompts]
         except APIError:
@@ -99,6 +108,18 @@ class CompletionPipeline(Pipeline):
     ) -> dict[str, Any] | None:
         return _logprobs(self.state, ids, lps if self.want_logprobs else None, offset, tops)
 
+    def _with_prompt(self, p: int, lp: dict[str, Any] | None, entries: list | None) -> dict[str, Any] | None:
+        """With echo and logprobs, the prompt's logprobs (OpenAI's shape) before the completion's."""
+        if not (self.req.echo and self.want_logprobs) or entries is None:
+            return lp
+        tok = self.state.tokenizer
+        return joined(completion_prompt_logprobs(tok, self.prompts[p], entries, self.req.logprobs or 0), lp)
+
+    def _vllm_prompt(self, p: int, entries: list | None) -> list | None:
+        if self.req.prompt_logprobs is None or entries is None:
+            return None
+        return vllm_prompt_logprobs(self.state.tokenizer, self.prompts[p], entries, self.req.prompt_logprobs)
+
     def body(self, sequences: list[CollectedSequence]) -> dict[str, Any]:
         choices, prompt_tokens, completion, cached = [], 0, 0, 0
         seen_prompts: set[int] = set()
@@ -111,15 +132,18 @@ class CompletionPipeline(Pipeline):
                 cached += out.cached_tokens
             completion += out.completion_tokens
             echo = self.echo_texts[p]
+            lp = self._logprobs(seq.token_ids, seq.logprobs, len(echo), seq.top_logprobs)
             choices.append(
                 {
                     "index": i,
                     "text": echo + seq.text,
-                    "logprobs": self._logprobs(seq.token_ids, seq.logprobs, len(echo), seq.top_logprobs),
+                    "logprobs": self._with_prompt(p, lp, seq.prompt_logprobs),
                     "finish_reason": out.finish_reason,
                     "matched_stop": out.matched_stop,
                 }
             )
+            if self.req.prompt_logprobs is not None:
+                choices[-1]["prompt_logprobs"] = self._vllm_prompt(p, seq.prompt_logprobs)
             if self.state.tokenizer is None:
                 # --skip-tokenizer-init: no text can be made, so the answer is its token ids (SGLang's
                 # output_ids)
@@ -137,7 +161,7 @@ class CompletionPipeline(Pipeline):
         completion = [0] * n
         prompt_tokens: dict[int, int] = {}
         cached: dict[int, int] = {}
-        offsets = [len(self.echo_texts[self.prompt_of(i)]) for i in range(n)]
+        offsets = [0] * n  # where each choice's next text starts in its whole text (the echo included)
         started = [False] * n
         failure = None
         async for i, out in merge(gens):
@@ -146,13 +170,17 @@ class CompletionPipeline(Pipeline):
             completion[i] = out.completion_tokens
             prompt_tokens[p], cached[p] = out.prompt_tokens, out.cached_tokens
             text = out.text
-            if not started[i]:
+            first = not started[i]
+            if first:
                 started[i] = True
                 text = self.echo_texts[p] + text
             ids_only = self.state.tokenizer is None  # --skip-tokenizer-init: each chunk carries its token ids
             if not text and not out.finished and not (ids_only and out.token_ids):
                 continue
-            lp = self._logprobs(out.token_ids, out.logprobs, offsets[i], out.top_logprobs)
+            start = offsets[i] + (len(self.echo_texts[p]) if first else 0)
+            lp = self._logprobs(out.token_ids, out.logprobs, start, out.top_logprobs)
+            if first:
+                lp = self._with_prompt(p, lp, out.prompt_logprobs)
             offsets[i] += len(text)
             choice = {
                 "index": i,

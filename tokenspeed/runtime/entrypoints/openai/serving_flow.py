@@ -46,6 +46,7 @@ class CollectedSequence:
     logprobs: list[float]
     final: SequenceOutput
     top_logprobs: list[list[list[float]]] | None = None  # per token, [id, logprob] of the most likely
+    prompt_logprobs: list | None = None  # per prompt token, with prompt logprobs asked for (SequenceOutput's)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -112,7 +113,10 @@ async def collect_sequences(gens: Sequences) -> list[CollectedSequence]:
     lps: list[list[float]] = [[] for _ in range(n)]
     tops: list[list[list[list[float]]] | None] = [None] * n
     final: list[SequenceOutput | None] = [None] * n
+    prompt_lps: list[list | None] = [None] * n
     async for i, out in merge(gens):
+        if out.prompt_logprobs is not None:
+            prompt_lps[i] = out.prompt_logprobs
         texts[i].append(out.text)
         ids[i].extend(out.token_ids)
         if out.logprobs:
@@ -124,7 +128,7 @@ async def collect_sequences(gens: Sequences) -> list[CollectedSequence]:
     collected = []
     for i, out in enumerate(final):
         assert out is not None  # merge ends only after every sequence finished
-        collected.append(CollectedSequence("".join(texts[i]), ids[i], lps[i], out, tops[i]))
+        collected.append(CollectedSequence("".join(texts[i]), ids[i], lps[i], out, tops[i], prompt_lps[i]))
     return collected
 
 
