@@ -127,6 +127,9 @@ class SupervisorClient:
     def info(self, name: str) -> dict:
         return self._json("GET", f"/servers/{name}/info")
 
+    def expert_placement(self, name: str) -> dict:
+        return self._json("GET", f"/servers/{name}/expert_placement")
+
     def logs(self, name: str, lines: int = 500) -> dict:
         return self._json("GET", f"/servers/{name}/logs", lines=lines)
 

@@ -32,6 +32,8 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
     GET  /servers/{name}/history?seconds=300  {"samples": [{"t", <metric keys as above>}]}
     GET  /servers/{name}/raw_metrics        the latest /metrics text of the server
     GET  /servers/{name}/info               the server's /get_server_info (proxied)
+    GET  /servers/{name}/expert_placement   the server's GET /expert_placement (proxied): which EP rank holds
+                                             which expert, and what the last rebalance changed
     GET  /servers/{name}/logs?lines=500     {"lines": [str]}
     GET  /events?seconds=300[&server=NAME]  {"events": [{"server", "t", "kind", "text"}]} oldest first; kind is
                                              start, exit, restart, kill, fatal, health, stall, drain, reload,
@@ -124,6 +126,10 @@ def build_app(sup: Supervisor) -> Starlette:
         response = await sup.proxy(request.path_params["name"], "GET", "/get_server_info")
         return JSONResponse(response.json(), status_code=response.status_code)
 
+    async def expert_placement(request: Request):
+        response = await sup.proxy(request.path_params["name"], "GET", "/expert_placement")
+        return JSONResponse(response.json(), status_code=response.status_code)
+
     async def events(request: Request):
         seconds = float(request.query_params.get("seconds", 300))
         server = request.query_params.get("server")
@@ -175,6 +181,7 @@ def build_app(sup: Supervisor) -> Starlette:
         Route("/servers/{name}/history", guarded(history)),
         Route("/servers/{name}/raw_metrics", guarded(raw_metrics)),
         Route("/servers/{name}/info", guarded(info)),
+        Route("/servers/{name}/expert_placement", guarded(expert_placement)),
         Route("/servers/{name}/logs", guarded(logs)),
         Route("/events", guarded(events)),
         Route("/servers/{name}/{action:path}", guarded(action), methods=["POST"]),

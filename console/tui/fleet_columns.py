@@ -55,7 +55,7 @@ def problem_rank(server: Server) -> tuple:
 class Column:
     key: str
     label: str
-    # shift+letter sorts by this column; never R, S, F, X, B or O, which are actions
+    # shift+letter sorts by this column ("": none); never R, S, F, X, B or O, which are actions
     sort_letter: str
     priority: int  # 0 is always shown; higher is left out first on a narrow terminal
     cell: Callable[[Server], str]
@@ -67,6 +67,14 @@ class Column:
 
 def _over(value: float | None, limit: float | None) -> bool:
     return value is not None and limit is not None and value >= limit
+
+
+def _or_inf(value: float | None) -> float:
+    return float("inf") if value is None else value
+
+
+def _under(value: float | None, limit: float | None) -> bool:
+    return value is not None and limit is not None and value < limit
 
 
 def columns(window: str) -> tuple[Column, ...]:
@@ -163,8 +171,21 @@ def columns(window: str) -> tuple[Column, ...]:
             is_metric=True,
             alarm=lambda s, t: "bold red" if _over(m(s, "errors"), t.errors) else "",
         ),
+        Column(
+            "bal",
+            "BALANCE",
+            "",  # no letter of its own: `o` reaches it (drawn only for MoE servers)
+            5,
+            lambda s: "" if m(s, "balancedness") is None else f"{m(s, 'balancedness'):.2f}",
+            lambda s: _or_inf(m(s, "balancedness")),  # the least balanced first
+            is_metric=True,
+            alarm=lambda s, t: "bold red" if _under(m(s, "balancedness"), t.balancedness) else "",
+        ),
         Column("age", "AGE", "A", 0, lambda s: "", lambda s: _num(s.scraped_at)),
     )
+
+# Columns drawn only when some row has a value: AGE (only stale rows have one) and BALANCE (MoE servers).
+SHOWN_WHEN_SET = ("age", "bal")
 
 
 def stale_age(server: Server, now: float, fresh_s: float) -> float | None:

@@ -42,6 +42,9 @@ class LiveSource(DataSource):
     def info(self, server: str) -> dict[str, Any]:
         return self._call(f"info of {server}", self._client.info, server)
 
+    def expert_placement(self, server: str) -> dict[str, Any]:
+        return self._call(f"expert placement of {server}", self._client.expert_placement, server)
+
     def logs(self, server: str, lines: int) -> list[str]:
         data = self._call(f"log of {server}", self._client.logs, server, lines)
         return [str(line) for line in (data or {}).get("lines") or []]

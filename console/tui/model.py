@@ -50,6 +50,7 @@ class Metrics:
     preemptions: float | None = None  # over the window
     in_flight: float | None = None
     steps_total: float | None = None
+    balancedness: float | None = None  # EPLB, the least balanced MoE layer (None: no MoE)
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Metrics | None:

@@ -64,6 +64,10 @@ class DataSource(ABC):
         "text"}; none from a source that does not record them."""
         return []
 
+    def expert_placement(self, server: str) -> dict[str, Any]:
+        """The server's GET /expert_placement: which EP rank holds which expert, the last rebalance."""
+        raise SourceError(f"expert placement of {server}: not recorded (a replay keeps metrics, not placements)")
+
     def action(self, name: str, server: str | None = None) -> Any:
         """Run one server action (`SERVER_ACTIONS`) or fleet action (`FLEET_ACTIONS`)."""
         raise SourceError(f"{name}: this source is read-only")

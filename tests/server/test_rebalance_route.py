@@ -123,6 +123,28 @@ def test_rebalance_balances_a_recorded_skewed_load(moe):
     assert "since the last rebalance" in again.json()["error"]["message"]
 
 
+def test_expert_placement_says_which_rank_holds_each_expert_and_what_a_rebalance_moved(moe):
+    _, srv = moe
+    url = srv.url
+    assert httpx.get(f"{url}/expert_placement", timeout=30).status_code == 401
+    assert post(url, "/start_expert_distribution_record").json()["ok"]
+    for ids in SKEWED:
+        generate(url, ids, {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True})
+    post(url, "/stop_expert_distribution_record")
+    moved = post(url, "/rebalance_experts").json()
+    got = httpx.get(f"{url}/expert_placement", headers=AUTH, timeout=30).json()
+    assert (got["ep_size"], got["num_logical"], got["num_physical"]) == (2, 8, 10), got
+    assert got["slots_per_rank"] == 5 and got["layers"] == [0, 1]
+    assert got["rebalances"] == moved["rebalances"] == got["last_rebalance"]["index"]
+    assert got["last_rebalance"]["changes"] == moved["changes"]
+    for row, changes, replicas in zip(got["phy2log"], moved["changes"], moved["replicas"], strict=True):
+        assert sorted(set(row)) == list(range(8)) and len(row) == 10  # every expert has a slot
+        ranks = {e: sorted(slot // 5 for slot, x in enumerate(row) if x == e) for e in range(8)}
+        for expert, before, after in changes:
+            assert ranks[expert] == after and before != after
+        assert {e: n for e, n in replicas} == {e: len(r) for e, r in ranks.items() if len(r) > 1}
+
+
 def test_rebalance_between_steps_keeps_greedy_outputs(moe):
     from tokenspeed import Engine
 
@@ -169,3 +191,9 @@ def test_rebalance_on_a_dense_server_is_a_400_naming_the_flags(server):
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "not_enabled"
     assert "--ep-size" in error["message"] and "--enable-eplb" in error["message"]
+
+
+def test_expert_placement_on_a_dense_server_is_a_400(server):
+    r = httpx.get(f"{server.url}/expert_placement", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert "no MoE" in r.json()["error"]["message"]

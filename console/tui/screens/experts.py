@@ -1,7 +1,8 @@
-"""Experts screen: layer x expert load heatmap, balancedness per layer and per EP rank, last rebalance.
+"""Experts screen: layer x expert load heatmap, balancedness per layer and per EP rank, which expert runs on
+which rank (the server's placement, replicas marked) and what the last rebalance moved.
 
 `B` rebalances the selected (or marked) servers' experts now, after a confirmation; the notification
-gives the balancedness before and after.
+gives the balancedness before and after, and this screen the experts that changed rank.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from textual.binding import Binding
 from textual.containers import HorizontalScroll, VerticalScroll
 from textual.widgets import Static
 
+from console.tui.expert_placement import Placement, hot_spots, placement_lines, ranks_text, rebalance_lines
 from console.tui.model import Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.source import DataSource, SourceError
@@ -29,6 +31,8 @@ class ExpertData:
     load: ExpertLoad
     ep_size: int | None
     redundant: int | None = None  # redundant physical slots (ep_num_redundant_experts)
+    placement: Placement | None = None
+    placement_error: str | None = None
 
 
 def redundant_of(info: dict[str, Any] | None) -> int | None:
@@ -66,6 +70,9 @@ class ExpertsScreen(ConsoleScreen):
         super().__init__()
         self._ep_size: dict[str, tuple[int | None, int | None]] = {}  # server -> (EP size, redundant)
         self._rebalances: dict[str, tuple[float, float]] = {}  # server -> (count, first seen at)
+        # server -> (rebalance count it was fetched at, placement, why there is none): the placement only
+        # changes with a rebalance (or a new process, whose count starts over), so it is fetched again then
+        self._placements: dict[str, tuple[float | None, Placement | None, str | None]] = {}
         self._thresholds_for: str | None = None
         self._balanced = 0.8  # [console.thresholds] balancedness of the fleet's profile
 
@@ -84,6 +91,7 @@ class ExpertsScreen(ConsoleScreen):
             return None
         known = name in self._ep_size
         size, redundant = self._ep_size.get(name, (None, None))
+        cached = self._placements.get(name)
 
         def fetch(source: DataSource) -> ExpertData:
             text = source.raw_metrics(name)
@@ -94,7 +102,11 @@ class ExpertsScreen(ConsoleScreen):
                     ep, extra = ep_size_of(info), redundant_of(info)
                 except SourceError:
                     ep, extra = None, None
-            return ExpertData(name, parse_expert_metrics(text), ep, extra)
+            load = parse_expert_metrics(text)
+            placement, why = (cached[1], cached[2]) if cached is not None else (None, None)
+            if load.load and (cached is None or cached[0] != load.rebalances):
+                placement, why = fetch_placement(source, name)
+            return ExpertData(name, load, ep, extra, placement, why)
 
         return fetch
 
@@ -109,6 +121,8 @@ class ExpertsScreen(ConsoleScreen):
         if not isinstance(data, ExpertData) or data.name != name:
             return
         self._ep_size[data.name] = (data.ep_size, data.redundant)
+        if data.load.load:
+            self._placements[data.name] = (data.load.rebalances, data.placement, data.placement_error)
         balanced_at = self._balanced_at(snapshot)
         self.query_one(Heatmap).show_load(data.load, balanced_at)
         self.query_one("#experts-ranks", Static).update(self._summary(data, snapshot.polled_at))
@@ -124,16 +138,27 @@ class ExpertsScreen(ConsoleScreen):
     def _summary(self, data: ExpertData, now: float) -> Text:
         text = Text()
         logical = len(data.load.experts)
+        placement = data.placement
         if logical:
-            slots = logical + (data.redundant or 0)
+            redundant = data.redundant
+            ep_size = data.ep_size
+            if placement is not None:
+                redundant, ep_size = placement.num_physical - placement.num_logical, placement.ep_size
+            slots = logical + (redundant or 0)
             line = f"{logical} logical experts in {slots} physical slots"
-            if data.redundant:
-                line += f" ({data.redundant} redundant replicas of hot experts)"
-            if data.ep_size:
-                line += f", {slots // data.ep_size} slots on each of {data.ep_size} EP ranks"
+            if redundant:
+                line += f" ({redundant} redundant replicas of hot experts)"
+            if ep_size:
+                line += f", {slots // ep_size} slots on each of {ep_size} EP ranks"
             text.append(line + "\n")
-            hot = ", ".join(f"expert {e} {share:.0%}" for e, _tokens, share in hottest(data.load))
-            text.append(f"hottest (share of all routed tokens): {hot}\n", style="bold")
+            ranked = [h for h in hottest(data.load) if h[1] > 0]
+            if ranked:
+                hot = ", ".join(f"expert {e} {share:.0%}" for e, _tokens, share in ranked)
+                text.append(f"hottest (share of all routed tokens): {hot}\n", style="bold")
+            else:
+                text.append("no tokens routed in the recorder window yet (it restarts with each rebalance)\n",
+                            style="dim")  # fmt: skip
+            text.append_text(self._where(data))
         loads = data.load.rank_loads(data.ep_size)
         if loads:
             peak = max(loads.values()) or 1.0
@@ -153,7 +178,45 @@ class ExpertsScreen(ConsoleScreen):
         if seen is None or seen[0] != count:
             seen = (count, now)
             self._rebalances[data.name] = seen
+        seen_at = time.strftime("%H:%M:%S", time.localtime(seen[1]))
         text.append(f"rebalances: {count:.0f}")
         if count > 0:
-            text.append(f"  last one seen at or before {time.strftime('%H:%M:%S', time.localtime(seen[1]))}")
+            text.append(f"  last one seen at or before {seen_at}")
+        if placement is not None and placement.last is not None and count > 0:
+            text.append("\n")
+            text.append_text(rebalance_lines(placement.last, seen_at, self._balanced))
         return text
+
+    def _where(self, data: ExpertData) -> Text:
+        """Which expert, which rank: each layer's hottest expert and the ranks serving it, least balanced
+        layer first, then every rank's slots."""
+        text = Text()
+        placement, balanced = data.placement, data.load.balancedness
+        spots = hot_spots(data.load.load, placement, balanced)
+        if not spots:
+            return text
+        text.append("hottest expert per layer (least balanced first):\n", style="bold")
+        for layer, expert, share, ranks in spots[:8]:
+            bal = balanced.get(layer)
+            text.append(f"  layer {layer:>3}  expert {expert:>3}  {share:>4.0%} of the layer's tokens  ")
+            text.append(f"on {ranks_text(ranks)}" if ranks else "rank unknown", style="bold")
+            if len(ranks) > 1:
+                text.append(f" ({len(ranks)} replicas)")
+            if bal is not None:
+                text.append("  balancedness ")
+                text.append(f"{bal:.2f}", style="bold red" if bal < self._balanced else "")
+            text.append("\n")
+        if placement is None:
+            text.append(f"placement: {data.placement_error or 'not known yet'}\n", style="dim")
+            return text
+        text.append("placement (logical expert in each slot; * = an expert with replicas):\n", style="bold")
+        text.append_text(placement_lines(placement, [layer for layer, *_ in spots]))
+        return text
+
+
+def fetch_placement(source: DataSource, name: str) -> tuple[Placement | None, str | None]:
+    """The server's placement, or None and why (a replay, a server without one, an older server)."""
+    try:
+        return Placement.from_json(source.expert_placement(name)), None
+    except (SourceError, ValueError, TypeError) as exc:
+        return None, str(exc)

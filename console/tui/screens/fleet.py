@@ -15,7 +15,7 @@ from textual.widgets import Input, Static
 from console.profile.thresholds import Thresholds, thresholds_of
 from console.supervisor.load_report import LoadReport
 from console.tui import fmt
-from console.tui.fleet_columns import Column, columns, row_cells, stale_age
+from console.tui.fleet_columns import SHOWN_WHEN_SET, Column, columns, row_cells, stale_age
 from console.tui.model import Fleet, Server, Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.widgets.events import events_text
@@ -56,6 +56,7 @@ class FleetScreen(ConsoleScreen):
         *[
             Binding(c.sort_letter, f"sort_by('{c.key}')", f"Sort by {c.label.split()[0]}", show=False)
             for c in columns("")
+            if c.sort_letter
         ],
     ]
 
@@ -177,7 +178,10 @@ class FleetScreen(ConsoleScreen):
         for row in cells.values():
             widths = [max(w, c.cell_len) for w, c in zip(widths, row, strict=True)]
         # Leave out the lowest-priority columns until the rest fit the terminal (an empty AGE column too).
-        keep = [i for i, c in enumerate(every) if c.key != "age" or any(r[i].plain for r in cells.values())]
+        keep = [
+            i for i, c in enumerate(every)
+            if c.key not in SHOWN_WHEN_SET or any(r[i].plain for r in cells.values())
+        ]  # fmt: skip
         room = max(self.size.width, 40) - 2
         while sum(widths[i] + 2 for i in keep) > room:
             droppable = [i for i in keep if every[i].priority > 0]

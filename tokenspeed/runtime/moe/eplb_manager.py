@@ -36,6 +36,7 @@ from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 from tokenspeed.runtime.moe.eplb_algorithm import balancedness, rank_loads, worse_layers
 from tokenspeed.runtime.moe.expert_location import ExpertLocation
+from tokenspeed.runtime.moe.placement_view import placement_changes
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class RebalanceResult:
     passes: int = 0  # forward passes in that window
     moved_experts: list[list[int]] = field(default_factory=list)  # logical experts given a new slot
     replicas: list[list[list[int]]] = field(default_factory=list)  # [[expert, slots], ...] with slots > 1
+    # per layer, [expert, EP ranks before, EP ranks after] of every expert whose ranks changed
+    changes: list[list[list]] = field(default_factory=list)
 
 
 @dataclass
@@ -281,6 +284,9 @@ class EPLBManager:
             passes=passes,
             moved_experts=moved_experts(old.placement.phy2log, new.placement.phy2log, layers),
             replicas=replica_summary(new.placement.logcnt, layers),
+            changes=placement_changes(
+                old.placement.phy2log, new.placement.phy2log, old.slots_per_rank, old.num_logical, layers
+            ),
         )
         self.stats.rebalances += 1
         self.stats.seconds += result.seconds

@@ -28,6 +28,7 @@ from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 from tokenspeed.runtime.moe.eplb_manager import HOW_TO_ENABLE, EPLBManager, rebalance_unavailable
 from tokenspeed.runtime.moe.expert_stats import ExpertLoadSnapshot, expert_load_snapshot
+from tokenspeed.runtime.moe.placement_view import placement_answer
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ EXPERT_RECORD_METHODS = (
     "start_expert_distribution_record",
     "stop_expert_distribution_record",
     "dump_expert_distribution_record",
+    # read-only: where the experts are and what the last rebalance changed (GET /expert_placement)
+    "expert_placement",
 )
 # One wording for "this server records no expert load", whichever rank layout answers.
 RECORDING_NOT_ENABLED = (
@@ -86,6 +89,8 @@ class NoExperts:
         return None
 
     def control(self, method: str, args: dict[str, Any], dp_rank: int) -> dict[str, Any]:
+        if method == "expert_placement":
+            return self.placement()
         raise ControlRefused(f"{method}: {RECORDING_NOT_ENABLED}")
 
     def request_rebalance(self) -> None:
@@ -93,6 +98,9 @@ class NoExperts:
 
     def rebalance_answer(self) -> dict[str, Any]:
         raise ControlRefused(f"this server cannot rebalance experts; {HOW_TO_ENABLE}")
+
+    def placement(self) -> dict[str, Any]:
+        raise ControlRefused(f"this server places no experts: it serves no MoE model ({HOW_TO_ENABLE})")
 
 
 class RankExperts:
@@ -205,8 +213,24 @@ class RankExperts:
         last = self.eplb.stats.last
         return {"rebalances": self.eplb.stats.rebalances, "last": None if last is None else vars(last)}
 
+    def placement(self) -> dict[str, Any]:
+        """Which slot of which EP rank holds which expert now, and what the last rebalance changed."""
+        if not self.moe_layers:
+            raise ControlRefused(f"this server places no experts: its model has no MoE layers ({HOW_TO_ENABLE})")
+        stats = self.eplb.stats if self.eplb is not None else None
+        last = vars(stats.last) if stats is not None and stats.last is not None else None
+        return placement_answer(
+            self.state.location if self.state is not None else None,
+            self.moe_layers,
+            self.num_logical_experts,
+            stats.rebalances if stats is not None else 0,
+            last,
+        )
+
     # ---- the recording control calls (RpcRequest "method") ------------------------------------------
     def control(self, method: str, args: dict[str, Any], dp_rank: int) -> dict[str, Any]:
+        if method == "expert_placement":
+            return self.placement()
         if method == "start_expert_distribution_record":
             self._recorder_op(method, "start")
             return {"recording": True}

@@ -6,6 +6,8 @@
     POST|GET /dump_expert_distribution_record    the session's load (or the live window), also saved to a file
     POST     /rebalance_experts                  one EPLB rebalance now, between two steps, from the
                                                  recorded load: balancedness before/after, what moved
+    GET      /expert_placement                   read-only: which slot of which EP rank holds which logical
+                                                 expert now, and the last rebalance (what it changed)
 
 Every DP group answers; `results` holds one answer per group. A call the server cannot honour (no MoE
 expert parallelism, nothing recorded) is an OpenAI-style 400 naming the fix.
@@ -90,6 +92,17 @@ async def rebalance_experts(state: Server) -> Response:
     return JSONResponse(rebalance_answer([a.result for a in answers]))
 
 
+@router.get("/expert_placement")
+async def expert_placement(state: Server) -> Response:
+    """The first DP group's placement as top-level fields; every group's in `results`."""
+    answers = await state.llm.rpc("expert_placement")
+    failed = [a for a in answers if not a.ok]
+    if failed:
+        raise bad_request(failed[0].error or "expert_placement failed", code="not_enabled")
+    results = [a.result for a in answers]
+    return JSONResponse({"ok": True, **(results[0] if results else {}), "results": results})
+
+
 def rebalance_answer(results: list[dict]) -> dict[str, Any]:
     """The first DP group's rebalance as top-level fields (one group is the usual case), all in `results`."""
     first = results[0] if results else {}
@@ -107,6 +120,7 @@ def rebalance_answer(results: list[dict]) -> dict[str, Any]:
         "moved_slots": last.get("moved_slots", 0),
         "moved_experts": last.get("moved_experts", []),
         "replicas": last.get("replicas", []),
+        "changes": last.get("changes", []),
         "window_tokens": last.get("tokens", 0),
         "window_passes": last.get("passes", 0),
         "seconds": last.get("seconds"),
