@@ -13,6 +13,11 @@ it (the two launches per layer it replaces), and the GPU time per kind of kernel
 Writes benchmarks/results/gpu_decode.json.
 
     python benchmarks/decode.py [--model llama8b|qwen3moe] [--backends flashinfer triton] [--batch-sizes 1 ... 256]
+        [--quantization fp8] [--kv-cache-dtype fp8_e4m3]
+
+`--quantization fp8` quantizes the dummy weights to FP8 per channel at load (the limit then counts one byte
+a weight), `--kv-cache-dtype fp8_e4m3` stores the KV cache in FP8 (one byte an element); their rows carry
+the two settings and go to gpu_decode_<settings>.json unless `--out` says otherwise, beside the bf16 rows.
 
 For the MoE model the weights counted are the dense ones plus the expected share of experts a batch
 activates (uniform routing), and each `--moe-configs` entry (benchmarks/moe_bench.py) gets its rows:
@@ -71,6 +76,7 @@ def bench_backend(
     per_token_kv = runner.kv_pool.spec.bytes_per_token()
     rows = []
     tag = {"moe_config": moe_config} if moe_config else {}
+    tag.update({k: extra[k] for k in ("quantization", "kv_cache_dtype") if k in extra})
     name = f"{backend}/{moe_config}" if moe_config else backend
     for ctx in contexts:
         for bs in batch_sizes:
@@ -190,8 +196,19 @@ def main() -> None:
         choices=sorted(moe_bench.MOE_CONFIGS),
         help="MoE configurations to time (MoE model only)",
     )
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_decode.json"))
+    ap.add_argument("--quantization", choices=["fp8"], default=None, help="FP8 weights, quantized at load")
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto")
+    ap.add_argument(
+        "--out", default=None, help="default: benchmarks/results/gpu_decode[_<fp8 settings>].json"
+    )
     args = ap.parse_args()
+    fp8 = {}
+    if args.quantization:
+        fp8["quantization"] = args.quantization
+    if args.kv_cache_dtype != "auto":
+        fp8["kv_cache_dtype"] = args.kv_cache_dtype
+    suffix = "".join(f"_{k.split('_')[0]}-{v}" for k, v in fp8.items())
+    out = args.out or str(ROOT / f"benchmarks/results/gpu_decode{suffix}.json")
 
     bw = gc.copy_bandwidth()
     print(f"device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
@@ -201,7 +218,7 @@ def main() -> None:
     rows = []
     for backend in args.backends:
         for moe_config in configs:
-            extra = moe_bench.MOE_CONFIGS[moe_config] if moe_config else {}
+            extra = {**(moe_bench.MOE_CONFIGS[moe_config] if moe_config else {}), **fp8}
             rows += bench_backend(
                 model_dir, backend, args.batch_sizes, args.contexts, bw, args.max_total_tokens, model_cfg,
                 moe_config, **extra,
@@ -210,10 +227,12 @@ def main() -> None:
     if len(args.backends) > 1:
         print("faster backend per context/batch: " + ", ".join(f"{k}={v}" for k, v in faster.items()))
     gc.save_json(
-        args.out,
+        out,
         dict(
             benchmark="decode",
             model=label,
+            quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
             device=gc.device_info(),
             copy_bandwidth_tb_s=round(bw / 1e12, 4),
             faster_backend=faster,

@@ -166,7 +166,14 @@ def fill_kv_random(kv_pool) -> None:
     gen.manual_seed(0)
     for layer in range(kv_pool.spec.num_layers):
         for buf in kv_pool.get_kv(layer):
-            buf.uniform_(-1.0, 1.0, generator=gen)
+            if buf.element_size() == 1:  # an FP8 cache: uniform_ has no float8 kernel
+                buf.copy_(
+                    torch.empty(buf.shape, dtype=torch.bfloat16, device=buf.device).uniform_(
+                        -1.0, 1.0, generator=gen
+                    )
+                )
+            else:
+                buf.uniform_(-1.0, 1.0, generator=gen)
 
 
 def synthetic_batch(runner, batch_size: int, context: int, new_tokens: int = 1):

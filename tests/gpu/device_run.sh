@@ -5,6 +5,7 @@
 # Stages (the groups run their parts in this order):
 #   tests = kernels flashinfer engine   GPU tests: fused kernels, attention backends, samplers, engine
 #   bench = decode prefill moe offline  benchmarks/*.py on Llama-3.1-8B / Qwen3-30B-A3B shapes
+#   fp8   = fp8                         FP8 GEMM/KV tests, decode with FP8 weights and FP8 KV cache
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
 # `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.tgz: copy it into .whl/ (under 16 MB) and
@@ -47,6 +48,16 @@ part_decode() {
   stage bench-decode
   run ${T_DECODE:-150} python3 benchmarks/decode.py --backends triton flashinfer ${DECODE_ARGS:-} --out "$OUT/gpu_decode.json"
   grep -E "bandwidth|ratio=|eager|kernels/step|faster" "$LOG" | tail -60
+}
+part_fp8() {  # FP8 tests, then decode with FP8 weights (bs 1) and an FP8 KV cache (bs 64 @ 4k) vs bf16
+  stage tests-fp8
+  run ${T_FP8:-150} $PYT -s tests/gpu/test_fp8_gpu.py
+  stage bench-decode-fp8
+  run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
+    --contexts 4096 --quantization fp8 --out "$OUT/gpu_decode_fp8_weights.json"
+  run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
+    --contexts 4096 --kv-cache-dtype fp8_e4m3 --out "$OUT/gpu_decode_fp8_kv.json"
+  grep -E "ratio=" "$LOG" | tail -20
 }
 part_prefill() {
   stage bench-prefill
