@@ -201,6 +201,35 @@ async def test_profile_screen_validates_inline_and_refuses_to_save_a_bad_profile
         assert "cpu" in plan
 
 
+async def test_profile_editor_types_on_the_line_the_arrows_reach_and_saves_only_valid_toml(fleet):
+    """Arrow keys count lines as the gutter numbers them, also past a line wider than the editor (the long
+    `command = [...]`, at 80 columns); save checks the very text it saves, however fast it follows typing."""
+    app = make_app(fleet)
+    original = fleet.profile.read_text()
+    lines = original.splitlines()
+    target = lines.index("stop_timeout_s = 5.0")
+    assert any(len(line) > 60 for line in lines[:target])  # a line that wraps at 80 columns comes first
+    try:
+        async with app.run_test(size=(80, 30)) as pilot:
+            await pilot.press("5")
+            editor = app.screen.query_one(TextArea)
+            await wait_for(pilot, lambda: editor.text == original, what="the fleet's profile in the editor")
+            await pilot.press("e")
+            await wait_for(pilot, lambda: editor.has_focus, what="the editor focused")
+            await pilot.press(*["down"] * target, "end", "1", "2")
+            assert f"line {target + 1}, col 23" in text_of(app, "#profile-title")
+            await pilot.press("ctrl+s")
+            saved = fleet.profile.read_text().splitlines()
+            assert saved[target] == "stop_timeout_s = 5.012"
+            assert saved[:target] + saved[target + 1 :] == lines[:target] + lines[target + 1 :]
+            # Invalid TOML, saved at once (before the check as-you-type runs): refused, the file untouched.
+            await pilot.press("home", "quotation_mark", "ctrl+s")
+            assert fleet.profile.read_text().splitlines() == saved
+            assert "not valid TOML" in text_of(app, "#profile-errors")
+    finally:
+        fleet.profile.write_text(original)
+
+
 async def test_gpus_screen_shows_the_probe(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:

@@ -44,7 +44,11 @@ class ProfileScreen(ConsoleScreen):
         yield Static("", id="profile-title", classes="title")
         with Horizontal(id="profile-body"):
             with Vertical(id="profile-left"):
-                yield TextArea("", id="profile-editor", show_line_numbers=True, tab_behavior="indent")
+                # No soft wrap: a wrapped line (a long `command = [...]`) takes several arrow presses, so
+                # counting lines by the gutter's numbers put typed text on the line above the one meant.
+                yield TextArea(
+                    "", id="profile-editor", show_line_numbers=True, tab_behavior="indent", soft_wrap=False
+                )
                 yield Static("", id="profile-errors")
             with VerticalScroll(id="profile-right"):
                 yield Static("Plan (ctrl+t)", classes="section")
@@ -81,7 +85,20 @@ class ProfileScreen(ConsoleScreen):
             title.append("  [modified]", style="yellow")
         if self.console.readonly:
             title.append("  read-only", style="cyan")
+        editor = self.query_one(TextArea)
+        if editor.has_focus:
+            row, column = editor.cursor_location
+            title.append(f"  line {row + 1}, col {column + 1}", style="dim")
         self.query_one("#profile-title", Static).update(title)
+
+    def on_text_area_selection_changed(self, event: TextArea.SelectionChanged) -> None:
+        self._draw_title()  # where typing goes, also where the cursor line does not stand out
+
+    def on_descendant_focus(self) -> None:
+        self._draw_title()
+
+    def on_descendant_blur(self) -> None:
+        self._draw_title()
 
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
         self._draw_title()
