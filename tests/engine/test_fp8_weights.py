@@ -162,7 +162,7 @@ def test_unrunnable_quantized_checkpoint_is_refused_by_name(tiny, tmp_path, quan
     with pytest.raises(ValueError) as err:
         ModelConfig.from_pretrained(str(path), device="cpu")
     message = str(err.value)
-    assert f"is a {named} checkpoint" in message and "supported: FP8 checkpoints" in message
+    assert f"is quantized with {named}" in message and "supported: FP8 checkpoints" in message
     assert "does not have" not in message
 
 

@@ -4,13 +4,19 @@ FP8 KV cache sized at one byte an element, a completion answered over HTTP, and 
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
+import subprocess
+import sys
+import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.server_proc import launch
+from tokenspeed.demo_models import resolve_model_path
 
 # The demo model: 4 layers x 2 KV heads x 64 dims, K and V: 1024 bytes a token in FP8 (bf16: 2048,
 # float32 4096). 0.0005 GiB holds 8 pages of 64 tokens in FP8, 4 in bf16, 2 in float32.
@@ -60,3 +66,23 @@ def test_fp8_server_answers_and_sizes_its_kv_cache_in_bytes_of_fp8(server):
     assert "KV cache: FP8 e4m3 with K/V scales 1.0" in log
     info = server.server_info()
     assert info["kv_cache_dtype"] == "fp8_e4m3" and info["quantization"] == "fp8"
+
+
+def test_serve_refuses_an_awq_checkpoint_by_name_before_starting_ranks(tmp_path):
+    model = tmp_path / "demo-awq"
+    shutil.copytree(resolve_model_path("demo"), model)
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}
+    (model / "config.json").write_text(json.dumps(config))
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenspeed", "serve", str(model), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "is quantized with awq" in proc.stderr and "supported: FP8 checkpoints" in proc.stderr
+    assert "Traceback" not in proc.stderr and "scheduler" not in proc.stderr
+    # no rank process was started: measured ~4 s idle, mostly imports; generous for a loaded CI machine
+    assert time.monotonic() - started < 60

@@ -46,7 +46,7 @@ class WeightQuant:
 
 def _refuse(what: str, path: str) -> ValueError:
     return ValueError(
-        f"model {path!r} is a {what} checkpoint (quantization_config in config.json), which TokenSpeed "
+        f"model {path!r} is quantized with {what} (quantization_config in config.json), which TokenSpeed "
         f"cannot run; supported: {SUPPORTED}. Serve an unquantized or FP8 checkpoint of this model"
     )
 

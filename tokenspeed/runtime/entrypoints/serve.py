@@ -125,6 +125,22 @@ def check_model_source(server_args: ServerArgs) -> None:
     from tokenspeed.runtime.models.model_source import check_model_source as check
 
     check(str(server_args.model), server_args.tokenizer, server_args.skip_tokenizer_init)
+    check_quantization(server_args)
+
+
+def check_quantization(server_args: ServerArgs) -> None:
+    """A checkpoint quantized by a method this build cannot run (AWQ, GPTQ, MXFP4, ...), or one that
+    contradicts --quantization, is refused now naming the method, not once a rank reads its weights."""
+    from tokenspeed.config.quantization import weight_quant
+    from tokenspeed.demo_models import resolve_model_path
+
+    path = os.path.join(resolve_model_path(str(server_args.model)), "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return  # the ranks' model config reports an unreadable config.json with its own message
+    weight_quant(config, server_args.quantization, str(server_args.model))
 
 
 def check_device_present(server_args: ServerArgs) -> None:
