@@ -1,7 +1,10 @@
 """Speculative decoding gives exactly the outputs of plain decoding, and holds no KV page afterwards.
 
 Tiny random Llama and Qwen3 models; prompts built with repeated runs of tokens so prompt lookup (NGRAM)
-finds drafts and random models' loops get accepted. Greedy output with drafts equals greedy output without,
+finds drafts and random models' loops get accepted. EAGLE3 runs random drafts written in the Hugging Face
+layout (tests/eagle3_drafts.py): one with a small draft vocabulary and its d2t map, and an "echo" draft
+whose proposals the target accepts where it repeats itself; the trained `demo` draft, where it ships, must
+also reach an acceptance length above 1. Greedy output with drafts equals greedy output without,
 token for token, under the scheduling regimes of the correctness tests (chunked prefill with mixed batches,
 a KV pool so small that requests are preempted), twice (the second pass over cached prefixes). Stop tokens
 and max_new_tokens inside an accepted run, streaming, n > 1, seeded sampling and aborts mid-speculation are
@@ -12,9 +15,11 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
+from tests.eagle3_drafts import make_tiny_eagle3_draft
 from tests.leak_check import assert_no_kv_leak
 from tests.tiny_models import make_tiny_model
 from tokenspeed import Engine
@@ -45,12 +50,15 @@ def make_prompts(seed: int = 5) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """arch -> (model folder, prompts, plain greedy outputs), built lazily."""
+    """arch -> (model folder, prompts, plain greedy outputs), built lazily; the folder also holds two
+    EAGLE3 drafts, draft-random and draft-echo."""
     cache: dict[str, tuple[str, list[list[int]], list[list[int]]]] = {}
 
     def get(arch: str):
         if arch not in cache:
             path = make_tiny_model(arch, tmp_path_factory.mktemp(arch))
+            make_tiny_eagle3_draft(path, Path(path) / "draft-random", seed=1)
+            make_tiny_eagle3_draft(path, Path(path) / "draft-echo", echo=True)
             prompts = make_prompts()
             params = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True}
             with Engine(model=path, device="cpu", dtype="float32", **CONFIGS["default"]) as plain:
@@ -61,8 +69,16 @@ def models(tmp_path_factory):
     return get
 
 
-def spec_engine(path: str, config: str = "default", **extra) -> Engine:
-    return Engine(model=path, device="cpu", dtype="float32", **CONFIGS[config], **NGRAM, **extra)
+def spec_engine(path: str, config: str = "default", algo: str = "NGRAM", **extra) -> Engine:
+    if algo == "NGRAM":
+        spec = NGRAM
+    else:  # draft-random / draft-echo
+        spec = dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=str(Path(path) / algo),
+            speculative_num_steps=3,
+        )
+    return Engine(model=path, device="cpu", dtype="float32", **CONFIGS[config], **spec, **extra)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -152,3 +168,77 @@ def test_abort_mid_speculation_leaks_nothing(models):
                 break
         assert finished == {f"r{i}" for i in range(len(prompts))}
         assert_no_kv_leak(engine)
+
+
+EAGLE_CASES = [
+    ("llama", "default", "draft-random"),
+    ("llama", "chunked_mixed", "draft-echo"),
+    ("qwen3", "default", "draft-echo"),
+    ("qwen3", "preemption", "draft-random"),
+]
+
+
+@pytest.mark.parametrize("arch,config,draft", EAGLE_CASES, ids=["-".join(c) for c in EAGLE_CASES])
+def test_eagle3_greedy_equals_plain(models, arch, config, draft):
+    path, prompts, ref = models(arch)
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True}
+    with spec_engine(path, config, draft) as engine:
+        assert engine.core.proposer.layers  # the draft config has no layer ids here: EAGLE3's default
+        for run in range(2):
+            outs = engine.generate(input_ids=prompts, sampling_params=params)
+            for i, (out, want) in enumerate(zip(outs, ref, strict=True)):
+                assert out["output_ids"] == want, f"{arch}/{config}/{draft} run {run} prompt {i}"
+            assert_no_kv_leak(engine, flush=False)
+        stats = engine.get_stats()
+        assert stats.spec_num_drafts > 0 and stats.spec_num_draft_tokens >= 3 * stats.spec_num_drafts // 2
+        if draft == "draft-echo" and any(a == b for r in ref for a, b in zip(r, r[1:], strict=False)):
+            assert stats.spec_num_accepted_tokens > 0, "the echo draft should be accepted on repeats"
+        if config == "preemption":
+            assert stats.num_preemptions > 0
+        assert_no_kv_leak(engine)
+
+
+def test_eagle3_sampling_stops_and_aborts(models):
+    """Seeded sampling with EAGLE3 drafts is reproducible; stop tokens inside runs end answers; requests
+    aborted mid-speculation leave no page held."""
+    path, prompts, ref = models("llama")
+    with spec_engine(path, "preemption", "draft-echo") as engine:
+        params = {"max_new_tokens": 12, "temperature": 0.7, "seed": 9, "ignore_eos": True}
+        a = engine.generate(input_ids=prompts, sampling_params=params)
+        b = engine.generate(input_ids=prompts, sampling_params=params)
+        assert [o["output_ids"] for o in a] == [o["output_ids"] for o in b]
+        stops = [{"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True, "stop_token_ids": [o[3]]}
+                 for o in ref]  # fmt: skip
+        outs = engine.generate(input_ids=prompts, sampling_params=stops)
+        assert [o["output_ids"] for o in outs] == [r[: r.index(r[3]) + 1] for r in ref]
+        core = engine.core
+        greedy = {"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+        for i, p in enumerate(prompts):
+            core.add_request(GenerateRequest(f"e{i}", p, greedy))
+        for step in range(400):
+            core.step()
+            if step == 8:
+                for rid in ("e1", "e3"):
+                    core.abort_request(rid)
+            if not core.has_unfinished():
+                break
+        assert not core.has_unfinished()
+        assert_no_kv_leak(engine)
+
+
+DEMO_DRAFT = Path(__file__).resolve().parents[2] / "tokenspeed" / "assets" / "demo-eagle3"
+
+
+@pytest.mark.skipif(not (DEMO_DRAFT / "config.json").is_file(), reason="the demo EAGLE3 draft is not shipped")
+def test_demo_draft_equals_plain_greedy_and_is_accepted():
+    prompts = ["To open a file,", "When an exception is raised", "The dictionary maps"]
+    params = {"max_new_tokens": 48, "temperature": 0.0}
+    with Engine(model="demo", device="cpu") as plain:
+        want = [o["output_ids"] for o in plain.generate(prompts, sampling_params=params)]
+    with Engine(
+        model="demo", device="cpu", speculative_algorithm="EAGLE3", speculative_draft_model_path=str(DEMO_DRAFT)
+    ) as engine:
+        got = [o["output_ids"] for o in engine.generate(prompts, sampling_params=params)]
+        stats = engine.get_stats()
+    assert got == want
+    assert stats.spec_mean_acceptance_length > 1.0, stats

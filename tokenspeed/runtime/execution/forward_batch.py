@@ -28,6 +28,22 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class AuxCapture:
+    """Target hidden states an EAGLE3 draft reads: the residual stream after each of `layer_ids` (hidden +
+    residual, before the final norm), for every token of the step."""
+
+    layer_ids: tuple[int, ...]
+    states: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def wants(self, layer_id: int) -> bool:
+        return layer_id in self.layer_ids
+
+    def stacked(self) -> torch.Tensor:
+        """[T, len(layer_ids) * H], in the order of `layer_ids`."""
+        return torch.cat([self.states[i] for i in self.layer_ids], dim=-1)
+
+
+@dataclass
 class ForwardBatch:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -46,6 +62,8 @@ class ForwardBatch:
     is_decode_only: bool = False
     # per-step MoE hook (expert-distribution recorder); None when recording is off
     expert_recorder: Any = None
+    # EAGLE3: the target layers whose output (the residual stream) the model stores here, per token
+    aux_capture: AuxCapture | None = None
 
     @property
     def batch_size(self) -> int:

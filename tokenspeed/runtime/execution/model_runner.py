@@ -23,7 +23,7 @@ from tokenspeed.config.slices import GraphConfig, RunnerConfig
 from tokenspeed.runtime.cache.kv_pool import KVPool, KVPoolSpec, kv_storage_dtype
 from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.execution import cuda_graph
-from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+from tokenspeed.runtime.execution.forward_batch import AuxCapture, ForwardBatch
 from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
 from tokenspeed.runtime.execution.prompt_logprobs import (
     DevicePromptLogprobs,
@@ -79,6 +79,7 @@ class LaunchedBatch:
     prompt_rows: PromptRows | None = None  # the prompt logprobs this batch computes, if any
     prompt_host: DevicePromptLogprobs | None = None  # their host copies
     result: StepResult | None = None  # a verify step's tokens, already on the host (it is synchronous)
+    aux_capture: AuxCapture | None = None  # the target states an EAGLE3 draft reads next
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,10 @@ class ModelRunner:
         attn_opts = {}
         if attn_name == "triton" and config.triton_attention_reduce_in_fp32:
             attn_opts["reduce_in_fp32"] = True
+        self.attn_backend_name = attn_name  # an EAGLE3 draft's attention runs on the same backend
         self.attn_backend = create_attention_backend(attn_name, kv_config, self.kv_pool, device, **attn_opts)
+        # EAGLE3 (runtime/speculative): target layers whose outputs every step captures for the draft
+        self.aux_capture_layers: tuple[int, ...] | None = None
         self.sampler = create_sampler(config.sampling_backend or "torch", device, config.enable_nan_detection)
         self.graph_runner = cuda_graph.build_graph_runner(
             self._forward,
@@ -253,6 +257,8 @@ class ModelRunner:
         self.peers.before_forward(batch)  # peers follow this batch
         items: list[ScheduledRequest] = batch.items
         fb = self.prepare(batch, prev)
+        if self.aux_capture_layers is not None:
+            fb = dataclasses.replace(fb, aux_capture=AuxCapture(self.aux_capture_layers))
         # Peers keep only the usual rows: the LM head is replicated, so the extra rows need no collective.
         prompt_rows = plan_prompt_rows(items)
         num_rows = fb.logits_indices.shape[0]  # the step's own rows; prompt rows come after them
@@ -269,6 +275,7 @@ class ModelRunner:
             launched.prompt_host = DevicePromptLogprobs(
                 *(_to_host(t) for t in (scored.logprobs, scored.ranks, scored.top_ids, scored.top_logprobs))
             )
+        launched.aux_capture = fb.aux_capture
         if batch.has_drafts:
             launched.result = self._verify(items, logits)
             launched.sampled = []
@@ -373,7 +380,8 @@ class ModelRunner:
         The one way a forward runs (rank 0's steps, a peer's copy of them, benchmarks): a captured graph
         when one fits the batch (unless `use_graphs=False`), else eagerly; then the experts close the pass.
         """
-        if use_graphs and self.graph_runner is not None and self.graph_runner.can_run(fb):
+        # a graph does not capture the EAGLE3 states (the draft's steps are not in graphs either)
+        if use_graphs and fb.aux_capture is None and self.graph_runner is not None and self.graph_runner.can_run(fb):
             logits = self.graph_runner.replay(fb)
         else:
             self.attn_backend.init_forward_metadata(fb)

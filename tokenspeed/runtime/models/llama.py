@@ -102,8 +102,11 @@ class LlamaModel(nn.Module):
         hidden = self.embed_tokens(fb.input_ids)
         cos_sin = self.rotary_emb.cos_sin(fb.positions, hidden.dtype)
         residual = None
-        for layer in self.layers:
+        capture = fb.aux_capture
+        for i, layer in enumerate(self.layers):
             hidden, residual = layer(cos_sin, hidden, residual, fb)
+            if capture is not None and capture.wants(i):
+                capture.states[i] = hidden + residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
