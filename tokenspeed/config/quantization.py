@@ -1,5 +1,5 @@
 """Which weight quantization a server runs: read from `quantization_config` in config.json and
-`--quantization`, without torch (the console's planner reads it too).
+`--quantization`, without torch (`tokenspeed serve` checks it before any rank process starts).
 
 Runnable: FP8 e4m3 weights, block-wise (`quant_method: fp8` with `weight_block_size`, the layout of the
 Qwen3-FP8 and DeepSeek FP8 releases: `weight_scale_inv` per 128x128 tile), per-tensor or per-channel
@@ -28,9 +28,10 @@ class WeightQuant:
 
     source: str  # CHECKPOINT: the weights are stored in FP8; ONLINE: quantized while loading
     method: str  # as config.json or the flag spells it
-    block: tuple[int, int] | None = None  # block-wise tile (out, in); None: per-channel / per-tensor
-    static_activation: bool = False  # the checkpoint gives input_scale (used by the GPU GEMM)
-    ignored: tuple[str, ...] = ()  # modules the checkpoint leaves unquantized (names or suffixes)
+    # block-wise tile (out, in); None: per-channel / per-tensor. Which layers are FP8 is read from the
+    # checkpoint's scale tensors (layers/quantization/fp8.py), not from ignore lists that releases spell
+    # differently; a static activation scheme's input_scale is skipped (activations scaled per token).
+    block: tuple[int, int] | None = None
 
     @property
     def weight_bytes(self) -> int:
@@ -66,22 +67,19 @@ def _block(value: Any, path: str) -> tuple[int, int] | None:
 
 
 def _fp8(qc: dict, path: str) -> WeightQuant:
-    ignored = tuple(qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ())
     scheme = str(qc.get("activation_scheme", "dynamic"))
     if scheme not in ("dynamic", "static"):
         raise ValueError(
             f"model {path!r}: quantization_config.activation_scheme {scheme!r} is not dynamic/static"
         )
-    return WeightQuant(
-        CHECKPOINT, "fp8", _block(qc.get("weight_block_size"), path), scheme == "static", ignored
-    )
+    return WeightQuant(CHECKPOINT, "fp8", _block(qc.get("weight_block_size"), path))
 
 
 def _compressed_tensors(qc: dict, path: str) -> WeightQuant:
     groups = qc.get("config_groups") or {}
     if not groups:
         raise _refuse("compressed-tensors (no config_groups)", path)
-    blocks, static = set(), False
+    blocks = set()
     for name, group in groups.items():
         w = group.get("weights") or {}
         if w.get("type") != "float" or int(w.get("num_bits", 0)) != 8:
@@ -94,11 +92,9 @@ def _compressed_tensors(qc: dict, path: str) -> WeightQuant:
             blocks.add(None)
         else:
             raise _refuse(f"compressed-tensors float8 with weight strategy {strategy!r}", path)
-        act = group.get("input_activations") or {}
-        static = static or (bool(act) and not act.get("dynamic", True))
     if len(blocks) > 1:
         raise _refuse("compressed-tensors with mixed weight strategies", path)
-    return WeightQuant(CHECKPOINT, "compressed-tensors", blocks.pop(), static, tuple(qc.get("ignore") or ()))
+    return WeightQuant(CHECKPOINT, "compressed-tensors", blocks.pop())
 
 
 def _modelopt(qc: dict, path: str) -> WeightQuant:
@@ -106,8 +102,7 @@ def _modelopt(qc: dict, path: str) -> WeightQuant:
     algo = str(inner.get("quant_algo") or "")
     if algo.upper() != "FP8":
         raise _refuse(f"modelopt {algo or '(no quant_algo)'}", path)
-    ignored = tuple(inner.get("exclude_modules") or qc.get("ignore") or ())
-    return WeightQuant(CHECKPOINT, "modelopt", None, True, ignored)
+    return WeightQuant(CHECKPOINT, "modelopt")
 
 
 _READERS = {"fp8": _fp8, "compressed-tensors": _compressed_tensors, "modelopt": _modelopt}
@@ -142,20 +137,3 @@ def weight_quant(config: dict, flag: str | None, path: str = "") -> WeightQuant 
             "--quantization (the checkpoint's quantization_config is detected)"
         )
     return quant
-
-
-def is_ignored(module_name: str, quant: WeightQuant) -> bool:
-    """A module the checkpoint left unquantized (listed by full name, by prefix or by last component)."""
-    for pattern in quant.ignored:
-        if pattern.startswith("re:"):
-            import re
-
-            if re.match(pattern[3:], module_name):
-                return True
-        elif (
-            module_name == pattern
-            or module_name.endswith("." + pattern)
-            or module_name.startswith(pattern + ".")
-        ):
-            return True
-    return False
