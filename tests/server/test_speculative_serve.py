@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from console.tui.screens.server import live_text
 from tests.server.server_proc import launch
 from tokenspeed import Engine
 
@@ -69,3 +70,8 @@ def test_ngram_server_answers_like_plain_greedy(ngram_server):
     assert _metric(text, "spec_decode_acceptance_length_count") > 0
     info = ngram_server.server_info()
     assert info["speculative_algorithm"] == "NGRAM"
+    (rank,) = info["internal_states"]
+    assert rank["spec_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    assert rank["kv_pages_used"] == 0 and rank["num_running"] == 0
+    # what the console's Server screen shows under "Live state"
+    assert f"acceptance length {1 + accepted / drafts:.2f}" in live_text(info)

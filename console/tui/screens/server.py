@@ -127,7 +127,18 @@ def live_text(info: dict[str, Any]) -> str:
             f"  prefix hits {rank.get('prefix_cache_hits', '-')}/{rank.get('prefix_cache_queries', '-')}"
             f"  preemptions {rank.get('num_preemptions', '-')}"
         )
+        if info.get("speculative_algorithm"):
+            lines.append(f"  {spec_text(info['speculative_algorithm'], rank)}")
     return "\n".join(lines) or "(the server reported no live state)"
+
+
+def spec_text(algorithm: str, rank: dict[str, Any]) -> str:
+    """Speculative decoding of one rank: mean acceptance length (tokens per verify step) and drafts kept."""
+    drafted, accepted = rank.get("spec_num_draft_tokens") or 0, rank.get("spec_num_accepted_tokens") or 0
+    length = rank.get("spec_mean_acceptance_length") or 0.0
+    if not rank.get("spec_num_drafts"):
+        return f"speculative {algorithm}: no drafts verified yet"
+    return f"speculative {algorithm}: acceptance length {length:.2f}  ({accepted}/{drafted} drafted tokens accepted)"
 
 
 def planned_vs_running(plan: dict[str, Any] | None, info: dict[str, Any] | None) -> str:

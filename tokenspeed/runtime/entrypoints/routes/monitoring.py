@@ -93,6 +93,7 @@ def server_info(state: ServerState) -> dict[str, Any]:
     for r in ranks:
         r["kv_cache_usage_perc"] = r["kv_pages_used"] / r["kv_pages_total"] if r["kv_pages_total"] else 0.0
         r.pop("iteration_tokens", None)
+        r.pop("spec_acceptance_lengths", None)  # per-step samples for /metrics; the mean is kept
     return {
         **args,
         "version": version(),
