@@ -36,6 +36,8 @@ CONFIGS = {
 }
 NGRAM = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
 pytestmark = pytest.mark.usefixtures("one_thread")
+LOGPROBS = {"logprobs": True, "top_logprobs": 2}
+LOGPROB_REFS: dict[str, list[dict]] = {}  # arch -> plain greedy meta_info with logprobs
 
 
 def make_prompts(seed: int = 5) -> list[list[int]]:
@@ -63,6 +65,8 @@ def models(tmp_path_factory):
             params = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True}
             with Engine(model=path, device="cpu", dtype="float32", **CONFIGS["default"]) as plain:
                 ref = [o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=params)]
+                lps = plain.generate(input_ids=prompts, sampling_params={**params, **LOGPROBS})
+            LOGPROB_REFS[arch] = [o["meta_info"] for o in lps]
             cache[arch] = (path, prompts, ref)
         return cache[arch]
 
@@ -94,6 +98,19 @@ def test_ngram_greedy_equals_plain(models, arch, config):
                 assert out["output_ids"] == want, f"{arch}/{config} run {run} prompt {i}"
                 assert out["meta_info"]["completion_tokens"] == MAX_NEW
             assert_no_kv_leak(engine, flush=False)
+        if config == "default":
+            # logprobs of tokens accepted from drafts are the target's own, as without drafts
+            params = {"max_new_tokens": MAX_NEW, "temperature": 0.0, "ignore_eos": True, **LOGPROBS}
+            for out, want in zip(engine.generate(input_ids=prompts, sampling_params=params), LOGPROB_REFS[arch],
+                                 strict=True):  # fmt: skip
+                got = out["meta_info"]
+                assert [t for _, t, _ in got["output_token_logprobs"]] == [t for _, t, _ in want["output_token_logprobs"]]
+                assert [lp for lp, _, _ in got["output_token_logprobs"]] == pytest.approx(
+                    [lp for lp, _, _ in want["output_token_logprobs"]], abs=1e-4
+                )
+                assert [[t for _, t, _ in a] for a in got["output_top_logprobs"]] == [
+                    [t for _, t, _ in a] for a in want["output_top_logprobs"]
+                ]
         stats = engine.get_stats()
         assert stats.spec_num_drafts > 0 and stats.spec_num_accepted_tokens > 0, stats
         assert stats.spec_num_accepted_tokens <= stats.spec_num_draft_tokens
