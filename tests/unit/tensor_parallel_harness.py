@@ -36,6 +36,7 @@ class Case:
     moe: dict[str, Any] = dataclasses.field(default_factory=dict)  # ExpertPlan fields
     record: bool = False  # record the expert distribution (saved next to the logits)
     rebalance_after: int | None = None  # live EPLB rebalance after this step (needs record)
+    quantization: str | None = None  # --quantization (fp8: each rank quantizes its shard at load)
 
 
 def run_steps(model, config, recorder=None, between=None) -> list[torch.Tensor]:
@@ -83,7 +84,7 @@ def _run_case(case: Case, rank: int, world_size: int, out_dir: Path) -> None:
 
     mapping = Mapping(world_size=world_size, **case.mapping)
     groups = build_groups(mapping, rank, "gloo")
-    config = ModelConfig.from_pretrained(case.model_path)
+    config = ModelConfig.from_pretrained(case.model_path, quantization=case.quantization)
     pm = load_parallel_model(config, groups, moe=ExpertPlan(**case.moe))
     local = dataclasses.replace(config, num_kv_heads=local_kv_heads(config.num_kv_heads, groups.attn_tp.size))
     recorder = None

@@ -71,6 +71,18 @@ def all_cases(paths, counts_file):
             record=True,
             rebalance_after=2,
         ),
+        # FP8 experts (--quantization fp8, quantized per rank at load): a live rebalance moves each
+        # expert's FP8 weights with their scales, so the outputs stay those of the placement before
+        Case("moe_ep2_fp8_static", moe, EP2, {"dispatch_algorithm": "static"}, quantization="fp8"),
+        Case(
+            "moe_ep2_fp8_r2_rebalance_static",
+            moe,
+            EP2,
+            {"num_redundant_experts": 2, "dispatch_algorithm": "static"},
+            record=True,
+            rebalance_after=1,
+            quantization="fp8",
+        ),
         Case("qwen3_tp4_replicated_kv", paths["qwen3"], TP4),
         Case("moe_ep4_r4_dynamic", moe, EP4, {"num_redundant_experts": 4, "dispatch_algorithm": "dynamic"}),
     ]
@@ -167,3 +179,14 @@ def test_live_rebalance_moves_experts_and_balances_the_recorded_load(results, ca
 
     assert (balancedness(per_rank(after)) >= balancedness(per_rank(before)) - 1e-6).all()
     assert reb["result"]["balancedness_after"] == [round(float(x), 4) for x in balancedness(per_rank(after))]
+
+
+def test_fp8_experts_move_with_their_scales(results):
+    out, _, _ = results
+    still = torch.load(out / "moe_ep2_fp8_static.pt")["logits"]
+    moved = torch.load(out / "moe_ep2_fp8_r2_rebalance_static.pt")
+    (reb,) = moved["rebalances"]
+    assert reb["result"]["moved_slots"] > 0 and not torch.equal(reb["before"], moved["phy2log"])
+    for step, (a, b) in enumerate(zip(moved["logits"], still, strict=True)):
+        err = (a - b).abs().max().item()
+        assert err < ATOL, f"step {step} (rebalance after step 1): max |logit diff| {err:.2e}"

@@ -133,6 +133,15 @@ def plan_transfers(
     return out
 
 
+def moved_tensors(experts) -> list[torch.Tensor]:
+    """What a transfer moves per slot: the stacked weights and, for FP8 experts, their scales; FP8 tensors
+    as bytes (the collectives move bytes whatever the dtype, and gloo has no float8 type)."""
+    tensors = [experts.w13, experts.w2]
+    if getattr(experts, "w13_scale", None) is not None:
+        tensors += [experts.w13_scale, experts.w2_scale]
+    return [t.data.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.data for t in tensors]
+
+
 def apply_transfers(state: ExpertParallelState, transfers: list[Transfer]) -> None:
     """Copy or send/receive the expert weights of every transfer (collective over the EP group).
 
@@ -146,20 +155,20 @@ def apply_transfers(state: ExpertParallelState, transfers: list[Transfer]) -> No
         by_layer.setdefault(t.layer, []).append(t)
     for layer, moves in by_layer.items():
         experts = state.layers[layer]
-        params = (experts.w13, experts.w2)
+        params = moved_tensors(experts)
         sources = sorted({t.src_local for t in moves if t.src_rank == me})
         at = {slot: i for i, slot in enumerate(sources)}
         index = torch.tensor(sources, dtype=torch.long, device=experts.w13.device)
-        old = [p.data.index_select(0, index) for p in params] if sources else []
+        old = [p.index_select(0, index) for p in params] if sources else []
         ops = []
         for i, t in enumerate(moves):
             for j, param in enumerate(params):
-                tag = 2 * i + j
+                tag = len(params) * i + j
                 if t.dst_rank == me and t.src_rank == me:
-                    param.data[t.dst_local].copy_(old[j][at[t.src_local]])
+                    param[t.dst_local].copy_(old[j][at[t.src_local]])
                 elif t.dst_rank == me:
                     peer = group.global_rank(t.src_rank)
-                    ops.append(dist.P2POp(dist.irecv, param.data[t.dst_local], peer, group.device_group, tag))
+                    ops.append(dist.P2POp(dist.irecv, param[t.dst_local], peer, group.device_group, tag))
                 elif t.src_rank == me:
                     peer = group.global_rank(t.dst_rank)
                     source = old[j][at[t.src_local]]
