@@ -158,6 +158,10 @@ class GpusScreen(ConsoleScreen):
     MODE = "gpus"
     BINDINGS = [*ConsoleScreen.BINDINGS, Binding("escape", "app.switch_screen_to('fleet')", "Back")]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._drawn: str | None = None  # what the tables were drawn from (the probe, less its timestamp)
+
     def compose(self):
         yield from self.compose_header()
         with VerticalScroll(id="gpus-body"):
@@ -171,13 +175,22 @@ class GpusScreen(ConsoleScreen):
     def poll_request(self):
         return lambda source: source.probe()
 
+    def on_screen_resume(self) -> None:
+        self._drawn = None  # the terminal may have changed size meanwhile: draw the next probe again
+        super().on_screen_resume()
+
     def show(self, snapshot: Snapshot) -> None:
+        probe = snapshot.extra
+        # The tables are Rich renderables, costly to lay out: redrawn only when what they show changed.
+        drawn = json.dumps([snapshot.extra_error, _shown_part(probe)], sort_keys=True, default=str)
+        if drawn == self._drawn:
+            return
+        self._drawn = drawn
         if snapshot.extra_error:
             self.query_one("#gpus-table", Static).update(
                 Text(f"probe: {snapshot.extra_error}", style="bold red")
             )
             return
-        probe = snapshot.extra
         if not isinstance(probe, dict):
             return
         gpus = _gpus(probe)
@@ -200,3 +213,13 @@ class GpusScreen(ConsoleScreen):
             self.query_one("#gpus-plan", Static).update(Text(f"plan: {probe['error']}", style="bold red"))
         else:
             self.query_one("#gpus-plan", Static).update(plan_text(plan))
+
+
+def _shown_part(probe: Any) -> Any:
+    """The probe less its reading time, which changes on every poll and is not drawn."""
+    if not isinstance(probe, dict):
+        return probe
+    part = {k: v for k, v in probe.items() if k != "taken_at"}
+    if isinstance(part.get("probe"), dict):
+        part["probe"] = {k: v for k, v in part["probe"].items() if k != "taken_at"}
+    return part

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual.binding import Binding
-from textual.widgets import Input, RichLog, Static
+from textual.widgets import Input, RichLog
 
 from console.tui.model import Snapshot
 from console.tui.screens.base import ConsoleScreen
+from console.tui.widgets.panel import TextPanel
 
 TAIL_LINES = 500
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -58,7 +59,7 @@ class LogsScreen(ConsoleScreen):
 
     def compose(self):
         yield from self.compose_header()
-        yield Static("", id="logs-title", classes="title")
+        yield TextPanel("", id="logs-title", classes="title")
         yield RichLog(id="logs-view", wrap=False, markup=False, highlight=False, max_lines=5000)
         yield Input(placeholder="search (regex); enter keeps it, esc clears", id="logs-search")
         yield from self.compose_footer()
@@ -108,7 +109,7 @@ class LogsScreen(ConsoleScreen):
             title.append(f"\n{error}", style="bold red")
         lines, ranks = self._visible()
         title.append(f"  ({len(lines)} lines)", style="dim")
-        self.query_one("#logs-title", Static).update(title)
+        self.query_one("#logs-title", TextPanel).show(title)
         shown = tuple(lines)
         if shown == self._shown and not force:
             return

@@ -15,6 +15,7 @@ from console.tui import fmt
 from console.tui.model import History, Metrics, Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.source import DataSource, SourceError
+from console.tui.widgets.panel import Shown, TextPanel
 from console.tui.widgets.plot import MetricPlot
 
 HISTORY_SECONDS = 300.0
@@ -96,16 +97,17 @@ def latency_text(m: Metrics | None) -> str:
 
 
 def processes_text(processes: tuple[dict[str, Any], ...]) -> Text:
-    """One line per process of the server: pid, role, CPU % of one core, resident and GPU memory."""
+    """One line per process of the server (nvitop-like): pid, role, CPU % of one core, resident memory, and
+    on GPU machines its GPU memory and SM utilisation ("-" without a GPU or an NVML sample)."""
     if not processes:
         return Text("(no process running)", style="dim")
-    text = Text(f"{'PID':>7}  {'CPU':>5}  {'RSS':>9}  {'GPU MEM':>9}  ROLE\n", style="bold")
+    text = Text(f"{'PID':>7}  {'CPU':>5}  {'RSS':>9}  {'GPU MEM':>9}  {'SM':>4}  ROLE\n", style="bold")
     for p in processes:
-        cpu = p.get("cpu_percent")
-        gpu = p.get("gpu_mib")
+        cpu, sm = p.get("cpu_percent"), p.get("gpu_sm_percent")
         text.append(
             f"{p.get('pid', '?'):>7}  {fmt.DASH if cpu is None else f'{cpu:.0f}%':>5}  "
-            f"{fmt.mib(p.get('rss_mib')):>9}  {fmt.mib(gpu):>9}  {p.get('name', '')}\n"
+            f"{fmt.mib(p.get('rss_mib')):>9}  {fmt.mib(p.get('gpu_mib')):>9}  "
+            f"{fmt.DASH if sm is None else f'{sm:.0f}%':>4}  {p.get('name', '')}\n"
         )
     return text
 
@@ -177,24 +179,23 @@ class ServerScreen(ConsoleScreen):
     def __init__(self) -> None:
         super().__init__()
         self._args_for: tuple[str, dict[str, Any]] | None = None
-        self._shown: dict[str, Text | str] = {}
 
     def compose(self):
         yield from self.compose_header()
-        yield Static("", id="server-title", classes="title")
+        yield TextPanel("", id="server-title", classes="title")
         with Horizontal(id="server-body"):
             with VerticalScroll(id="server-plots"):
                 for plot_id, title, _key, render, ratio in PLOTS:
                     yield MetricPlot(title, render, ratio=ratio, id=plot_id)
             with Vertical(id="server-side"):
-                yield Static("Latency p50/p99", classes="section", id="server-latency-title")
-                yield Static("", id="server-latency")
+                yield TextPanel("Latency p50/p99", classes="section", id="server-latency-title")
+                yield TextPanel("", id="server-latency")
                 yield Static("Processes", classes="section")
-                yield Static("", id="server-processes")
+                yield TextPanel("", id="server-processes")
                 yield Static("Live state", classes="section")
-                yield Static("", id="server-live")
+                yield TextPanel("", id="server-live")
                 yield Static("Mapping", classes="section")
-                yield Static("", id="server-mapping")
+                yield TextPanel("", id="server-mapping")
                 yield Static("ServerArgs (resolved)", classes="section")
                 table = DataTable(id="server-args", cursor_type="row", zebra_stripes=True)
                 table.add_columns("argument", "value")
@@ -260,14 +261,11 @@ class ServerScreen(ConsoleScreen):
         elif data.info_error:
             self._update("#server-live", Text(f"info: {data.info_error}", style="red"))
 
-    def _update(self, widget_id: str, content: Text | str) -> None:
-        """Update a panel only when its content changed: each update re-lays the screen out."""
-        if self._shown.get(widget_id) != content:
-            self._shown[widget_id] = content
-            self.query_one(widget_id, Static).update(content)
+    def _update(self, widget_id: str, content: Shown) -> None:
+        self.query_one(widget_id, TextPanel).show(content)
 
     def _draw_info(self, args: dict[str, Any], mapping: Any) -> None:
-        self.query_one("#server-mapping", Static).update(mapping_text(mapping))
+        self._update("#server-mapping", mapping_text(mapping))
         table = self.query_one("#server-args", DataTable)
         table.clear()
         for key in sorted(args):

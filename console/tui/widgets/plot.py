@@ -82,4 +82,4 @@ class MetricPlot(Static):
         width = max(self.size.width, 1)
         for line in chart_lines(series, width, 3, 1.0 if self.ratio else None):
             text.append("\n" + line, style="cyan")
-        self.update(text)
+        self.update(text, layout=False)  # always four lines (CSS): nothing to lay out again
