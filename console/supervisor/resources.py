@@ -1,9 +1,9 @@
-"""What each server's processes cost the machine (nvitop-like): CPU %, resident memory, GPU memory.
+"""What each server's processes cost the machine (nvitop-like): CPU %, resident memory, GPU memory and SM %.
 
 The supervisor samples every process of a server (the `tokenspeed serve` process and everything it
 started: scheduler ranks, the DP controller) every `interval_s`; CPU % is measured between two samples,
-so the first sample of a process reads None. GPU memory per process comes from NVML (the probe's process
-list), read less often, and only when the fleet has GPUs.
+so the first sample of a process reads None. GPU memory and SM utilisation per process come from NVML's
+per-process queries (gpu_processes.py), read less often, and only when the fleet has GPUs.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import time
 from dataclasses import asdict, dataclass
 
 import psutil
+
+from console.supervisor.gpu_processes import GpuProcessUsage, read_gpu_processes
 
 _MIB = 1024 * 1024
 
@@ -23,6 +25,7 @@ class ProcessUsage:
     cpu_percent: float | None  # of one core, since the previous sample
     rss_mib: float
     gpu_mib: float | None = None  # None: no GPU memory reading (CPU fleet, or NVML does not list it)
+    gpu_sm_percent: float | None = None  # SM utilisation on its GPU(s); None: no NVML sample
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -35,7 +38,7 @@ class ProcessSampler:
         self._procs: dict[int, psutil.Process] = {}  # kept between samples: cpu_percent needs the last one
         self._next_at = 0.0
         self._gpu_next_at = 0.0
-        self.gpu_mib: dict[int, float] = {}  # pid -> MiB, from the last NVML reading
+        self.gpu: dict[int, GpuProcessUsage] = {}  # pid -> memory and SM %, from the last NVML reading
         self.usage: dict[str, list[ProcessUsage]] = {}
         self._cpu_pids: set[int] = set()  # processes with a CPU sample to measure from
 
@@ -49,14 +52,11 @@ class ProcessSampler:
         return True
 
     def read_gpus(self) -> None:
-        """NVML's per-process memory (blocking: call it off the event loop)."""
-        from console.probe import probe_gpus
-
+        """NVML's per-process memory and SM utilisation (blocking: call it off the event loop)."""
         try:
-            probe = probe_gpus()
-        except Exception:  # a broken driver must not take the supervisor down; the column stays empty
+            self.gpu = read_gpu_processes()
+        except Exception:  # a broken driver must not take the supervisor down; the columns stay empty
             return
-        self.gpu_mib = {p.pid: p.used_mib for g in probe.gpus for p in g.processes}
 
     def sample(self, roots: dict[str, list[int]]) -> None:
         """`roots`: server -> the pids the supervisor started for it."""
@@ -95,7 +95,8 @@ class ProcessSampler:
         except psutil.Error:
             return None
         self._cpu_pids.add(proc.pid)
-        return ProcessUsage(proc.pid, name, None if first else cpu, rss, self.gpu_mib.get(proc.pid))
+        gpu = self.gpu.get(proc.pid, GpuProcessUsage())
+        return ProcessUsage(proc.pid, name, None if first else cpu, rss, gpu.memory_mib, gpu.sm_percent)
 
 
 def _role(proc: psutil.Process, root_pid: int) -> str:

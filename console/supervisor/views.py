@@ -76,7 +76,7 @@ def server_json(sup, unit, now: float) -> dict:
         "metrics": metrics,
         "scraped_at": scraped.scraped_at if current else None,
         "plan": _plan_json(sup.plans.planned(spec.name)),
-        # Every process of the server: {"pid", "name", "cpu_percent", "rss_mib", "gpu_mib"}.
+        # Every process of the server: {"pid", "name", "cpu_percent", "rss_mib", "gpu_mib", "gpu_sm_percent"}.
         "processes": [p.to_json() for p in sup.resources.usage.get(spec.name, [])] if running else [],
     }
 

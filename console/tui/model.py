@@ -113,7 +113,7 @@ class Server:
     recent_restarts: int = 0  # inside the restart window: 2 or more while starting is a crash loop
     stalled_s: float | None = None  # no scheduler step for this long with requests in flight
     draining: dict[str, Any] | None = None  # STOPPING: {"since", "deadline", "in_flight"}
-    # Every process of the server: {"pid", "name", "cpu_percent", "rss_mib", "gpu_mib"}
+    # Every process of the server: {"pid", "name", "cpu_percent", "rss_mib", "gpu_mib", "gpu_sm_percent"}
     processes: tuple[dict[str, Any], ...] = ()
 
     @property
