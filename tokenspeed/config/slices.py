@@ -46,6 +46,8 @@ class RunnerConfig:
     # KV cache storage: "auto" (the model's dtype) or "fp8_e4m3", and a file of FP8 KV scales
     kv_cache_dtype: str = "auto"
     quantization_param_path: str | None = None
+    # KV layers beside the model's that share its pages (an EAGLE3 draft's one layer), sized into the pool
+    draft_kv_layers: int = 0
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> RunnerConfig:
@@ -69,6 +71,7 @@ class RunnerConfig:
             gpu_memory_utilization=args.gpu_memory_utilization,
             kv_cache_dtype=args.kv_cache_dtype,
             quantization_param_path=args.quantization_param_path,
+            draft_kv_layers=1 if args.speculative_algorithm == "EAGLE3" else 0,
         )
 
 

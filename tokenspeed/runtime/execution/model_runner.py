@@ -157,7 +157,9 @@ class ModelRunner:
         with cuda_graph.hold_memory(
             cuda_graph.decode_graph_reserve(model_config, graph_sizes, attn_name), device
         ):
-            num_pages = plan_num_pages(config, self.spec, device, model_config.max_model_len)
+            # a draft's KV layer takes pages of the same count: the budget covers both pools
+            sizing = dataclasses.replace(self.spec, num_layers=self.spec.num_layers + config.draft_kv_layers)
+            num_pages = plan_num_pages(config, sizing, device, model_config.max_model_len)
         num_pages = self.peers.agree_num_pages(num_pages)
         kv_started = time.monotonic()
         kv_scales = pool_kv_scales(
