@@ -11,6 +11,7 @@ import torch
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.config.support_check import assess
+from tokenspeed.runtime.layers.sampling.torch_sampler import TorchSampler
 from tokenspeed.runtime.speculative.ngram import propose_ngram
 from tokenspeed.runtime.speculative.rejection import greedy_verify, rejection_sample, target_probs
 from tokenspeed.sampling_params import SamplingParams
@@ -64,17 +65,30 @@ def test_rejection_sampling_matches_the_target(draft_kind):
     assert _chi2(second, p[1], sum(second.values())) < CHI2_999[5], second
 
 
+class Row:
+    def __init__(self, **kw):
+        self.sampling = SamplingParams(**kw)
+        self.generator = None
+        self.token_ids = [0, 1, 1, 3]
+        self.eos_token_ids = frozenset({4})
+        self.num_prompt_tokens = 2
+        self.num_output_tokens = 2
+
+
+def test_target_probs_are_what_the_torch_sampler_draws_from():
+    """Verification accepts against exactly the sampler's distribution (chi-square over 6000 draws)."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[1.5, 1.2, 0.9, 0.7, 0.1, -0.3, -2.0]])
+    params = dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.05, presence_penalty=0.4, logit_bias={"5": 1.0})
+    n = 6000
+    rows = [Row(**params) for _ in range(n)]
+    probs, _ = target_probs(logits, rows[:1])
+    drawn = TorchSampler("cpu").sample(logits.expand(n, -1), rows).token_ids.tolist()
+    assert _chi2(collections.Counter(drawn), probs[0].double(), n) < CHI2_999[5]
+
+
 def test_target_probs_follow_the_sampling_parameters():
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
-
-    class Row:
-        def __init__(self, **kw):
-            self.sampling = SamplingParams(**kw)
-            self.generator = None
-            self.token_ids = [0, 1]
-            self.eos_token_ids = frozenset({4})
-            self.num_prompt_tokens = 2
-            self.num_output_tokens = 0
 
     probs, _ = target_probs(logits, [Row(temperature=0.5, top_k=3)])
     want = torch.softmax(logits[0, :3] / 0.5, -1)
@@ -82,7 +96,7 @@ def test_target_probs_follow_the_sampling_parameters():
     greedy, _ = target_probs(logits, [Row(temperature=0.0, logit_bias={"2": 5.0})])
     assert greedy[0].tolist() == [0, 0, 1, 0, 0]
     # min_new_tokens bans EOS (4) until reached; a penalty lowers seen tokens
-    probs, _ = target_probs(logits, [Row(temperature=1.0, min_new_tokens=2, presence_penalty=0.0)])
+    probs, _ = target_probs(logits, [Row(temperature=1.0, min_new_tokens=3, presence_penalty=0.0)])
     assert probs[0, 4] == 0
     assert greedy_verify([3, 5, 6], [3, 7]) == [3, 5]
     assert greedy_verify([3, 7, 6], [3, 7]) == [3, 7, 6]
