@@ -13,6 +13,7 @@ import json
 import pytest
 import torch
 
+from tests.fp8_models import make_fp8_pair
 from tests.tiny_models import make_tiny_model
 from tests.unit.tensor_parallel_harness import Case, reference_logits, run_ranks
 
@@ -36,6 +37,11 @@ def models(tmp_path_factory):
     counts[:, 5] = 40.0  # one hot expert per layer: it gets the redundant slots
     counts_file = root / "counts.json"
     counts_file.write_text(json.dumps({"logical_count": counts.tolist()}))
+    # FP8 checkpoints of the same weights: block-wise 16x16 tiles (every TP split here falls on tile
+    # edges) and per-channel scales
+    paths["qwen3_fp8_block"] = make_fp8_pair(paths["qwen3"], root, "block")[0]
+    paths["moe_fp8_block"] = make_fp8_pair(paths["qwen3_moe"], root, "block")[0]
+    paths["moe_fp8_channel"] = make_fp8_pair(paths["qwen3_moe"], root, "channel")[0]
     return paths, str(counts_file)
 
 
@@ -83,6 +89,11 @@ def all_cases(paths, counts_file):
             rebalance_after=1,
             quantization="fp8",
         ),
+        # FP8 checkpoints sharded: weights and scales split alike (block scales by whole tiles)
+        Case("qwen3fp8_tp2_block", paths["qwen3_fp8_block"], TP2),
+        Case("qwen3fp8_tp4_block_replicated_kv", paths["qwen3_fp8_block"], TP4),
+        Case("moefp8_tp2_channel", paths["moe_fp8_channel"], TP2),
+        Case("moefp8_ep2_r2_block", paths["moe_fp8_block"], EP2, {"num_redundant_experts": 2}),
         Case("qwen3_tp4_replicated_kv", paths["qwen3"], TP4),
         Case("moe_ep4_r4_dynamic", moe, EP4, {"num_redundant_experts": 4, "dispatch_algorithm": "dynamic"}),
     ]
@@ -109,6 +120,10 @@ ALL_CASES = [
     ("moe_ep4_r4_rebalance_dynamic", "qwen3_moe"),
     ("qwen3_tp4_replicated_kv", "qwen3"),
     ("moe_ep4_r4_dynamic", "qwen3_moe"),
+    ("qwen3fp8_tp2_block", "qwen3_fp8_block"),
+    ("qwen3fp8_tp4_block_replicated_kv", "qwen3_fp8_block"),
+    ("moefp8_tp2_channel", "moe_fp8_channel"),
+    ("moefp8_ep2_r2_block", "moe_fp8_block"),
 ]
 
 

@@ -52,7 +52,8 @@ class ShardedColumnLinear(ColumnLinear):
         self.bias = None if full.bias is None else _new_param(full.bias, (self.out_features,))
 
     def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
-        part = tensor.chunk(self.group.size, dim=0)[self.group.rank_in_group]
+        n = self.out_features
+        part = self.quant.narrow(tensor, param_name, 0, self.group.rank_in_group * n, n, name)
         return copy_weight(getattr(self, param_name), part, name)
 
 
@@ -67,7 +68,8 @@ class ShardedMergedColumnLinear(MergedColumnLinear):
         self.bias = None if full.bias is None else _new_param(full.bias, (self.out_features,))
 
     def load_shard(self, param_name: str, shard_id: int, tensor: torch.Tensor, name: str) -> int:
-        part = tensor.chunk(self.group.size, dim=0)[self.group.rank_in_group]
+        n = self.output_sizes[shard_id]
+        part = self.quant.narrow(tensor, param_name, 0, self.group.rank_in_group * n, n, name)
         return super().load_shard(param_name, shard_id, part, name)
 
 
@@ -101,9 +103,10 @@ class ShardedQKVLinear(QKVLinear):
     def load_shard(self, param_name: str, shard_id: str, tensor: torch.Tensor, name: str) -> int:
         d = self.head_dim
         if shard_id == "q":
-            part = tensor[self.q_head_start * d : (self.q_head_start + self.num_heads) * d]
+            part = self.quant.narrow(tensor, param_name, 0, self.q_head_start * d, self.num_heads * d, name)
         else:
-            part = tensor[self.kv_head_start * d : (self.kv_head_start + self.num_kv_heads) * d]
+            start, n = self.kv_head_start * d, self.num_kv_heads * d
+            part = self.quant.narrow(tensor, param_name, 0, start, n, name)
         return super().load_shard(param_name, shard_id, part, name)
 
 
@@ -119,8 +122,9 @@ class ShardedRowLinear(RowLinear):
     def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
         if param_name == "bias":
             return copy_weight(self.bias, tensor, name)
-        part = tensor.chunk(self.group.size, dim=1)[self.group.rank_in_group]
-        return copy_weight(self.weight, part, name)
+        n = self.in_features
+        part = self.quant.narrow(tensor, param_name, 1, self.group.rank_in_group * n, n, name)
+        return copy_weight(getattr(self, param_name), part, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = all_reduce(self.quant.apply(self, x, None), self.group)

@@ -51,6 +51,13 @@ class Unquantized:
         """The rows of `param_name` that hold output rows [start, end) of the weight."""
         return start, end
 
+    def narrow(
+        self, tensor: torch.Tensor, param_name: str, dim: int, start: int, length: int, name: str
+    ) -> torch.Tensor:
+        """The part of checkpoint tensor `param_name` a shard holding weight elements [start, start +
+        length) along `dim` (0: output rows, 1: input columns) loads."""
+        return tensor.narrow(dim, start, length)
+
 
 UNQUANTIZED = Unquantized()
 

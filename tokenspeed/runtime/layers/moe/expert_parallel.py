@@ -29,7 +29,7 @@ from tokenspeed.runtime.layers.linear import copy_weight
 from tokenspeed.runtime.layers.moe.backend import UsesMoeBackend, torch_experts
 from tokenspeed.runtime.layers.moe.experts import TorchExperts
 from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock, recorder_sink
-from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
+from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales, narrow_for_shard, scale_rows
 from tokenspeed.runtime.moe.dispatch import DispatchView, ExpertDispatch, localize
 from tokenspeed.runtime.moe.expert_location import DISPATCH_ALGORITHMS, ExpertLocation
 
@@ -98,6 +98,8 @@ def _param_like(like: torch.Tensor, shape: tuple[int, ...]) -> nn.Parameter:
 class ExpertParallelExperts(nn.Module):
     """This rank's physical expert slots, stacked like `TorchExperts` (`w13` [S, 2I, H], `w2` [S, H, I])."""
 
+    fp8_block: tuple[int, int] | None = None  # FP8 experts: the tile of their block-wise scales
+
     def __init__(self, full: TorchExperts, layer_id: int, state: ExpertParallelState):
         super().__init__()
         self.layer_id = layer_id
@@ -128,16 +130,14 @@ class ExpertParallelExperts(nn.Module):
                 f"checkpoint weight {name!r} names expert {expert} but the config has {self.num_logical}"
             )
         inter = self.intermediate_size
+        param = getattr(self, param_name)  # w13 / w2, or an FP8 layer's w13_scale / w2_scale
+        start = 0 if part == "gate" else inter
+        rows = scale_rows(param_name, start, start + inter, self.fp8_block, name)
         written = 0
         for i, logical in enumerate(self.local_logical()):
             if logical != expert:
                 continue
-            if part == "gate":
-                dst = self.w13[i, :inter]
-            elif part == "up":
-                dst = self.w13[i, inter:]
-            else:
-                dst = self.w2[i]
+            dst = param[i] if part == "down" else param[i, rows[0] : rows[1]]
             written += copy_weight(dst, tensor, name)
         return written
 
@@ -158,6 +158,8 @@ class ExpertParallelExperts(nn.Module):
 
 class TensorParallelExperts(nn.Module):
     """Every expert on every rank, each with 1/size of its intermediate dimension (MoE TP)."""
+
+    fp8_block: tuple[int, int] | None = None  # FP8 experts: the tile of their block-wise scales
 
     def __init__(self, full: TorchExperts, group: RankGroup):
         super().__init__()
@@ -182,12 +184,15 @@ class TensorParallelExperts(nn.Module):
             raise ValueError(
                 f"checkpoint weight {name!r} names expert {expert} but the config has {self.num_experts}"
             )
-        i = self.intermediate_size
-        if part == "gate":
-            return copy_weight(self.w13[expert, :i], self._slice(tensor, 0), name)
-        if part == "up":
-            return copy_weight(self.w13[expert, i:], self._slice(tensor, 0), name)
-        return copy_weight(self.w2[expert], self._slice(tensor, 1), name)
+        i, r = self.intermediate_size, self.group.rank_in_group
+        param = getattr(self, param_name)  # w13 / w2, or an FP8 layer's w13_scale / w2_scale
+        if part == "down":
+            part_in = narrow_for_shard(tensor, param_name, 1, r * i, i, self.fp8_block, name)
+            return copy_weight(param[expert], part_in, name)
+        start = 0 if part == "gate" else i
+        lo, hi = scale_rows(param_name, start, start + i, self.fp8_block, name)
+        part_out = narrow_for_shard(tensor, param_name, 0, r * i, i, self.fp8_block, name)
+        return copy_weight(param[expert, lo:hi], part_out, name)
 
     def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
         if param_name == "w13":

@@ -52,6 +52,40 @@ class Fp8Linear:
     def rows(self, param_name: str, start: int, end: int, name: str) -> tuple[int, int]:
         return scale_rows(param_name, start, end, self.block, name)
 
+    def narrow(
+        self, tensor: torch.Tensor, param_name: str, dim: int, start: int, length: int, name: str
+    ) -> torch.Tensor:
+        return narrow_for_shard(tensor, param_name, dim, start, length, self.block, name)
+
+
+def narrow_for_shard(
+    tensor: torch.Tensor,
+    param_name: str,
+    dim: int,
+    start: int,
+    length: int,
+    block: tuple[int, int] | None,
+    name: str,
+) -> torch.Tensor:
+    """The part of a checkpoint tensor that a tensor-parallel shard holding weight elements [start,
+    start + length) along `dim` (0: output rows, 1: input columns) loads: the weight's own slice; a
+    per-row scale's rows (all of it for a column split); a per-tensor scale whole; a block scale's tiles,
+    which the shard must cover exactly."""
+    if not param_name.endswith("_scale"):
+        return tensor.narrow(dim, start, length)
+    if tensor.numel() == 1:
+        return tensor
+    if block is None:
+        return tensor.narrow(0, start, length) if dim == 0 else tensor
+    tile = block[dim]
+    if start % tile or length % tile:
+        raise ValueError(
+            f"checkpoint weight {name!r}: a shard of {length} {('rows', 'columns')[dim]} from {start} does "
+            f"not fall on the {tile}-wide tiles of weight_block_size; choose a --tp (or --moe-tp-size) "
+            "that splits this layer on tile edges"
+        )
+    return tensor.narrow(dim, start // tile, length // tile)
+
 
 def scale_rows(
     param_name: str, start: int, end: int, block: tuple[int, int] | None, name: str
@@ -103,19 +137,6 @@ def convert_experts(experts: nn.Module, block: tuple[int, int] | None) -> None:
     experts.fp8_block = block
 
 
-def _check_unsharded(name: str, module: nn.Module) -> None:
-    group = getattr(module, "group", None)
-    if (
-        (group is not None and getattr(group, "size", 1) > 1)
-        or type(module).__name__ != "TorchExperts"
-        and is_experts(module)
-    ):
-        raise ValueError(
-            f"layer {name!r} is sharded across ranks; FP8 checkpoints run with --tp 1 and no expert "
-            "parallelism in this build (--quantization fp8 on an unquantized checkpoint works with --tp)"
-        )
-
-
 def checkpoint_fp8_modules(model: nn.Module, names: list[str]) -> set[str]:
     """The model's modules that the checkpoint gives FP8 scales for (names of its tensors)."""
     modules: set[str] = set()
@@ -136,7 +157,6 @@ def convert_model(model: nn.Module, module_names: set[str], block: tuple[int, in
         raise ValueError(f"the checkpoint has FP8 scales for layers the model does not have: {unknown[:4]}")
     for name in sorted(module_names):
         module = found[name]
-        _check_unsharded(name, module)
         if isinstance(module, LinearBase):
             convert_linear(module, block)
         elif is_experts(module):
