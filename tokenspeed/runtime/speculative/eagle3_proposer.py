@@ -75,7 +75,8 @@ class Eagle3Proposer:
             cfg, len(self.layers), embed, mc.dtype, self.device, max(mc.max_model_len, cfg.max_position)
         )
         pool = runner.kv_pool
-        spec_kv = KVPoolSpec(1, cfg.num_kv_heads, cfg.head_dim, pool.spec.dtype, pool.block_size)
+        # the draft KV stays in the model dtype (an FP8 target pool keeps its own scales)
+        spec_kv = KVPoolSpec(1, cfg.num_kv_heads, cfg.head_dim, mc.dtype, pool.block_size)
         self.pool = KVPool(spec_kv, pool.num_pages, self.device)
         shape = SimpleNamespace(
             num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=mc.dtype,
