@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rich.text import Text
-
 from console.profile.thresholds import Thresholds
 from console.tui import fmt
 from console.tui.model import Server
+from console.tui.widgets.server_table import Cell
 
 HEALTH_STYLE = {"ok": "green", "warn": "yellow", "bad": "bold red", "off": "dim"}
 # How bad a state is, for the "problems first" order (lower sorts first).
@@ -197,7 +196,7 @@ def stale_age(server: Server, now: float, fresh_s: float) -> float | None:
 
 
 def row_cells(server: Server, cols: tuple[Column, ...], thresholds: Thresholds, age: float | None,
-              marked: bool) -> tuple[Text, ...]:  # fmt: skip
+              marked: bool) -> tuple[Cell, ...]:  # fmt: skip
     health = HEALTH_STYLE.get(server.health, "")
     cells = []
     for column in cols:
@@ -211,5 +210,5 @@ def row_cells(server: Server, cols: tuple[Column, ...], thresholds: Thresholds, 
             text, style = f"{fmt.duration(age)} old", "dim yellow"
         if column.key == "name" and marked:
             text, style = "● " + text, style + " reverse"
-        cells.append(Text(text, style=style))
+        cells.append(Cell(text, style))
     return tuple(cells)

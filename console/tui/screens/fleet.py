@@ -19,7 +19,7 @@ from console.tui.fleet_columns import SHOWN_WHEN_SET, Column, columns, row_cells
 from console.tui.model import Fleet, Server, Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.widgets.events import events_text
-from console.tui.widgets.server_table import ServerTable
+from console.tui.widgets.server_table import Row, ServerTable
 
 
 def compile_filter(text: str) -> Callable[[Server], bool]:
@@ -65,7 +65,7 @@ class FleetScreen(ConsoleScreen):
         self.sort_key = "state"  # problems first: broken states, then errors, KV pressure, slow TTFT
         self.sort_reverse = False
         self.filter_text = ""
-        self.cells: dict[str, tuple[Text, ...]] = {}  # what each visible row shows, by server
+        self.cells: dict[str, Row] = {}  # what each visible row shows, by server
         self.shown: tuple[Column, ...] = ()  # the columns that fit the terminal, in order
         self.widths: list[int] = []
         self._thresholds: tuple[str | None, Thresholds] = (None, Thresholds())
@@ -192,15 +192,8 @@ class FleetScreen(ConsoleScreen):
         self.widths = [widths[i] for i in keep]
         self.cells = {name: tuple(row[i] for i in keep) for name, row in cells.items()}
         self._draw_header()
-        rows = []
-        for name, row in self.cells.items():
-            line = Text(" ")
-            for cell, width in zip(row, self.widths, strict=True):
-                line.append_text(cell)
-                line.append(" " * (width - cell.cell_len + 2))
-            rows.append((name, line))
         table = self.table
-        table.set_rows(rows, width=sum(self.widths) + 2 * len(self.widths) + 1, keep=self.console.selected)
+        table.set_rows(list(self.cells.items()), self.widths, keep=self.console.selected)
         if table.current is not None and table.current != self.console.selected:
             self.console.selected = table.current
         self._draw_detail(fleet, len(servers))

@@ -2,15 +2,18 @@
 
 DataTable re-renders every visible cell whenever any cell changes and re-measures whole columns on
 width updates; with 64 servers polled every second that was most of the console's CPU. Here each
-row is one Rich Text laid out by the caller with fixed column widths, rendered to a Strip once per
-change, and only the rows whose text changed (or the cursor moved over) are repainted.
+row is a tuple of cells (text and a style) laid out with the caller's column widths, cut into one Strip
+once per change (no Rich Text, no Strip copies for padding, zebra or cursor), and only the rows whose
+cells changed (or the cursor moved over) are repainted.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Text
 from textual.binding import Binding
 from textual.events import Click
 from textual.geometry import Region, Size
@@ -19,22 +22,21 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+CURSOR, ZEBRA, PLAIN = 2, 1, 0  # how a row looks
 
-def _segments(text: Text, base: Style) -> list[Segment] | None:
-    """The segments of a row built from cells that each have one style (spans in order, none overlapping):
-    cut straight from the text, without Rich's general renderer. None for any other text."""
-    plain, pos, out = text.plain, 0, []
-    for span in text.spans:
-        if span.start < pos:
-            return None
-        if span.start > pos:
-            out.append(Segment(plain[pos : span.start], base))
-        style = Style.parse(span.style) if isinstance(span.style, str) else span.style
-        out.append(Segment(plain[span.start : span.end], base + style))
-        pos = span.end
-    if pos < len(plain):
-        out.append(Segment(plain[pos:], base))
-    return out if not text.style else None
+
+class Cell(NamedTuple):
+    """One table cell: its text and a Rich style string ("" for the row's own)."""
+
+    plain: str
+    style: str = ""
+
+    @property
+    def cell_len(self) -> int:
+        return cell_len(self.plain)
+
+
+Row = tuple[Cell, ...]
 
 
 class ServerTable(ScrollView, can_focus=True):
@@ -69,25 +71,30 @@ class ServerTable(ScrollView, can_focus=True):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.names: tuple[str, ...] = ()
-        self._texts: list[Text] = []
+        self._rows: list[Row] = []
+        self._widths: tuple[int, ...] = ()
         self._strips: dict[tuple[int, int], Strip] = {}  # (row, look) -> rendered line
         self._width = 0
         self._base: Style | None = None  # this widget's resolved style, until the styles change
+        self._styles: dict[tuple[str, int], Style] = {}  # (cell style, look) -> the style drawn
 
     # ------------------------------------------------------------------ data
 
-    def set_rows(self, rows: list[tuple[str, Text]], width: int, keep: str | None = None) -> None:
-        """Replace the rows; `keep` names the server the cursor should stay on."""
+    def set_rows(self, rows: list[tuple[str, Row]], widths: list[int], keep: str | None = None) -> None:
+        """Replace the rows (cells laid out in columns of `widths`, two spaces apart); `keep` names the
+        server the cursor should stay on."""
         names = tuple(name for name, _ in rows)
-        texts = [text for _, text in rows]
-        if names == self.names and width == self._width:
-            for index, (old, new) in enumerate(zip(self._texts, texts, strict=True)):
+        cells = [row for _, row in rows]
+        widths = tuple(widths)
+        width = sum(widths) + 2 * len(widths) + 1
+        if names == self.names and widths == self._widths:
+            for index, (old, new) in enumerate(zip(self._rows, cells, strict=True)):
                 if old != new:
                     self._forget(index)
-                    self.refresh_line(index)
-            self._texts = texts
+                    self.refresh_line(index - self.scroll_offset.y)
+            self._rows = cells
             return
-        self.names, self._texts, self._width = names, texts, width
+        self.names, self._rows, self._widths, self._width = names, cells, widths, width
         self._strips.clear()
         self.virtual_size = Size(width, len(names))
         target = names.index(keep) if keep in names else min(self.cursor, max(len(names) - 1, 0))
@@ -95,7 +102,7 @@ class ServerTable(ScrollView, can_focus=True):
         self.refresh()
 
     def _forget(self, index: int) -> None:
-        for look in (0, 1, 2):
+        for look in (PLAIN, ZEBRA, CURSOR):
             self._strips.pop((index, look), None)
 
     @property
@@ -103,9 +110,50 @@ class ServerTable(ScrollView, can_focus=True):
         return self.names[self.cursor] if 0 <= self.cursor < len(self.names) else None
 
     def row_text(self, name: str) -> str:
-        return self._texts[self.names.index(name)].plain
+        """The row of `name` as the terminal shows it (without the cursor marker)."""
+        row = self._rows[self.names.index(name)]
+        return " " + "".join(
+            c.plain + " " * (w - c.cell_len + 2) for c, w in zip(row, self._widths, strict=True)
+        )
 
     # ------------------------------------------------------------------ drawing
+
+    def _style(self, cell_style: str, look: int) -> Style:
+        """The drawn style of a cell: the widget's, the cell's, then (beneath both) the cursor or zebra
+        background, exactly as Strip.apply_style would stack them."""
+        style = self._styles.get((cell_style, look))
+        if style is None:
+            base = self._base or self.rich_style
+            style = base + Style.parse(cell_style) if cell_style else base
+            if look == CURSOR:
+                style = self.get_component_rich_style("server-table--cursor") + style
+            elif look == ZEBRA:
+                style = self.get_component_rich_style("server-table--zebra") + style
+            self._styles[(cell_style, look)] = style
+        return style
+
+    def _strip(self, row: Row, look: int, width: int) -> Strip:
+        """One row as segments: unstyled runs (padding included) merged into one segment each."""
+        out: list[Segment] = []
+        run = " "
+        if look == CURSOR:
+            # A marker, not only a colour: 256-colour terminals blend a tinted background into the rows'.
+            out.append(Segment("▶", self._style("bold", look)))
+            run = ""
+        for cell, column in zip(row, self._widths, strict=True):
+            if cell.style:
+                if run:
+                    out.append(Segment(run, self._style("", look)))
+                out.append(Segment(cell.plain, self._style(cell.style, look)))
+                run = ""
+            else:
+                run += cell.plain
+            run += " " * (column - cell.cell_len + 2)
+        length = max(self._width, width)
+        run += " " * (length - self._width)
+        if run:
+            out.append(Segment(run, self._style("", look)))
+        return Strip(out, length)
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
@@ -114,24 +162,12 @@ class ServerTable(ScrollView, can_focus=True):
         if self._base is None:
             self._base = self.rich_style  # walks every ancestor's styles: once, not once a line
         base = self._base
-        if index >= len(self._texts):
+        if index >= len(self._rows):
             return Strip.blank(width, base)
-        look = 2 if index == self.cursor else (1 if index % 2 else 0)
+        look = CURSOR if index == self.cursor else (ZEBRA if index % 2 else PLAIN)
         strip = self._strips.get((index, look))
         if strip is None:
-            text = self._texts[index]
-            if look == 2 and text.plain.startswith(" "):
-                # A marker, not only a colour: 256-colour terminals blend a tinted background into the rows'.
-                text = Text("▶", style="bold") + text[1:]
-            segments = _segments(text, base) or [
-                Segment(s.text, base + s.style if s.style else base) for s in text.render(self.app.console)
-            ]
-            strip = Strip(segments, text.cell_len).extend_cell_length(max(self._width, width), base)
-            if look == 2:
-                strip = strip.apply_style(self.get_component_rich_style("server-table--cursor"))
-            elif look == 1:
-                strip = strip.apply_style(self.get_component_rich_style("server-table--zebra"))
-            self._strips[(index, look)] = strip
+            strip = self._strips[(index, look)] = self._strip(self._rows[index], look, width)
         return strip.crop_extend(scroll_x, scroll_x + width, base)
 
     def watch_cursor(self, old: int, new: int) -> None:
@@ -148,6 +184,7 @@ class ServerTable(ScrollView, can_focus=True):
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._strips.clear()
+        self._styles.clear()
         self._base = None
 
     # ------------------------------------------------------------------ moving
