@@ -113,3 +113,27 @@ def test_engine_greedy_with_fp8_kv_and_weights_runs_in_cuda_graphs():
     for key, got in outs.items():
         assert all(len(ids) == 32 for ids in got), key
         assert [ids[0] for ids in got] == [ids[0] for ids in outs["auto", "triton"]], key
+
+
+@pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_fused_fp8_experts_match_the_dequantized_reference(block, dtype, tokens):
+    from tokenspeed.runtime.kernels.fused_moe import fused_experts
+    from tokenspeed.runtime.layers.moe.backend import torch_experts
+    from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
+
+    torch.manual_seed(tokens)
+    num_experts, hidden, inter = 16, 256, 384
+    w13 = torch.randn(num_experts, 2 * inter, hidden, device="cuda") * 0.05
+    w2 = torch.randn(num_experts, hidden, inter, device="cuda") * 0.05
+    quant = quantize_per_channel if block is None else (lambda w: quantize_block(w, block))
+    (q13, s13), (q2, s2) = quant(w13), quant(w2)
+    scales = ExpertScales(s13, s2, block)
+    x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+    logits = torch.randn(tokens, num_experts, device="cuda")
+    weights, ids = torch.softmax(logits, -1).topk(4, dim=-1)
+    ref = torch_experts(x.float(), q13, q2, weights, ids, scales)  # float32, dequantized per expert
+    out = fused_experts(x, q13, q2, weights, ids, None, scales)
+    err = float((out.float() - ref).norm() / ref.norm())
+    assert err < (1e-4 if dtype == torch.float32 else 2e-2)

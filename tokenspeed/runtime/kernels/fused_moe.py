@@ -22,6 +22,7 @@ import torch
 from tokenspeed.runtime.kernels.moe_align import align_by_expert, pairs_as_blocks
 from tokenspeed.runtime.kernels.moe_configs import MoeKernelConfig, pick, table_for
 from tokenspeed.runtime.kernels.moe_gemm import down, gate_up_silu, sum_pairs
+from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
 
 
 def fused_experts(
@@ -31,8 +32,10 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     config: MoeKernelConfig | None = None,
+    scales: ExpertScales | None = None,
 ) -> torch.Tensor:
-    """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, k] -> [T, H]."""
+    """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, k] -> [T, H].
+    `scales`: those of FP8 w13 / w2 (read as e4m3, multiplied in x's dtype; not yet run on a GPU)."""
     t = x.shape[0]
     if t == 0:
         return torch.empty_like(x)
@@ -50,6 +53,8 @@ def fused_experts(
         al = pairs_as_blocks(ids, config.block_m)
     else:
         al = align_by_expert(ids, w13.shape[0], config.block_m)
-    act = gate_up_silu(x, w13, al, ids.shape[1], config)
-    per_pair = down(act, w2, al, weights.view(-1), config)
+    s13 = (scales.w13_scale, scales.block) if scales is not None else None
+    s2 = (scales.w2_scale, scales.block) if scales is not None else None
+    act = gate_up_silu(x, w13, al, ids.shape[1], config, s13)
+    per_pair = down(act, w2, al, weights.view(-1), config, s2)
     return sum_pairs(per_pair, ids, x.dtype)

@@ -9,6 +9,9 @@
   atomics anywhere, so results do not depend on scheduling.
 
 Rows of padding (sorted id == num_pairs) are neither read nor written; blocks owned by no expert return.
+FP8 expert weights (W8A16) are read as e4m3 and multiplied in x's dtype, each K tile's partial product
+scaled by its per-channel or block scales: half the weight bytes of bf16 (not yet run on a GPU).
+
 With `pairs` alignment (small batches: `moe_align.pairs_as_blocks`) each program takes one routed pair
 as row 0 of its tile: no grouping launch, and each routed expert's rows are read once per pair.
 """
@@ -20,6 +23,9 @@ import triton
 import triton.language as tl
 
 from tokenspeed.runtime.kernels.moe_align import ExpertAlignment
+
+# FP8 expert weights' scales: ([E, N, 1] per channel, or [E, N / bn, K / bk] with block (bn, bk), None)
+WeightScale = tuple[torch.Tensor, "tuple[int, int] | None"]
 
 
 @triton.jit
@@ -37,6 +43,10 @@ def _gate_up_silu_kernel(
     stride_we,
     stride_wn,
     stride_am,
+    S,
+    stride_se,
+    stride_sn,
+    stride_sk,
     TOP_K: tl.constexpr,
     IEEE: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -44,6 +54,9 @@ def _gate_up_silu_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr = False,
+    GN: tl.constexpr = 1,
+    GK: tl.constexpr = 1,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -77,7 +90,19 @@ def _gate_up_silu_kernel(
                 a = tl.load(a_ptr, mask=valid[:, None] & kmask[None, :], other=0.0)
                 g = tl.load(g_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
                 u = tl.load(u_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
-            if IEEE:
+            if HAS_SCALE:
+                # FP8 weights (W8A16): the tile in x's dtype, its scales (per channel, or of the K block
+                # the tile lies in) applied to the tile's partial product
+                s_row = S + e.to(tl.int64) * stride_se + (k0 // GK) * stride_sk
+                sg = tl.load(s_row + (offs_n // GN) * stride_sn, mask=nmask, other=0.0)
+                su = tl.load(s_row + ((INTER + offs_n) // GN) * stride_sn, mask=nmask, other=0.0)
+                if IEEE:
+                    acc_g += tl.dot(a, g.to(a.dtype), input_precision="ieee") * sg[None, :]
+                    acc_u += tl.dot(a, u.to(a.dtype), input_precision="ieee") * su[None, :]
+                else:
+                    acc_g += tl.dot(a, g.to(a.dtype)) * sg[None, :]
+                    acc_u += tl.dot(a, u.to(a.dtype)) * su[None, :]
+            elif IEEE:
                 acc_g += tl.dot(a, g, input_precision="ieee")
                 acc_u += tl.dot(a, u, input_precision="ieee")
             else:
@@ -107,12 +132,19 @@ def _down_kernel(
     stride_we,
     stride_wn,
     stride_om,
+    S,
+    stride_se,
+    stride_sn,
+    stride_sk,
     IEEE: tl.constexpr,
     EVEN_K: tl.constexpr,
     PAIRS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr = False,
+    GN: tl.constexpr = 1,
+    GK: tl.constexpr = 1,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -140,7 +172,17 @@ def _down_kernel(
                 kmask = offs_k + k0 < K
                 a = tl.load(a_ptr, mask=valid[:, None] & kmask[None, :], other=0.0)
                 b = tl.load(b_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
-            if IEEE:
+            if HAS_SCALE:
+                sb = tl.load(
+                    S + e.to(tl.int64) * stride_se + (k0 // GK) * stride_sk + (offs_n // GN) * stride_sn,
+                    mask=nmask,
+                    other=0.0,
+                )
+                if IEEE:
+                    acc += tl.dot(a, b.to(a.dtype), input_precision="ieee") * sb[None, :]
+                else:
+                    acc += tl.dot(a, b.to(a.dtype)) * sb[None, :]
+            elif IEEE:
                 acc += tl.dot(a, b, input_precision="ieee")
             else:
                 acc += tl.dot(a, b)
@@ -165,14 +207,30 @@ def _sum_pairs_kernel(PerPair, Ids, Out, N, stride_p, stride_o, TOP_K: tl.conste
     tl.store(Out + t.to(tl.int64) * stride_o + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
-def gate_up_silu(x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k: int, cfg) -> torch.Tensor:
-    """[rows, I] SiLU(gate) * up per aligned row (per pair with `al.pairs`; padding rows unwritten)."""
+def scale_args(w: torch.Tensor, scale: WeightScale | None, bk: int) -> tuple[tuple, dict, int]:
+    """(pointer and strides, constexprs, K tile) of FP8 weights' scales for a grouped GEMM; none for
+    weights in x's dtype. A K tile never straddles two scale blocks (the tile shrinks to the block)."""
+    if scale is None:
+        return (w, 0, 0, 0), {}, bk
+    s, block = scale
+    if block is None:  # per channel [E, N, 1]
+        return (s, s.stride(0), s.stride(1), 0), dict(HAS_SCALE=True, GN=1, GK=1), bk
+    gn, gk = block
+    return (s, s.stride(0), s.stride(1), s.stride(2)), dict(HAS_SCALE=True, GN=gn, GK=gk), min(bk, gk)
+
+
+def gate_up_silu(
+    x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k: int, cfg, scale: WeightScale | None = None
+) -> torch.Tensor:
+    """[rows, I] SiLU(gate) * up per aligned row (per pair with `al.pairs`; padding rows unwritten).
+    `scale`: (scales, block) of FP8 `w13` (not yet run on a GPU)."""
     num_experts, two_i, k_in = w13.shape
     inter = two_i // 2
     rows = al.num_pairs if al.pairs else al.sorted_ids.numel()
     act = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
     bn, bk = (32, 32) if ieee else (cfg.block_n, cfg.block_k)
+    s_args, s_consts, bk = scale_args(w13, scale, bk)
     grid = (al.num_blocks, triton.cdiv(inter, bn))
     _gate_up_silu_kernel[grid](
         x,
@@ -188,6 +246,7 @@ def gate_up_silu(x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k:
         w13.stride(0),
         w13.stride(1),
         act.stride(0),
+        *s_args,
         TOP_K=top_k,
         IEEE=ieee,
         EVEN_K=k_in % bk == 0,
@@ -197,18 +256,26 @@ def gate_up_silu(x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k:
         BLOCK_K=bk,
         num_warps=4 if ieee else cfg.num_warps,
         num_stages=2 if ieee else cfg.num_stages,
+        **s_consts,
     )
     return act
 
 
 def down(
-    act: torch.Tensor, w2: torch.Tensor, al: ExpertAlignment, weights: torch.Tensor, cfg
+    act: torch.Tensor,
+    w2: torch.Tensor,
+    al: ExpertAlignment,
+    weights: torch.Tensor,
+    cfg,
+    scale: WeightScale | None = None,
 ) -> torch.Tensor:
-    """[num_pairs, H] float32: each valid pair's expert output scaled by its routing weight."""
+    """[num_pairs, H] float32: each valid pair's expert output scaled by its routing weight.
+    `scale`: (scales, block) of FP8 `w2` (not yet run on a GPU)."""
     num_experts, n_out, k_in = w2.shape
     out = torch.empty((al.num_pairs, n_out), dtype=torch.float32, device=act.device)
     ieee = act.dtype == torch.float32
     bn, bk = (32, 32) if ieee else (cfg.down_block_n, cfg.down_block_k)
+    s_args, s_consts, bk = scale_args(w2, scale, bk)
     grid = (al.num_blocks, triton.cdiv(n_out, bn))
     _down_kernel[grid](
         act,
@@ -225,6 +292,7 @@ def down(
         w2.stride(0),
         w2.stride(1),
         out.stride(0),
+        *s_args,
         IEEE=ieee,
         EVEN_K=k_in % bk == 0,
         PAIRS=al.pairs,
@@ -233,6 +301,7 @@ def down(
         BLOCK_K=bk,
         num_warps=4 if ieee else cfg.num_warps,
         num_stages=2 if ieee else cfg.num_stages,
+        **s_consts,
     )
     return out
 

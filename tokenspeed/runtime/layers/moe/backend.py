@@ -138,12 +138,8 @@ class TritonMoe:
         scales = ExpertScales.of(module)
         if not x.is_cuda:
             return torch_experts(x, module.w13, module.w2, weights, ids, scales)
-        w13, w2 = module.w13, module.w2
-        if scales is not None:
-            # FP8 experts: the layer's experts dequantized for this pass (correct and capturable in a
-            # CUDA graph, not yet the fast path: the fused kernels read bf16 weights). Not run on a GPU yet.
-            w13, w2 = scales.dequantize_all(w13, w2, x.dtype)
-        return self._fused(x, w13, w2, weights, ids, self._pick(self.table, x.shape[0]))
+        # FP8 experts: the fused kernels read e4m3 and apply the scales per K tile (not yet run on a GPU)
+        return self._fused(x, module.w13, module.w2, weights, ids, self._pick(self.table, x.shape[0]), scales)
 
 
 class UsesMoeBackend(nn.Module):

@@ -220,10 +220,3 @@ class ExpertScales:
             dequantize(w13, self.w13_scale[expert], self.block, dtype),
             dequantize(w2, self.w2_scale[expert], self.block, dtype),
         )
-
-    def dequantize_all(
-        self, w13: torch.Tensor, w2: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return dequantize(w13, self.w13_scale, self.block, dtype), dequantize(
-            w2, self.w2_scale, self.block, dtype
-        )
