@@ -7,13 +7,16 @@ change of the UI with `pytest tests/console/test_tui_snapshots.py --snapshot-upd
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import re
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from console.supervisor.history import MetricsHistory
 from console.tui.app import ConsoleApp
@@ -166,3 +169,22 @@ def test_help_snapshot(recorded, snap_compare):
         await pilot.pause(0.3)
 
     assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
+
+
+async def test_cursor_row_stands_out_in_256_colours(recorded):
+    """In a 256-colour terminal (tmux's default) the cursor row has a marker and a background of its own,
+    which the cells' colours do not cover."""
+    app = replay_app(recorded)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("down")
+        await pilot.pause(0.2)
+        console = Console(width=80, file=io.StringIO(), record=True, color_system="256", force_terminal=True)
+        console.print(app.screen._compositor.render_update(full=True))
+        lines = console.export_text(styles=True).splitlines()
+    # The first three table rows; the second is the cursor's.
+    rows = [line for line in lines if "demo-" in line][:3]
+    backgrounds = [set(re.findall(r"48;5;(\d+)", row)) for row in rows]
+    assert "▶" in rows[1] and "▶" not in rows[0] + rows[2]
+    assert len(backgrounds[1]) == 1  # one background across the whole cursor row, coloured cells included
+    assert backgrounds[1].isdisjoint(backgrounds[0] | backgrounds[2])

@@ -42,7 +42,7 @@ Row = tuple[Cell, ...]
 class ServerTable(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     ServerTable { height: 1fr; }
-    ServerTable > .server-table--cursor { background: $accent; text-style: bold; }
+    ServerTable > .server-table--cursor { background: $block-cursor-background; text-style: bold; }
     ServerTable > .server-table--zebra { background: $surface-lighten-1 30%; }
     """
     COMPONENT_CLASSES = {"server-table--cursor", "server-table--zebra"}
@@ -119,16 +119,17 @@ class ServerTable(ScrollView, can_focus=True):
     # ------------------------------------------------------------------ drawing
 
     def _style(self, cell_style: str, look: int) -> Style:
-        """The drawn style of a cell: the widget's, the cell's, then (beneath both) the cursor or zebra
-        background, exactly as Strip.apply_style would stack them."""
+        """The drawn style of a cell: the widget's, over it the cursor or zebra background, over that the
+        cell's own (its colour stays; the cursor's background is not covered by the widget's)."""
         style = self._styles.get((cell_style, look))
         if style is None:
-            base = self._base or self.rich_style
-            style = base + Style.parse(cell_style) if cell_style else base
+            style = self._base or self.rich_style
             if look == CURSOR:
-                style = self.get_component_rich_style("server-table--cursor") + style
+                style = style + self.get_component_rich_style("server-table--cursor")
             elif look == ZEBRA:
-                style = self.get_component_rich_style("server-table--zebra") + style
+                style = style + self.get_component_rich_style("server-table--zebra")
+            if cell_style:
+                style = style + Style.parse(cell_style)
             self._styles[(cell_style, look)] = style
         return style
 
