@@ -31,7 +31,7 @@ def block_gemm() -> dict[str, float]:
     for n, k, m in ((64, 256, 5), (200, 300, 3)):
         w, s = quantize_block(torch.randn(n, k) * 0.05, (128, 128))
         x = torch.randn(m, k)
-        q, xs = fp8_gemm.quant_per_token_group(x, 128)
+        q, xs = quantize_block(x, (1, 128))  # the activations' per-group quantization
         x_seen = dequantize(q, xs, (1, 128), torch.float32)  # the activations the kernel multiplies
         ref = F.linear(x_seen, dequantize(w, s, (128, 128), torch.float32))
         out[f"block_gemm_{n}x{k}_m{m}"] = _rel(fp8_gemm.block_fp8_matmul(x, w, s, (128, 128)), ref)

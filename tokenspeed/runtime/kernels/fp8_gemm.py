@@ -18,23 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from tokenspeed.runtime.layers.quantization.fp8_math import FP8_DTYPE, FP8_MAX, dequantize
-
-
-def quant_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] -> (e4m3 [M, K], float32 [M, 1]); no host sync, so it runs inside a CUDA graph."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
-
-
-def quant_per_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] -> (e4m3 [M, K], float32 [M, ceil(K / group)])."""
-    m, k = x.shape
-    groups = -(-k // group)
-    padded = F.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
-    scale = (padded.abs().amax(dim=-1) / FP8_MAX).clamp(min=1e-12)
-    q = (padded / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).view(m, groups * group)[:, :k]
-    return q.to(FP8_DTYPE).contiguous(), scale.contiguous()
+from tokenspeed.runtime.layers.quantization.fp8_math import dequantize, quantize_block, quantize_per_channel
 
 
 def _scaled_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -83,7 +67,7 @@ def block_fp8_matmul(
     if bk < 16 or bk & (bk - 1):
         # tl.dot wants a power-of-two K tile of at least 16; other tiles take the reference path.
         return F.linear(x, dequantize(w, w_scale, block, x.dtype))
-    q, xs = quant_per_token_group(x, bk)
+    q, xs = quantize_block(x, (1, bk))  # per (token, bk group) activation scales
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = 16 if m <= 16 else 64
     block_n = 128 if bn >= 128 else max(16, bn)
@@ -110,7 +94,7 @@ def fp8_linear(
         if bias is not None:
             y = y + bias
     elif _scaled_mm_ok(x2, w) and x2.shape[0] > 0:
-        q, xs = quant_per_token(x2)
+        q, xs = quantize_per_channel(x2)  # per token: [M, 1]
         y = torch._scaled_mm(q, w.t(), scale_a=xs, scale_b=w_scale.view(1, -1), bias=bias, out_dtype=x.dtype)
     else:
         y = F.linear(x2, dequantize(w, w_scale, None, x.dtype), bias)

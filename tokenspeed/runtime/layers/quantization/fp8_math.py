@@ -75,14 +75,3 @@ def dequantize(
     if block is None:
         return dequantize_per_channel(q, scale, dtype)
     return dequantize_block(q, scale, block, dtype)
-
-
-def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic activation scales: [T, K] -> (fp8 [T, K], float32 scale [T, 1]), one scale per token."""
-    return quantize_per_channel(x)
-
-
-def quantize_per_token_group(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activations for a block-wise GEMM: [T, K] -> (fp8 [T, K], float32 [T, ceil(K / group)])."""
-    q, scale = quantize_block(x, (1, group))
-    return q, scale
