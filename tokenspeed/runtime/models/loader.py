@@ -175,7 +175,11 @@ def load_model(
         files = weight_files(model_config.model_path, load_format)  # fail before allocating memory
     quant = model_config.weight_quant
     # An FP8 checkpoint loads into FP8 layers; random weights (dummy) are quantized like --quantization fp8.
-    fp8_names = tensor_names(files[1], files[0]) if quant is not None and quant.source == CHECKPOINT and files else None
+    fp8_names = (
+        tensor_names(files[1], files[0])
+        if quant is not None and quant.source == CHECKPOINT and files
+        else None
+    )
     model = build_model(model_config, device, transform, fp8_names)
     kv_scales = KVScales()
     if files is None:
@@ -193,6 +197,8 @@ def load_model(
     if quant is not None and fp8_names is None:
         started = time.monotonic()
         n = fp8.quantize_model(model)
-        logger.info("weights: %d layers quantized to FP8 e4m3 per channel in %.1f s", n, time.monotonic() - started)
+        logger.info(
+            "weights: %d layers quantized to FP8 e4m3 per channel in %.1f s", n, time.monotonic() - started
+        )
     model.kv_scales = kv_scales
     return model
