@@ -128,3 +128,8 @@ def test_start_up_refuses_unknown_parsers_and_a_missing_xgrammar(monkeypatch):
     )
     report = assess(ServerArgs(model="demo", grammar_backend="xgrammar"))
     assert report.refused["grammar_backend"][2] == "pip install xgrammar"
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llguidance" else real(name, *a)
+    )
+    report = assess(ServerArgs(model="demo", grammar_backend="llguidance"))
+    assert report.refused["grammar_backend"][2] == "pip install llguidance"

@@ -66,7 +66,8 @@ FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
     "attention_backend": ATTENTION_BACKENDS,
     "drafter_attention_backend": ATTENTION_BACKENDS,
     "sampling_backend": SAMPLING_BACKENDS,
-    "grammar_backend": ("xgrammar", "none"),
+    # llguidance: beyond the seed, the alternative backend vLLM and SGLang offer
+    "grammar_backend": ("xgrammar", "llguidance", "none"),
     "speculative_algorithm": ("EAGLE3", "MTP", "DFLASH", "NGRAM"),
     "speculative_eagle_topk": (1,),
     "mm_attention_backend": ("fa3", "fa4", "triton_attn", "flashinfer_cudnn"),

@@ -69,7 +69,7 @@ KERNEL_FLAGS: tuple[FlagRow, ...] = (
         "MiB cap of the DeepSeek V4 sparse-indexer prefill logits workspace.",
     ),
     Opt("--deepseek-v4-prefill-chunk-size", int, "Requests per DeepSeek V4 prefill chunk."),
-    Opt("--grammar-backend", str, "Structured-output backend; 'none' turns it off."),
+    Opt("--grammar-backend", str, "Structured-output backend (xgrammar, llguidance); 'none' turns it off."),
     Opt(
         "--reasoning-parser",
         str,
@@ -85,7 +85,7 @@ KERNEL_FLAGS: tuple[FlagRow, ...] = (
     Opt("--grammar-compile-max-retries", int, "Compile timeouts after which a grammar is refused for good."),
     Switch(
         "--disable-any-whitespace",
-        "Compile JSON grammars without free whitespace (stops models padding with spaces). xgrammar only.",
+        "Compile JSON grammars without free whitespace (stops models padding with spaces).",
     ),
     Switch(
         "--disable-capturable-grammar",

@@ -71,7 +71,7 @@ TOKENIZER_MODES_IMPLEMENTED = ("auto", "slow")
 ALL2ALL_IMPLEMENTED = ("none",)
 DISPATCH_IMPLEMENTED = (None, "static", "dynamic")
 EPLB_IMPLEMENTED = ("auto", "deepseek", "deepseek_hierarchical")
-GRAMMAR_IMPLEMENTED = ("none", "xgrammar")
+GRAMMAR_IMPLEMENTED = ("none", "xgrammar", "llguidance")
 # tokenspeed.runtime.entrypoints.openai.reasoning_parsers.REASONING_PARSERS
 REASONING_PARSERS_IMPLEMENTED = (None, "qwen3", "deepseek-r1", "deepseek_r1")
 # tokenspeed.runtime.entrypoints.openai.tool_parsers.TOOL_PARSERS

@@ -169,12 +169,14 @@ def assess(args: ServerArgs) -> SupportReport:
             "of the supported architectures (Llama, Qwen2, Qwen3, Qwen3-MoE) carries them",
             "use --speculative-algorithm EAGLE3 with --speculative-draft-model-path, or NGRAM",
         )
-    if values["grammar_backend"] == "xgrammar" and importlib.util.find_spec("xgrammar") is None:
-        # a dependency of the package, but a hand-made environment may lack it: say so before loading weights
+    backend = values["grammar_backend"]
+    if backend in ("xgrammar", "llguidance") and importlib.util.find_spec(backend) is None:
+        # xgrammar is a dependency of the package and llguidance of its llguidance extra, but a hand-made
+        # environment may lack them: say so before loading weights
         refused["grammar_backend"] = (
-            "--grammar-backend xgrammar",
-            "the xgrammar package is not installed",
-            "pip install xgrammar",
+            f"--grammar-backend {backend}",
+            f"the {backend} package is not installed",
+            f"pip install {backend}",
         )
     return SupportReport(refused, no_effect)
 

@@ -125,7 +125,7 @@ class EngineCore:
         self._grammars = self._grammar_admission(server_args)
 
     def _grammar_admission(self, server_args: ServerArgs) -> GrammarAdmission | None:
-        if server_args.grammar_backend != "xgrammar":
+        if server_args.grammar_backend == "none":
             return None
         from tokenspeed.runtime.engine.tokenizer import get_tokenizer
         from tokenspeed.runtime.grammar.backend import GrammarBackend, check_installed
@@ -141,6 +141,7 @@ class EngineCore:
             timeout_s=server_args.grammar_compile_timeout_secs,
             max_retries=server_args.grammar_compile_max_retries,
             any_whitespace=not server_args.disable_any_whitespace,
+            name=server_args.grammar_backend,
         )
         return GrammarAdmission(backend)
 
@@ -151,7 +152,7 @@ class EngineCore:
         if sp.grammar is not None and self._grammars is None:
             raise ValueError(
                 f"{sp.grammar[0]}: structured output is off on this server; start it with "
-                "--grammar-backend xgrammar (and a tokenizer)"
+                "--grammar-backend xgrammar or llguidance (and a tokenizer)"
             )
         ids = list(request.input_ids)
         check_prompt(ids, self.limits, self._vocab_size)

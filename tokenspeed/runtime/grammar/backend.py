@@ -1,19 +1,22 @@
-"""`--grammar-backend xgrammar`: compiles output constraints for one tokenizer and vocabulary.
+"""`--grammar-backend xgrammar | llguidance`: compiles output constraints for one tokenizer and vocabulary.
 
-Compilation runs in a thread pool (xgrammar releases the GIL), so neither the HTTP event loop nor a
-scheduler's step loop waits for it. Compiled grammars are cached by (kind, text); a compile that passes
+The backend's compiler (`xgrammar_compiler`, `llguidance_compiler`) turns a constraint into a compiled
+grammar and a compiled grammar into one request's `GrammarState`; what is shared lives here. Compilation
+runs in a thread pool (both libraries release the GIL), so neither the HTTP event loop nor a scheduler's
+step loop waits for it. Compiled grammars are cached by (kind, text); a compile that passes
 `--grammar-compile-timeout-secs` is abandoned for that request, and a constraint that timed out more than
 `--grammar-compile-max-retries` times is refused at once from then on. Errors are `GrammarError`, whose
-message names the request field and the problem xgrammar found.
+message names the request field and the problem the library found.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib
 import re
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 # xgrammar prefixes its messages with "[time] /path/file.cc:line: "; the user needs the rest.
 _LOCATION = re.compile(r"^\[[\d:.]+\] \S+:\d+: ")
@@ -25,18 +28,36 @@ class GrammarError(ValueError):
     """A constraint that does not compile, or did not within the time limit (a 400 to the client)."""
 
 
-def missing_xgrammar() -> str:
-    return "--grammar-backend xgrammar needs the xgrammar package: pip install xgrammar"
+# --grammar-backend name -> (its compiler, "module:class", the package it needs)
+COMPILERS = {
+    "xgrammar": ("tokenspeed.runtime.grammar.xgrammar_compiler:XGrammarCompiler", "xgrammar"),
+    "llguidance": ("tokenspeed.runtime.grammar.llguidance_compiler:LLGuidanceCompiler", "llguidance"),
+}
+
+
+def missing_package(grammar_backend: str) -> str:
+    package = COMPILERS[grammar_backend][1]
+    return f"--grammar-backend {grammar_backend} needs the {package} package: pip install {package}"
 
 
 def check_installed(grammar_backend: str) -> None:
-    """At start-up: refuse `--grammar-backend xgrammar` without the package, naming the fix."""
-    if grammar_backend != "xgrammar":
+    """At start-up: refuse a grammar backend whose package is missing, naming the fix."""
+    if grammar_backend not in COMPILERS:
         return
     try:
-        import xgrammar  # noqa: F401
+        importlib.import_module(COMPILERS[grammar_backend][1])
     except ImportError as exc:
-        raise ValueError(missing_xgrammar()) from exc
+        raise ValueError(missing_package(grammar_backend)) from exc
+
+
+class Compiler(Protocol):
+    """What a grammar library provides: built once for a tokenizer and vocabulary."""
+
+    def compile(self, kind: str, text: str) -> Any:
+        """A compiled grammar for `kind` (json_schema, regex, ebnf); raises on a bad constraint."""
+
+    def matcher(self, compiled: Any) -> Any:
+        """A fresh GrammarState (fill / accept) for one request."""
 
 
 def clean_error(exc: BaseException) -> str:
@@ -54,32 +75,27 @@ class GrammarBackend:
         timeout_s: float = 30.0,
         max_retries: int = 2,
         any_whitespace: bool = True,
+        name: str = "xgrammar",
     ) -> None:
-        import xgrammar as xgr
-
-        self._xgr = xgr
-        info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None
+        if name not in COMPILERS:
+            raise ValueError(f"--grammar-backend {name!r}: choose one of {', '.join(COMPILERS)} (or none)")
+        check_installed(name)
+        module, _, cls = COMPILERS[name][0].partition(":")
+        self.name = name
+        self._compiler: Compiler = getattr(importlib.import_module(module), cls)(
+            tokenizer, vocab_size, list(stop_token_ids), any_whitespace
         )
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
         self._pool = concurrent.futures.ThreadPoolExecutor(_COMPILE_THREADS, thread_name_prefix="grammar")
         self._lock = threading.Lock()
         self._futures: dict[tuple[str, str], concurrent.futures.Future] = {}
         self._timeouts: dict[tuple[str, str], int] = {}
         self.timeout_s = timeout_s
         self.max_retries = max_retries
-        self.any_whitespace = any_whitespace
-        self.stop_token_ids = list(stop_token_ids)
 
     def _compile(self, kind: str, text: str) -> Any:
-        c = self._compiler
-        if kind == "json_schema":
-            return c.compile_json_schema(text, any_whitespace=self.any_whitespace, strict_mode=True)
-        if kind == "regex":
-            return c.compile_regex(text)
-        if kind == "ebnf":
-            return c.compile_grammar(text)
-        raise GrammarError(f"unknown constraint kind {kind!r}")
+        if kind not in ("json_schema", "regex", "ebnf"):
+            raise GrammarError(f"unknown constraint kind {kind!r}")
+        return self._compiler.compile(kind, text)
 
     def submit(self, kind: str, text: str) -> concurrent.futures.Future:
         """The compile of (kind, text): shared with any earlier request for the same constraint."""
@@ -130,11 +146,7 @@ class GrammarBackend:
         return self.result(kind, fut)
 
     def matcher(self, compiled: Any) -> Any:
-        from tokenspeed.runtime.grammar.matcher import GrammarState
-
-        return GrammarState(
-            self._xgr.GrammarMatcher(compiled, override_stop_tokens=self.stop_token_ids or None)
-        )
+        return self._compiler.matcher(compiled)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

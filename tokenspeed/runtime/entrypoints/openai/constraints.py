@@ -18,9 +18,10 @@ from tokenspeed.sampling_params import SamplingParams
 async def _backend(state: ServerState, field: str) -> GrammarBackend:
     if state.grammar is not None:
         return state.grammar
-    if state.server_args.grammar_backend != "xgrammar":
+    if state.server_args.grammar_backend == "none":
         raise bad_request(
-            f"{field}: structured output is off on this server; start it with --grammar-backend xgrammar",
+            f"{field}: structured output is off on this server; start it with --grammar-backend xgrammar "
+            "(or llguidance)",
             param=field,
         )
     if state.tokenizer is None:
@@ -36,6 +37,7 @@ async def _backend(state: ServerState, field: str) -> GrammarBackend:
         timeout_s=args.grammar_compile_timeout_secs,
         max_retries=args.grammar_compile_max_retries,
         any_whitespace=not args.disable_any_whitespace,
+        name=args.grammar_backend,
     )
     if state.grammar is None:
         state.grammar = backend

@@ -70,10 +70,10 @@ async def _prepare(
         response_format = req.response_format
         if plan is not None and plan.schema is not None:
             # required / named: the answer is held to the tools' JSON schema by the grammar backend
-            if state.server_args.grammar_backend != "xgrammar":
+            if state.server_args.grammar_backend == "none":
                 raise bad_request(
                     f"tool_choice: {plan.mode if plan.mode == 'required' else 'a named function'} is enforced by "
-                    "structured output; start the server with --grammar-backend xgrammar",
+                    "structured output; start the server with --grammar-backend xgrammar (or llguidance)",
                     param="tool_choice",
                 )
             if response_format or any(v is not None for v in req.constraint_fields().values()):
@@ -103,6 +103,17 @@ async def _prepare(
             prompt_logprobs=req.prompt_logprobs,
         )
         args = state.server_args
+        if (
+            reasoning_parser(state, req)
+            and params.json_schema is not None
+            and args.grammar_backend == "llguidance"
+        ):
+            # its grammar would hold the reasoning section to the schema too
+            raise bad_request(
+                "json_schema: holding the answer after the reasoning section (--reasoning-parser) needs "
+                "--grammar-backend xgrammar; or turn thinking off (chat_template_kwargs enable_thinking false)",
+                param="response_format",
+            )
         if (
             reasoning_parser(state, req)
             and params.json_schema is not None
