@@ -68,6 +68,7 @@ def test_ngram_server_answers_like_plain_greedy(ngram_server):
     drafted = _metric(text, "spec_decode_num_draft_tokens_total")
     assert drafts > 0 and 0 < accepted <= drafted, text
     assert _metric(text, "spec_decode_acceptance_length_count") > 0
+    assert _metric(text, "spec_decode_num_accepted_tokens_per_pos_total") > 0  # position 0, listed first
     info = ngram_server.server_info()
     assert info["speculative_algorithm"] == "NGRAM"
     (rank,) = info["internal_states"]

@@ -313,6 +313,7 @@ class EngineCore:
             spec_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
             spec_acceptance_lengths=self.spec_stats.drain_lengths(),
             spec_mean_acceptance_length=self.spec_stats.mean_acceptance_length,
+            spec_accepted_per_pos=list(self.spec_stats.accepted_per_pos),
         )
         self._iteration_tokens.clear()
         experts = self.experts.snapshot()

@@ -99,6 +99,7 @@ class StatsSnapshot:
     spec_num_accepted_tokens: int = 0
     spec_acceptance_lengths: list[int] = field(default_factory=list)
     spec_mean_acceptance_length: float = 0.0  # 1 + accepted / drafts, since start
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # [j]: drafts at position j accepted
 
     @property
     def kv_usage(self) -> float:

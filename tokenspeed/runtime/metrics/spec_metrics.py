@@ -4,6 +4,7 @@
     spec_decode_num_draft_tokens      drafted tokens verified
     spec_decode_num_accepted_tokens   drafted tokens accepted
     spec_decode_acceptance_length     histogram of tokens emitted per verification (accepted + 1)
+    spec_decode_num_accepted_tokens_per_pos{position}   drafts accepted at each draft position
 
 Mean acceptance length = 1 + accepted / drafts; the console computes it from the two counters.
 """
@@ -46,7 +47,14 @@ class SpecDecodeMetrics:
             buckets=_LENGTH_BUCKETS,
             registry=registry,
         )
+        self.per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Drafted tokens accepted, by their position in the draft (0 = first).",
+            [*labels, "position"],
+            registry=registry,
+        )
         self._last: dict[int, _Last] = {}
+        self._last_per_pos: dict[int, list[int]] = {}
 
     def init_rank(self, labels: dict[str, str]) -> None:
         for metric in (*self.counters.values(), self.acceptance_length):
@@ -59,6 +67,11 @@ class SpecDecodeMetrics:
             delta = value - getattr(last, name)
             counter.labels(**labels).inc(delta if delta >= 0 else value)
             setattr(last, name, value)
+        seen = self._last_per_pos.setdefault(snap.dp_rank, [])
+        for pos, value in enumerate(snap.spec_accepted_per_pos):
+            before = seen[pos] if pos < len(seen) else 0
+            self.per_pos.labels(**labels, position=str(pos)).inc(max(value - before, 0))
+        self._last_per_pos[snap.dp_rank] = list(snap.spec_accepted_per_pos)
         hist = self.acceptance_length.labels(**labels)
         for n in snap.spec_acceptance_lengths:
             hist.observe(n)
