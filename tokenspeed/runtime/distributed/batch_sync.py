@@ -80,6 +80,8 @@ class PeerItem:
     start: int
     num_new_tokens: int
     sample: bool
+    # The runner's batch item contract; a server with TP/EP peers runs no speculative drafts (refused at start).
+    draft_ids: tuple[int, ...] = ()
 
     @property
     def is_decode(self) -> bool:
@@ -90,6 +92,10 @@ class PeerItem:
 class PeerBatch:
     items: list[PeerItem] = field(default_factory=list)
     is_decode_only: bool = False
+
+    @property
+    def has_drafts(self) -> bool:
+        return False  # see PeerItem.draft_ids
 
 
 def decode_batch(data: dict[str, Any], table: Any) -> PeerBatch:
