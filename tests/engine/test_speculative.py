@@ -243,6 +243,22 @@ def test_eagle3_sampling_stops_and_aborts(models):
         assert_no_kv_leak(engine)
 
 
+def test_stop_string_inside_an_accepted_run():
+    """A stop string found in the text of a multi-token step ends the answer where plain decoding ends it:
+    same text, same finish reason, same token count (the tokens after it are not counted)."""
+    prompt = "To open a file, use the open function. To open a file, use the open function. To open a file,"
+    params = {"max_new_tokens": 40, "temperature": 0.0, "stop": ["mode"]}
+    with Engine(model="demo", device="cpu") as plain:
+        want = plain.generate(prompt, sampling_params=params)
+    with Engine(model="demo", device="cpu", **NGRAM) as engine:
+        got = engine.generate(prompt, sampling_params=params)
+        assert engine.get_stats().spec_num_accepted_tokens > 0
+    assert want["meta_info"]["finish_reason"] == {"type": "stop", "matched": "mode"}
+    assert got["text"] == want["text"] and got["output_ids"] == want["output_ids"]
+    assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+    assert got["meta_info"]["completion_tokens"] == want["meta_info"]["completion_tokens"]
+
+
 DEMO_DRAFT = Path(__file__).resolve().parents[2] / "tokenspeed" / "assets" / "demo-eagle3"
 
 
