@@ -171,3 +171,28 @@ def test_prompt_logprobs_requests_that_cannot_be_answered_are_400(srv, client):
     body = {"text": "Hi", "return_logprob": True, "logprob_start_len": -2}
     r = httpx.post(f"{srv.url}/generate", json=body, timeout=60)
     assert r.status_code == 400 and "logprob_start_len" in r.json()["error"]["message"]
+
+
+def test_output_logprobs_include_the_repetition_penalty(srv):
+    """Output logprobs are of the distribution the token is drawn from: penalties in (prompt logprobs are the
+    model's own)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(MODEL).encode(LONG)
+    model = AutoModelForCausalLM.from_pretrained(MODEL, torch_dtype=torch.float64)
+    with torch.no_grad():
+        rows = model(torch.tensor([ids])).logits[0].double()
+    logits = rows[-1]
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen[ids] = True
+    penalized = torch.where(seen, torch.where(logits > 0, logits / 1.5, logits * 1.5), logits)
+    want_lp, want_ids = torch.log_softmax(penalized, dim=-1).topk(5)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0, "repetition_penalty": 1.5},
+            "return_logprob": True, "top_logprobs_num": 5, "logprob_start_len": len(ids) - 1}  # fmt: skip
+    meta = httpx.post(f"{srv.url}/generate", json=body, timeout=60).json()["meta_info"]
+    top = meta["output_top_logprobs"][0]
+    assert [t for _, t, _ in top] == want_ids.tolist()
+    assert [lp for lp, _, _ in top] == pytest.approx(want_lp.tolist(), abs=2e-3)
+    # the prompt's last token is scored by the raw model, penalty or not
+    raw = torch.log_softmax(rows[-2], dim=-1)
+    assert meta["input_token_logprobs"][0][0] == pytest.approx(raw[ids[-1]].item(), abs=2e-3)

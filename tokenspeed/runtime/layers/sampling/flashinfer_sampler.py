@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 class FlashInferSampler(Sampler):
     name = "flashinfer"
+    applies_penalties = False
     full = False
 
     def __init__(self, device: torch.device | str, enable_nan_detection: bool = False):
@@ -98,4 +99,5 @@ class FlashInferSampler(Sampler):
 
 class FlashInferFullSampler(FlashInferSampler):
     name = "flashinfer_full"
+    applies_penalties = True
     full = True

@@ -59,6 +59,8 @@ class DeviceSample:
 
 class Sampler(ABC):
     name: str = ""
+    # whether `_sample` applies repetition / frequency / presence penalties (then logprobs include them)
+    applies_penalties: bool = True
 
     def __init__(self, device: torch.device | str, enable_nan_detection: bool = False):
         self.device = torch.device(device)
@@ -94,12 +96,18 @@ class Sampler(ABC):
         logits = apply_logit_bias(logits, reqs)
         if token_bitmask is not None:
             logits = apply_token_bitmask(logits, token_bitmask)
-        adjusted = logits  # what logprobs are read from: bias and grammar, not the min_tokens ban
+        adjusted = logits  # what logprobs are read from: bias, grammar and penalties, not the min_tokens ban
         logits = mask_min_new_tokens(logits, reqs)
         token_ids = self._sample(logits, reqs).long()
         out = DeviceSample(token_ids=token_ids, nan_rows=nan_rows)
         wanted, top = logprobs_wanted(reqs)
         if wanted:
+            from tokenspeed.runtime.layers.sampling.penalties import apply_penalties, needs_penalties
+
+            if self.applies_penalties and needs_penalties(reqs):
+                # the distribution the token is drawn from has the penalties in it (a backend that applies
+                # them does so first in its _sample), and OpenAI's logprobs are of that distribution
+                adjusted = apply_penalties(adjusted, reqs)
             out.logprobs, out.top_ids, out.top_logprobs = read_logprobs(adjusted, token_ids, top)
         return out
 
@@ -129,6 +137,7 @@ class GreedySampler(Sampler):
     """Argmax; ignores temperature, top-k/p, penalties and seeds."""
 
     name = "greedy"
+    applies_penalties = False
 
     def _sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
         return torch.argmax(logits, dim=-1)

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 class TritonSampler(Sampler):
     name = "triton"
+    applies_penalties = False
     full = False
 
     def __init__(self, device: torch.device | str, enable_nan_detection: bool = False):
@@ -57,4 +58,5 @@ class TritonSampler(Sampler):
 
 class TritonFullSampler(TritonSampler):
     name = "triton_full"
+    applies_penalties = True
     full = True
