@@ -44,7 +44,7 @@ from tokenspeed.runtime.parallel.experts import ExpertController, NoExperts
 from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest, VerifiedRun
 from tokenspeed.runtime.scheduler.request import Request
-from tokenspeed.runtime.speculative.verifier import logit_row_spans, verify
+from tokenspeed.runtime.speculative.verifier import verify_batch
 
 logger = logging.getLogger(__name__)
 
@@ -338,42 +338,10 @@ class ModelRunner:
     def _verify(self, items: list[ScheduledRequest], logits: torch.Tensor) -> StepResult:
         """A batch with drafted items (speculative decoding): each of those has one logit row per token it
         computed and is verified; the other sampling items draw as usual from their one row."""
-        spans = logit_row_spans(items)
-        dev = logits.device
-        result = StepResult(token_ids=[-1] * len(items), runs=[None] * len(items))
-        plain = [i for i, it in enumerate(items) if it.sample and not it.draft_ids]
-        if plain:
-            rows = logits[torch.tensor([spans[i][0] for i in plain], device=dev)]
-            bitmask = fill_token_bitmask([items[i].req.grammar for i in plain], rows.shape[1], dev)
-            out = self.sampler(rows, [_SampleRow(items[i].req, items[i].output_index) for i in plain], bitmask)
-            for j, i in enumerate(plain):
-                result.token_ids[i] = out.token_ids[j]
-            if out.logprobs is not None:
-                result.logprobs = [0.0] * len(items)
-                for j, i in enumerate(plain):
-                    result.logprobs[i] = out.logprobs[j]
-            if out.top_ids is not None:
-                result.top_logprobs = [[] for _ in items]
-                for j, i in enumerate(plain):
-                    result.top_logprobs[i] = list(zip(out.top_ids[j], out.top_logprobs[j], strict=True))
-            if out.nan_rows is not None and any(out.nan_rows):
-                result.errors = [NAN_ERROR if i in plain and out.nan_rows[plain.index(i)] else None for i in range(len(items))]
-        drafted = [i for i, it in enumerate(items) if it.draft_ids]
-        rows = torch.cat([torch.arange(*spans[i], device=dev) for i in drafted])
-        runs = verify(
-            logits[rows],
-            [items[i] for i in drafted],
-            greedy_backend=self.sampler.name == "greedy",
-            nan_detection=self.sampler.enable_nan_detection,
+        v = verify_batch(items, logits, self.sampler, lambda it: _SampleRow(it.req, it.output_index), NAN_ERROR)
+        return StepResult(
+            token_ids=v.token_ids, logprobs=v.logprobs, errors=v.errors, top_logprobs=v.top_logprobs, runs=v.runs
         )
-        for i, run in zip(drafted, runs, strict=True):
-            if run is None:
-                result.errors = result.errors or [None] * len(items)
-                result.errors[i] = NAN_ERROR
-            else:
-                result.runs[i] = run
-                result.token_ids[i] = run.tokens[-1]
-        return result
 
     @torch.inference_mode()
     def run(self, fb: ForwardBatch, use_graphs: bool = True) -> torch.Tensor:

@@ -8,12 +8,15 @@ them as outputs), so `target_probs` gives exactly the distribution plain decodin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from tokenspeed.runtime.grammar.bitmask import fill_token_bitmask
 from tokenspeed.runtime.layers.sampling.logit_adjust import read_logprobs
+from tokenspeed.runtime.layers.sampling.sampler import Sampler
 from tokenspeed.runtime.scheduler.batch import ScheduledRequest, VerifiedRun
 from tokenspeed.runtime.scheduler.request import Request
 from tokenspeed.runtime.speculative.rejection import greedy_verify, is_greedy, rejection_sample, target_probs
@@ -127,3 +130,65 @@ def _attach_logprobs(
                 list(zip(top_ids[pos + j], top_lps[pos + j], strict=True)) for j in range(n)
             ]
         pos += n
+
+
+@dataclass
+class VerifiedBatch:
+    """Per item of a batch with drafts: what the runner's StepResult carries."""
+
+    token_ids: list[int]  # the last token each sampling item emitted (-1: none)
+    runs: list[VerifiedRun | None]  # drafted items: every token they emitted
+    logprobs: list[float] | None = None  # plain sampling items' (drafted ones carry theirs in the run)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    errors: list[str | None] | None = None
+
+
+def verify_batch(
+    items: Sequence[ScheduledRequest],
+    logits: torch.Tensor,
+    sampler: Sampler,
+    sample_row: Callable[[ScheduledRequest], Any],
+    nan_error: str,
+) -> VerifiedBatch:
+    """Drafted items are verified; the others that sample draw from their one row through `sampler` (with
+    their grammar's bitmask), as in a step without drafts. `sample_row(item)` is what the sampler reads."""
+    spans = logit_row_spans(items)
+    dev = logits.device
+    n = len(items)
+    out = VerifiedBatch(token_ids=[-1] * n, runs=[None] * n)
+    plain = [i for i, it in enumerate(items) if it.sample and not it.draft_ids]
+    if plain:
+        rows = logits[torch.tensor([spans[i][0] for i in plain], device=dev)]
+        bitmask = fill_token_bitmask([items[i].req.grammar for i in plain], rows.shape[1], dev)
+        drawn = sampler(rows, [sample_row(items[i]) for i in plain], bitmask)
+        for j, i in enumerate(plain):
+            out.token_ids[i] = drawn.token_ids[j]
+        if drawn.logprobs is not None:
+            out.logprobs = [0.0] * n
+            for j, i in enumerate(plain):
+                out.logprobs[i] = drawn.logprobs[j]
+        if drawn.top_ids is not None:
+            out.top_logprobs = [[] for _ in items]
+            for j, i in enumerate(plain):
+                out.top_logprobs[i] = list(zip(drawn.top_ids[j], drawn.top_logprobs[j], strict=True))
+        if drawn.nan_rows is not None and any(drawn.nan_rows):
+            out.errors = [None] * n
+            for j, i in enumerate(plain):
+                if drawn.nan_rows[j]:
+                    out.errors[i] = nan_error
+    drafted = [i for i, it in enumerate(items) if it.draft_ids]
+    rows = torch.cat([torch.arange(*spans[i], device=dev) for i in drafted])
+    runs = verify(
+        logits[rows],
+        [items[i] for i in drafted],
+        greedy_backend=sampler.name == "greedy",
+        nan_detection=sampler.enable_nan_detection,
+    )
+    for i, run in zip(drafted, runs, strict=True):
+        if run is None:
+            out.errors = out.errors or [None] * n
+            out.errors[i] = nan_error
+        else:
+            out.runs[i] = run
+            out.token_ids[i] = run.tokens[-1]
+    return out
