@@ -33,7 +33,8 @@ class Cell(NamedTuple):
 
     @property
     def cell_len(self) -> int:
-        return cell_len(self.plain)
+        plain = self.plain
+        return len(plain) if plain.isascii() else cell_len(plain)  # numbers and names: one cell a character
 
 
 Row = tuple[Cell, ...]
