@@ -44,6 +44,7 @@ from tokenspeed.runtime.parallel.experts import ExpertController, NoExperts
 from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest, VerifiedRun
 from tokenspeed.runtime.scheduler.request import Request
+from tokenspeed.runtime.scheduler.sample_row import SampleRow
 from tokenspeed.runtime.speculative.verifier import verify_batch
 
 logger = logging.getLogger(__name__)
@@ -80,34 +81,6 @@ class LaunchedBatch:
     prompt_host: DevicePromptLogprobs | None = None  # their host copies
     result: StepResult | None = None  # a verify step's tokens, already on the host (it is synchronous)
     aux_capture: AuxCapture | None = None  # the target states an EAGLE3 draft reads next
-
-
-@dataclass(frozen=True)
-class _SampleRow:
-    """What the sampler reads of a request, counting the outputs still in flight before this one."""
-
-    req: Request
-    num_output_tokens: int
-
-    @property
-    def sampling(self):
-        return self.req.sampling
-
-    @property
-    def generator(self):
-        return self.req.generator
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.req.token_ids
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.req.eos_token_ids
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.req.num_prompt_tokens
 
 
 def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -288,7 +261,7 @@ class ModelRunner:
         # Filled on the host while the device runs the forward queued above; copied without waiting.
         bitmask = fill_token_bitmask([items[i].req.grammar for i in sampled], rows.shape[1], rows.device)
         out = self.sampler.sample(
-            rows, [_SampleRow(items[i].req, items[i].output_index) for i in sampled], bitmask
+            rows, [SampleRow(items[i].req, items[i].output_index) for i in sampled], bitmask
         )
         launched.row_of = {items[i].req: j for j, i in enumerate(sampled)}
         launched.token_ids = out.token_ids
@@ -338,7 +311,7 @@ class ModelRunner:
     def _verify(self, items: list[ScheduledRequest], logits: torch.Tensor) -> StepResult:
         """A batch with drafted items (speculative decoding): each of those has one logit row per token it
         computed and is verified; the other sampling items draw as usual from their one row."""
-        v = verify_batch(items, logits, self.sampler, lambda it: _SampleRow(it.req, it.output_index), NAN_ERROR)
+        v = verify_batch(items, logits, self.sampler, NAN_ERROR)
         return StepResult(
             token_ids=v.token_ids, logprobs=v.logprobs, errors=v.errors, top_logprobs=v.top_logprobs, runs=v.runs
         )

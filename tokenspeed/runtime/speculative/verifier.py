@@ -8,9 +8,8 @@ them as outputs), so `target_probs` gives exactly the distribution plain decodin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -18,37 +17,8 @@ from tokenspeed.runtime.grammar.bitmask import fill_token_bitmask
 from tokenspeed.runtime.layers.sampling.logit_adjust import read_logprobs
 from tokenspeed.runtime.layers.sampling.sampler import Sampler
 from tokenspeed.runtime.scheduler.batch import ScheduledRequest, VerifiedRun
-from tokenspeed.runtime.scheduler.request import Request
+from tokenspeed.runtime.scheduler.sample_row import SampleRow
 from tokenspeed.runtime.speculative.rejection import greedy_verify, is_greedy, rejection_sample, target_probs
-
-
-@dataclass(frozen=True)
-class DraftedRow:
-    """A request as the sampler sees it at draft position j: its tokens followed by the first j drafts."""
-
-    req: Request
-    drafts: tuple[int, ...]
-    num_output_tokens: int
-
-    @property
-    def sampling(self):
-        return self.req.sampling
-
-    @property
-    def generator(self):
-        return self.req.generator
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [*self.req.token_ids, *self.drafts]
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.req.eos_token_ids
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.req.num_prompt_tokens
 
 
 def logit_row_spans(items: Sequence[ScheduledRequest]) -> list[tuple[int, int]]:
@@ -60,9 +30,10 @@ def logit_row_spans(items: Sequence[ScheduledRequest]) -> list[tuple[int, int]]:
     return spans
 
 
-def drafted_rows(item: ScheduledRequest) -> list[DraftedRow]:
+def drafted_rows(item: ScheduledRequest) -> list[SampleRow]:
+    """Row j: the request after its first j drafts, sampling output item.output_index + j."""
     d = tuple(item.draft_ids)
-    return [DraftedRow(item.req, d[:j], item.output_index + j) for j in range(len(d) + 1)]
+    return [SampleRow(item.req, item.output_index + j, d[:j]) for j in range(len(d) + 1)]
 
 
 def verify(
@@ -147,11 +118,10 @@ def verify_batch(
     items: Sequence[ScheduledRequest],
     logits: torch.Tensor,
     sampler: Sampler,
-    sample_row: Callable[[ScheduledRequest], Any],
     nan_error: str,
 ) -> VerifiedBatch:
     """Drafted items are verified; the others that sample draw from their one row through `sampler` (with
-    their grammar's bitmask), as in a step without drafts. `sample_row(item)` is what the sampler reads."""
+    their grammar's bitmask), as in a step without drafts."""
     spans = logit_row_spans(items)
     dev = logits.device
     n = len(items)
@@ -160,7 +130,7 @@ def verify_batch(
     if plain:
         rows = logits[torch.tensor([spans[i][0] for i in plain], device=dev)]
         bitmask = fill_token_bitmask([items[i].req.grammar for i in plain], rows.shape[1], dev)
-        drawn = sampler(rows, [sample_row(items[i]) for i in plain], bitmask)
+        drawn = sampler(rows, [SampleRow(items[i].req, items[i].output_index) for i in plain], bitmask)
         for j, i in enumerate(plain):
             out.token_ids[i] = drawn.token_ids[j]
         if drawn.logprobs is not None:
