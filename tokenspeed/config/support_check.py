@@ -163,10 +163,14 @@ def assess(args: ServerArgs) -> SupportReport:
         )
     if values["speculative_algorithm"] in SPECULATIVE_IN_CHECKPOINT:
         algo = values["speculative_algorithm"]
+        how = (
+            "MTP drafts with the multi-token-prediction layers of the target checkpoint"
+            if algo == "MTP"
+            else "DFLASH drafts a block at once with a block-diffusion draft this build has no loader for"
+        )
         refused["speculative_algorithm"] = (
             f"--speculative-algorithm {algo}",
-            f"{algo} drafts with multi-token-prediction layers shipped inside the target checkpoint, and none "
-            "of the supported architectures (Llama, Qwen2, Qwen3, Qwen3-MoE) carries them",
+            f"{how}, and none of the supported architectures (Llama, Qwen2, Qwen3, Qwen3-MoE) carries MTP layers",
             "use --speculative-algorithm EAGLE3 with --speculative-draft-model-path, or NGRAM",
         )
     backend = values["grammar_backend"]
