@@ -210,6 +210,7 @@ class Drill:
     fix_effect_s: float | None = None  # from the fix's last key to its effect on screen
 
     diagnosis_s: float | None = None  # from the fault to the reason on screen
+    notes: dict[str, str] = field(default_factory=dict)  # figures worth keeping with the times
 
     def saw(self, what: str, diagnosis: bool = False) -> float:
         self.seen[what] = round(time.monotonic() - self.started, 2)
@@ -220,7 +221,7 @@ class Drill:
     def as_json(self) -> dict:
         out = asdict(self)
         out.pop("started")
-        out["notice_s"] = min(self.seen.values(), default=None)
+        out["notice_s"] = min(self.seen.values(), default=None)  # the first thing the operator saw
         out["keys_to_diagnosis"] = len(self.diagnosis_keys)
         out["keys_to_fix"] = len(self.fix_keys)
         return out

@@ -45,7 +45,7 @@ from tests.console.drill_fleet import (
     lopsided_prompt,
     wait_ready,
 )
-from tests.console.tui_pilot import log_lines, row_cells, status, text_of, wait_for
+from tests.console.tui_pilot import log_lines, row_cells, row_order, status, text_of, wait_for
 
 pytest.importorskip("tokenspeed.runtime.entrypoints.serve")
 
@@ -163,6 +163,7 @@ async def test_drill_crash_loop_from_truncated_weights(fleet, drill_log):
             drill.saw("row left READY")
             # Diagnosis: problems first puts the server on top; Home selects it: the detail line gives the
             # exit of the failed start, and 4 opens its log with the reason.
+            await wait_for(pilot, lambda: row_order(app)[0] == COPY, what="the broken server on top")
             await press(pilot, drill.diagnosis_keys, "home")
             await wait_for(pilot, lambda: re.search(rf"^{COPY} .*last exit: exit \d+", text_of(app, "#fleet-detail")),
                            timeout=120, what="the failed start's exit on the detail line")  # fmt: skip
@@ -242,7 +243,7 @@ async def test_drill_expert_imbalance_rebalanced_from_the_experts_screen(fleet, 
                            and "red" not in cell_style(app, MOE, "bal"), timeout=60,
                            what="BALANCE back above the threshold under the same traffic")  # fmt: skip
             drill.fix_effect_s = round(time.monotonic() - fixed, 2)
-            drill.seen["balancedness"] = f"{before:.2f} -> {row_cells(app)[MOE]['bal']} (fleet row, same traffic)"
+            drill.notes["balancedness"] = f"{before:.2f} -> {row_cells(app)[MOE]['bal']} (fleet row, same traffic)"
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
