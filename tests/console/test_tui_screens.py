@@ -125,6 +125,22 @@ async def test_server_args_lines_have_no_stray_glyph_at_their_right_edge(fleet):
         assert not [line for line in lines if EIGHTH_BLOCKS & set(line[side:])], "\n".join(lines)
 
 
+async def test_server_args_are_reachable_at_80x24(fleet):
+    """On a small terminal the Server screen's side panel scrolls: the resolved ServerArgs are below the
+    process list and live state, a few rows high, never squeezed to nothing."""
+    app = make_app(fleet)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await pilot.press("2")
+        args = app.screen.query_one("#server-args", DataTable)
+        await wait_for(pilot, lambda: args.row_count > 0, what="server args")
+        app.screen.query_one("#server-side").scroll_end(animate=False)
+        await pilot.pause(0.3)
+        lines = screen_lines(app)
+        assert any("ServerArgs (resolved)" in line for line in lines), "\n".join(lines)
+        assert sum(key in "\n".join(lines) for key in ("argv", "enable_metrics", "ep_size")) >= 2
+
+
 async def test_experts_screen_draws_the_load_heatmap(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:

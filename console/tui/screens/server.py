@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.text import Text
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from console.tui import fmt
@@ -187,7 +187,7 @@ class ServerScreen(ConsoleScreen):
             with VerticalScroll(id="server-plots"):
                 for plot_id, title, _key, render, ratio in PLOTS:
                     yield MetricPlot(title, render, ratio=ratio, id=plot_id)
-            with Vertical(id="server-side"):
+            with VerticalScroll(id="server-side"):
                 yield TextPanel("Latency p50/p99", classes="section", id="server-latency-title")
                 yield TextPanel("", id="server-latency")
                 yield Static("Processes", classes="section")
