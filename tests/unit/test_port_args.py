@@ -156,3 +156,14 @@ def test_is_port_available_sees_a_listener():
         s.listen(1)
         assert not is_port_available(s.getsockname()[1])
     assert not is_port_available(0) and not is_port_available(70000)
+
+
+def test_the_nccl_port_never_lands_on_the_servers_own_zmq_ports(monkeypatch):
+    """The rendezvous port starts at a random offset 100..1000 above --port, where the ZMQ ports
+    (--port + 233 + 1..5) lie too: one of them, not yet bound, must never be picked."""
+    import tokenspeed.config.ports as ports_mod
+
+    http = free_base(ZMQ_TCP_PORT_DELTA + 20)
+    monkeypatch.setattr(ports_mod.random, "randint", lambda lo, hi: ZMQ_TCP_PORT_DELTA + 1)
+    port_args = PortArgs.init_new(args("--port", str(http)))
+    assert port_args.nccl_port not in tcp_ports(port_args) + [http]

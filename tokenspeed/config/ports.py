@@ -64,10 +64,11 @@ def split_host_port(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _free_nccl_port(http_port: int) -> int:
-    # A random start keeps two servers started at once from racing for the same port.
+def _free_nccl_port(http_port: int, taken: set[int]) -> int:
+    # A random start keeps two servers started at once from racing for the same port; `taken` holds
+    # this server's own ZMQ ports, which lie in the same range but are not bound yet.
     port = http_port + random.randint(100, 1000)
-    while not is_port_available(port):
+    while port in taken or not is_port_available(port):
         port = port + 42 if port < 60000 else port - 43
     return port
 
@@ -104,7 +105,6 @@ class PortArgs:
         if transport != "tcp":
             raise ValueError(f"transport must be 'tcp' or 'ipc', got {transport!r}")
         mapping = server_args.mapping
-        nccl_port = _free_nccl_port(server_args.port)
         if mapping.nnodes == 1 and server_args.dist_init_addr is None:
             # DP ranks compute their scheduler ports independently, so they need an agreed base.
             if mapping.has_attn_dp:
@@ -133,6 +133,7 @@ class PortArgs:
                     "no free port cluster above the distributed-init port; choose a lower --dist-init-addr "
                     "port or --port"
                 )
+        nccl_port = _free_nccl_port(server_args.port, {server_args.port, *ports.values()})
         return PortArgs(
             tokenizer_ipc_name=f"tcp://{_url_host(host)}:{ports['tokenizer']}",
             scheduler_input_ipc_name=f"tcp://{_url_host(host)}:{ports['scheduler_input']}",
@@ -153,7 +154,7 @@ class PortArgs:
         return PortArgs(
             tokenizer_ipc_name=f"ipc://{ipc_dir}/tokenizer",
             scheduler_input_ipc_name=f"ipc://{ipc_dir}/{scheduler}",
-            nccl_port=_free_nccl_port(server_args.port),
+            nccl_port=_free_nccl_port(server_args.port, {server_args.port}),
             rpc_ipc_name=f"ipc://{ipc_dir}/rpc",
             metrics_ipc_name=f"ipc://{ipc_dir}/metrics",
             ipc_dir=ipc_dir,
