@@ -244,7 +244,7 @@ def main() -> None:
         f"draft: {sum(p.numel() for p in draft.parameters())} parameters; vocab {draft_vocab} covers {covered:.4f}"
     )
     base = acceptance(draft, target, eval_seqs, args.steps)
-    log(f"untrained acceptance {base}")
+    log(f"acceptance before training {base}")
 
     decay_params = [p for p in draft.parameters() if p.dim() >= 2]
     other = [p for p in draft.parameters() if p.dim() < 2]
@@ -298,7 +298,7 @@ def main() -> None:
         "epochs": epoch,
         "train_seconds": round(train_s, 1),
         "total_seconds": round(time.monotonic() - t0, 1),
-        "untrained": base,
+        "before_training": base,
         "held_out": result,
         "torch": torch.__version__,
     }
