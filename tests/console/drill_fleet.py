@@ -240,7 +240,8 @@ class DrillLog:
         if not path or not self.drills:
             return
         target = Path(path)
-        out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU only (tiny demo models)",
+        out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, CPU only (tiny demo models), "
+                              f"load average {os.getloadavg()[0]:.1f} when written",
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "drills": [d.as_json() for d in self.drills]}  # fmt: skip
         if target.exists():  # drills run separately (-k) add to what is there

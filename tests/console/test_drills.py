@@ -80,37 +80,8 @@ async def press(pilot, keys: list[str], *pressed: str) -> None:
     await pilot.press(*pressed)
 
 
-async def test_drill_a_stopped_scheduler_reads_stalled_within_5s(fleet, drill_log):
-    client = fleet.client
-    server = wait_ready(client, MAIN, 120)
-    app = console(fleet)
-    async with app.run_test(size=SIZE) as pilot:
-        with Load.text(server["url"], workers=2, prompt_words=16, max_tokens=200):
-            await wait_for(pilot, lambda: (client.server(MAIN)["metrics"] or {}).get("in_flight"),
-                           timeout=30, what="requests in flight")  # fmt: skip
-            children = psutil.Process(server["pid"]).children(recursive=True)
-            drill = drill_log.start("slow TTFT / stalled scheduler", "SIGSTOP of the scheduler processes")
-            for child in children:
-                child.send_signal(signal.SIGSTOP)
-            try:
-                await wait_for(pilot, lambda: row_cells(app)[MAIN]["state"].startswith("STALLED"),
-                               timeout=15, what="STALLED on the fleet screen")  # fmt: skip
-                seen_after = drill.saw("row STALLED")
-                assert "1 stalled" in status(app)
-                await wait_for(pilot, lambda: "STALLED: no scheduler step" in text_of(app, "#fleet-events"),
-                               what="the stall in the events pane")  # fmt: skip
-                drill.saw("events pane: no scheduler step", diagnosis=True)
-            finally:
-                for child in children:
-                    child.send_signal(signal.SIGCONT)
-            resumed = time.monotonic()
-        assert seen_after <= 5.0, f"STALLED shown {seen_after:.1f}s after the scheduler stopped"
-        await wait_for(pilot, lambda: row_cells(app)[MAIN]["state"] == "READY", timeout=20, what="READY again")
-        drill.fix_keys = ["(none: SIGCONT)"]
-        drill.fix_effect_s = round(time.monotonic() - resumed, 2)
-
-
 async def test_drill_kv_pressure_fixed_from_the_profile_editor(fleet, drill_log):
+    # First of the drills: the server has seen no load yet, so the red cells are this drill's own.
     profile, client = fleet.profile, fleet.client
     server = wait_ready(client, MAIN, 120)
     app = console(fleet, profile_path=str(profile))
@@ -144,6 +115,36 @@ async def test_drill_kv_pressure_fixed_from_the_profile_editor(fleet, drill_log)
         assert info["max_total_num_tokens"] >= 2048
         events = [e["text"] for e in client.events(300)["events"]]
         assert any("profile reloaded" in t and "max_total_tokens 256 -> 2048" in t for t in events)
+
+
+async def test_drill_a_stopped_scheduler_reads_stalled_within_5s(fleet, drill_log):
+    client = fleet.client
+    server = wait_ready(client, MAIN, 120)
+    app = console(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        with Load.text(server["url"], workers=2, prompt_words=16, max_tokens=200):
+            await wait_for(pilot, lambda: (client.server(MAIN)["metrics"] or {}).get("in_flight"),
+                           timeout=30, what="requests in flight")  # fmt: skip
+            children = psutil.Process(server["pid"]).children(recursive=True)
+            drill = drill_log.start("slow TTFT / stalled scheduler", "SIGSTOP of the scheduler processes")
+            for child in children:
+                child.send_signal(signal.SIGSTOP)
+            try:
+                await wait_for(pilot, lambda: row_cells(app)[MAIN]["state"].startswith("STALLED"),
+                               timeout=15, what="STALLED on the fleet screen")  # fmt: skip
+                seen_after = drill.saw("row STALLED")
+                assert "1 stalled" in status(app)
+                await wait_for(pilot, lambda: "STALLED: no scheduler step" in text_of(app, "#fleet-events"),
+                               what="the stall in the events pane")  # fmt: skip
+                drill.saw("events pane: no scheduler step", diagnosis=True)
+            finally:
+                for child in children:
+                    child.send_signal(signal.SIGCONT)
+            resumed = time.monotonic()
+        assert seen_after <= 5.0, f"STALLED shown {seen_after:.1f}s after the scheduler stopped"
+        await wait_for(pilot, lambda: row_cells(app)[MAIN]["state"] == "READY", timeout=20, what="READY again")
+        drill.fix_keys = ["(none: SIGCONT)"]
+        drill.fix_effect_s = round(time.monotonic() - resumed, 2)
 
 
 async def test_drill_crash_loop_from_truncated_weights(fleet, drill_log):
