@@ -51,3 +51,23 @@ def test_hub_tokenizer_fails_fast_when_the_hub_is_unreachable():
     assert result.returncode == 2, result.stderr
     assert "--tokenizer 'no-such-org/tok' is neither a local folder nor reachable" in result.stderr
     assert seconds < 2.0, f"{seconds:.2f}s: {result.stderr}"
+
+
+def test_a_truncated_weights_file_fails_before_any_rank_starts(tmp_path):
+    """A damaged checkpoint (here: the demo model's weights cut in half) is refused from the file headers,
+    naming the file, before the server spends tens of seconds starting its ranks."""
+    import shutil
+
+    from tokenspeed.demo_models import resolve_model_path
+
+    model = tmp_path / "demo"
+    shutil.copytree(resolve_model_path("demo"), model)
+    weights = sorted(model.glob("*.safetensors"))
+    assert weights
+    data = weights[0].read_bytes()
+    weights[0].write_bytes(data[: len(data) // 2])
+    result, seconds = fastest(str(model), HF_HUB_OFFLINE="1")
+    assert result.returncode == 2, result.stderr
+    assert f"weights file {weights[0]} cannot be read (SafetensorError:" in result.stderr, result.stderr
+    assert "child process" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert seconds < 10.0, f"{seconds:.2f}s: {result.stderr}"

@@ -123,8 +123,10 @@ def exit_now(code: int) -> NoReturn:
 def check_model_source(server_args: ServerArgs) -> None:
     """A model that is not here fails now (under a second), not after the hub's retries or a rank start."""
     from tokenspeed.runtime.models.model_source import check_model_source as check
+    from tokenspeed.runtime.models.model_source import check_weights_readable
 
     check(str(server_args.model), server_args.tokenizer, server_args.skip_tokenizer_init)
+    check_weights_readable(str(server_args.model), server_args.load_format)
     check_quantization(server_args)
 
 

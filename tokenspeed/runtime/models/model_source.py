@@ -8,6 +8,7 @@ as a hub name still loads through transformers, but only when the hub can be rea
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -78,3 +79,30 @@ def check_model_source(model: str, tokenizer: str | None, skip_tokenizer: bool =
             f"--tokenizer {tokenizer!r} is neither a local folder nor reachable: {hub}; pass a local folder "
             "holding the tokenizer files"
         )
+
+
+def check_weights_readable(model: str, load_format: str) -> None:
+    """ValueError naming the file when a safetensors file of the model cannot be read (a truncated copy, an
+    interrupted download): found from the headers in the server's first second, not once every rank has
+    started and read it, tens of seconds later and again at each of a supervisor's restarts."""
+    if load_format not in ("auto", "safetensors"):
+        return
+    folder = _local(model)
+    index = os.path.join(folder, "model.safetensors.index.json")
+    try:
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError):
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
+    from safetensors import SafetensorError, safe_open
+
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            with safe_open(path, framework="numpy"):  # the header only; no framework import
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise ValueError(
+                f"weights file {path} cannot be read ({type(exc).__name__}: {exc}): the checkpoint is damaged "
+                "or incomplete; copy or download it again"
+            ) from exc
