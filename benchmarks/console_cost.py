@@ -86,19 +86,21 @@ interval_s = 2.0
 class Terminal:
     def __init__(self, command: str, width: int = 200, height: int = 80) -> None:
         self.name = f"bench-{uuid.uuid4().hex[:8]}"
+        # A tmux server of its own: another program's `tmux kill-server` never ends this benchmark.
+        self.tmux = ["tmux", "-L", self.name]
         wrapped = f"env -u COLUMNS -u LINES {command}; sleep 600"
         subprocess.run(
-            ["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), wrapped],
+            [*self.tmux, "new-session", "-d", "-s", self.name, "-x", str(width), "-y", str(height), wrapped],
             check=True,
         )
 
     def screen(self) -> str:
         return subprocess.run(
-            ["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True
+            [*self.tmux, "capture-pane", "-p", "-t", self.name], capture_output=True, text=True
         ).stdout
 
     def send(self, key: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, key], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, key], check=True)
 
     def wait_for(self, predicate, timeout: float = 120.0, step: float = 0.02) -> float:
         start = time.monotonic()
@@ -110,7 +112,7 @@ class Terminal:
 
     def console_process(self) -> psutil.Process:
         pane = subprocess.run(
-            ["tmux", "display", "-p", "-t", self.name, "#{pane_pid}"], capture_output=True, text=True
+            [*self.tmux, "display", "-p", "-t", self.name, "#{pane_pid}"], capture_output=True, text=True
         ).stdout.strip()
         for proc in psutil.Process(int(pane)).children(recursive=True):
             if "console" in " ".join(proc.cmdline()):
@@ -118,7 +120,7 @@ class Terminal:
         raise RuntimeError("console process not found")
 
     def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
 def cpu_share(proc: psutil.Process, seconds: float, term: Terminal) -> tuple[float, int]:
