@@ -10,9 +10,11 @@ that the later draft steps are accurate too. Held-out prompts (the validation sp
 acceptance length at 4 draft tokens, counted as vLLM does (accepted drafts + 1 per verify step).
 
     python tools/train_eagle3_draft.py --corpus .train/corpus.jsonl.gz \\
-        --out tokenspeed/assets/demo-eagle3 --report .train/eagle3_report.json --train-seconds 1200
+        --out .train/run1/demo-eagle3 --report .train/run1/report.json
 
-A smoke run: `--train-prompts 32 --eval-prompts 8 --train-seconds 20`.
+The shipped draft is that run continued twice with `--init` on fresh prompts (`--prompt-seed`); the exact
+commands and figures are in docs/DEMO_MODELS.md. A smoke run: `--train-prompts 32 --eval-prompts 4
+--train-seconds 10`.
 """
 
 from __future__ import annotations
