@@ -49,8 +49,15 @@ class Prometheus:
     def __init__(self, url: str):
         self.http = httpx.Client(base_url=url, trust_env=False, timeout=10)
 
+    def _get(self, path: str, **params: str) -> dict:
+        # Prometheus answers 503 "Service Unavailable" (plain text) while its storage is still opening:
+        # raised as an httpx.HTTPError like a refused connection, which the waits below retry.
+        response = self.http.get(path, params=params)
+        response.raise_for_status()
+        return response.json()
+
     def query(self, expr: str) -> list[dict]:
-        body = self.http.get("/api/v1/query", params={"query": expr}).json()
+        body = self._get("/api/v1/query", query=expr)
         assert body["status"] == "success", (expr, body)
         return body["data"]["result"]
 
@@ -58,7 +65,7 @@ class Prometheus:
         return [float(r["value"][1]) for r in self.query(expr)]
 
     def targets(self) -> list[dict]:
-        return self.http.get("/api/v1/targets", params={"state": "active"}).json()["data"]["activeTargets"]
+        return self._get("/api/v1/targets", state="active")["data"]["activeTargets"]
 
 
 def wait_until(check, timeout: float, what: str, poll: float = 0.5):

@@ -57,22 +57,30 @@ def test_ngram_server_answers_like_plain_greedy(ngram_server):
             if line.startswith("data: ") and line != "data: [DONE]":
                 streamed.append(json.loads(line[6:])["choices"][0]["text"])
     assert "".join(streamed) == want["text"]
-    deadline = time.monotonic() + 30  # stats reach the front end with the scheduler's next snapshot
+    # /metrics and the rank stats in /get_server_info are each fed by the scheduler's snapshots, which reach
+    # the front end a little after the step they describe: read both until they describe the same idle rank.
+    deadline = time.monotonic() + 30
     while True:
         text = httpx.get(f"{ngram_server.url}/metrics", timeout=10).text
         drafts = _metric(text, "spec_decode_num_drafts_total")
-        if drafts > 0 or time.monotonic() > deadline:
+        accepted = _metric(text, "spec_decode_num_accepted_tokens_total")
+        info = ngram_server.server_info()
+        (rank,) = info["internal_states"]
+        settled = (
+            drafts > 0
+            and rank["num_running"] == 0
+            and rank["kv_pages_used"] == 0
+            and rank["spec_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+        )
+        if settled or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    accepted = _metric(text, "spec_decode_num_accepted_tokens_total")
     drafted = _metric(text, "spec_decode_num_draft_tokens_total")
     assert drafts > 0 and 0 < accepted <= drafted, text
     assert _metric(text, "spec_decode_acceptance_length_count") > 0
     assert _metric(text, "spec_decode_num_accepted_tokens_per_pos_total") > 0  # position 0, listed first
-    info = ngram_server.server_info()
     assert info["speculative_algorithm"] == "NGRAM"
-    (rank,) = info["internal_states"]
-    assert rank["spec_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
-    assert rank["kv_pages_used"] == 0 and rank["num_running"] == 0
+    assert rank["spec_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts), (rank, text)
+    assert rank["kv_pages_used"] == 0 and rank["num_running"] == 0, rank
     # what the console's Server screen shows under "Live state"
     assert f"acceptance length {1 + accepted / drafts:.2f}" in live_text(info)
