@@ -14,13 +14,13 @@ from typing import Any
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import HorizontalScroll, VerticalScroll
-from textual.widgets import Static
 
 from console.tui.expert_placement import Placement, hot_spots, placement_lines, ranks_text, rebalance_lines
 from console.tui.model import Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.source import DataSource, SourceError
-from console.tui.widgets.heatmap import ExpertLoad, Heatmap, hottest, parse_expert_metrics
+from console.tui.widgets.heatmap import ExpertLoad, Heatmap, expert_lines, hottest, parse_expert_metrics
+from console.tui.widgets.panel import TextPanel
 
 _EP_KEYS = ("ep_size", "expert_parallel_size", "moe_ep_size")
 
@@ -33,6 +33,7 @@ class ExpertData:
     redundant: int | None = None  # redundant physical slots (ep_num_redundant_experts)
     placement: Placement | None = None
     placement_error: str | None = None
+    expert_text: str = ""  # the expert lines of /metrics `load` was parsed from
 
 
 def redundant_of(info: dict[str, Any] | None) -> int | None:
@@ -73,16 +74,19 @@ class ExpertsScreen(ConsoleScreen):
         # server -> (rebalance count it was fetched at, placement, why there is none): the placement only
         # changes with a rebalance (or a new process, whose count starts over), so it is fetched again then
         self._placements: dict[str, tuple[float | None, Placement | None, str | None]] = {}
+        # server -> (its expert lines of /metrics, what they parsed to): an idle server's are the same each poll
+        self._parsed: dict[str, tuple[str, ExpertLoad]] = {}
         self._thresholds_for: str | None = None
         self._balanced = 0.8  # [console.thresholds] balancedness of the fleet's profile
 
     def compose(self):
         yield from self.compose_header()
-        yield Static("", id="experts-title", classes="title")
+        # TextPanels: each poll redraws only what changed, and lays the screen out only when a height can change
+        yield TextPanel("", id="experts-title", classes="title")
         with VerticalScroll(id="experts-body"):
             with HorizontalScroll(id="experts-scroll"):
                 yield Heatmap("", id="experts-heatmap")
-            yield Static("", id="experts-ranks")
+            yield TextPanel("", id="experts-ranks")
         yield from self.compose_footer()
 
     def poll_request(self):
@@ -92,6 +96,7 @@ class ExpertsScreen(ConsoleScreen):
         known = name in self._ep_size
         size, redundant = self._ep_size.get(name, (None, None))
         cached = self._placements.get(name)
+        parsed = self._parsed.get(name)
 
         def fetch(source: DataSource) -> ExpertData:
             text = source.raw_metrics(name)
@@ -102,11 +107,15 @@ class ExpertsScreen(ConsoleScreen):
                     ep, extra = ep_size_of(info), redundant_of(info)
                 except SourceError:
                     ep, extra = None, None
-            load = parse_expert_metrics(text)
+            lines = expert_lines(text)
+            if parsed is not None and parsed[0] == lines:
+                load = parsed[1]
+            else:
+                load = parse_expert_metrics(lines)
             placement, why = (cached[1], cached[2]) if cached is not None else (None, None)
             if load.load and (cached is None or cached[0] != load.rebalances):
                 placement, why = fetch_placement(source, name)
-            return ExpertData(name, load, ep, extra, placement, why)
+            return ExpertData(name, load, ep, extra, placement, why, lines)
 
         return fetch
 
@@ -117,15 +126,16 @@ class ExpertsScreen(ConsoleScreen):
         data = snapshot.extra
         if snapshot.extra_error:
             title.append(f"\n{snapshot.extra_error}", style="bold red")
-        self.query_one("#experts-title", Static).update(title)
+        self.query_one("#experts-title", TextPanel).show(title)
         if not isinstance(data, ExpertData) or data.name != name:
             return
         self._ep_size[data.name] = (data.ep_size, data.redundant)
+        self._parsed[data.name] = (data.expert_text, data.load)
         if data.load.load:
             self._placements[data.name] = (data.load.rebalances, data.placement, data.placement_error)
         balanced_at = self._balanced_at(snapshot)
         self.query_one(Heatmap).show_load(data.load, balanced_at)
-        self.query_one("#experts-ranks", Static).update(self._summary(data, snapshot.polled_at))
+        self.query_one("#experts-ranks", TextPanel).show(self._summary(data, snapshot.polled_at))
 
     def _balanced_at(self, snapshot: Snapshot) -> float:
         from console.profile.thresholds import thresholds_of

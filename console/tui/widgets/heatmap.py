@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 from rich.color import Color
 from rich.style import Style
 from rich.text import Text
-from textual.widgets import Static
+
+from console.tui.widgets.panel import TextPanel
+
+# The metric families the Experts screen reads (after the `tokenspeed:` prefix); the rest of /metrics is
+# skipped before parsing, which was most of what a poll of the screen cost.
+EXPERT_FAMILIES = ("expert_load", "expert_rank_load", "eplb_balancedness", "eplb_rebalances")
 
 # Cold to hot; loads are bucketed by their fraction of the maximum.
 _RAMP = ("#1d2b53", "#1f5f8b", "#1a936f", "#88d498", "#f3e37c", "#f7a440", "#e4572e", "#ff1f1f")
@@ -56,11 +61,28 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+def _name(line: str) -> str:
+    """The metric name a line of exposition text is about: a sample's, or a HELP/TYPE comment's."""
+    if line.startswith("#"):
+        parts = line.split(None, 3)
+        return parts[2] if len(parts) > 2 and parts[1] in ("HELP", "TYPE") else ""
+    return line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
+
+
+def expert_lines(text: str) -> str:
+    """The lines of exposition `text` about an expert family (samples, HELP and TYPE), in their order."""
+    from console.metrics_math import PREFIX
+
+    return "\n".join(
+        line for line in text.split("\n") if _name(line).removeprefix(PREFIX).startswith(EXPERT_FAMILIES)
+    )
+
+
 def parse_expert_metrics(text: str) -> ExpertLoad:
     # Imported here: the Prometheus parser is only needed once the Experts screen is open.
     from console.metrics_math import parse
 
-    scrape = parse(text, 0.0)
+    scrape = parse(expert_lines(text) + "\n", 0.0)
     load: dict[int, dict[int, float]] = {}
     rank_of: dict[tuple[int, int], int] = {}
     for labels, value in scrape.labelled.get("expert_load", []):
@@ -97,11 +119,12 @@ def ramp_colour(fraction: float) -> str:
     return _RAMP[min(len(_RAMP) - 1, int(fraction * len(_RAMP)))]
 
 
-class Heatmap(Static):
-    """Renders an ExpertLoad; one row per layer, one cell per expert, balancedness at the end of each row."""
+class Heatmap(TextPanel):
+    """Renders an ExpertLoad; one row per layer, one cell per expert, balancedness at the end of each row.
+    Redrawn only when the drawing changed, re-laid out only when its size can (TextPanel)."""
 
     def show_load(self, data: ExpertLoad, balanced_at: float = 0.8) -> None:
-        self.update(render_heatmap(data, balanced_at))
+        self.show(render_heatmap(data, balanced_at))
 
 
 def hottest(data: ExpertLoad, n: int = 5) -> list[tuple[int, float, float]]:
