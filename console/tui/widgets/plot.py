@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from rich.text import Text
-from textual.widgets import Static
+from rich.segment import Segment
+from rich.style import Style
+from textual.strip import Strip
+from textual.widget import Widget
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 
@@ -37,8 +39,14 @@ def chart_lines(series: Sequence[float], width: int, height: int, top: float | N
     return rows
 
 
-class MetricPlot(Static):
-    """One metric's recent history. `update_series` redraws only when the numbers changed."""
+class MetricPlot(Widget):
+    """One metric's recent history. `update_series` redraws only when the numbers changed.
+
+    Drawn line by line (four Strips cut once per change) rather than as a Static's Text: the series
+    slides every poll, and a Static re-wraps and re-styles its whole text each time, which on a screen of
+    nine plots was most of the console's CPU at one poll a second. A title wider than the plot is cut,
+    not wrapped, so the chart keeps its three rows.
+    """
 
     DEFAULT_CSS = """
     MetricPlot { height: 4; margin: 0 1 0 0; }
@@ -52,11 +60,15 @@ class MetricPlot(Static):
         ratio: bool = False,
         id: str | None = None,
     ) -> None:
-        super().__init__("", id=id)
+        super().__init__(id=id)
         self.title = title
         self.render_value = render
         self.ratio = ratio
         self._series: tuple[float, ...] | None = None
+        self._lines: list[list[tuple[str, str]]] = []  # rows of (text, style) runs
+        self._strips: dict[int, Strip] = {}  # y -> the row cut at the current width and base style
+        self._cut_width = 0
+        self._base: Style | None = None  # this widget's resolved style, until the styles change
 
     def update_series(self, series: Sequence[float]) -> None:
         series = tuple(series)
@@ -70,16 +82,41 @@ class MetricPlot(Static):
 
     def _draw(self) -> None:
         series = self._series or ()
-        text = Text(self.title, style="bold")
+        title: list[tuple[str, str]] = [(self.title, "bold")]
         if series:
-            text.append(
-                f"  now {self.render_value(series[-1])}"
-                f"  min {self.render_value(min(series))}  max {self.render_value(max(series))}"
-                f"  ({len(series)} samples)"
+            title.append(
+                (
+                    f"  now {self.render_value(series[-1])}"
+                    f"  min {self.render_value(min(series))}  max {self.render_value(max(series))}"
+                    f"  ({len(series)} samples)",
+                    "bold",
+                )
             )
         else:
-            text.append("  no samples", style="dim")
+            title.append(("  no samples", "bold dim"))
         width = max(self.size.width, 1)
-        for line in chart_lines(series, width, 3, 1.0 if self.ratio else None):
-            text.append("\n" + line, style="cyan")
-        self.update(text, layout=False)  # always four lines (CSS): nothing to lay out again
+        chart = chart_lines(series, width, 3, 1.0 if self.ratio else None)
+        self._lines = [title, *([(line, "bold cyan")] for line in chart)]
+        self._strips.clear()
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        if self._cut_width != width:
+            self._strips.clear()
+            self._cut_width = width
+        strip = self._strips.get(y)
+        if strip is None:
+            if self._base is None:
+                self._base = self.rich_style  # walks every ancestor's styles: once, not once a line
+            base = self._base
+            runs = self._lines[y] if y < len(self._lines) else []
+            segments = [Segment(text, base + Style.parse(style) if style else base) for text, style in runs]
+            strip = Strip(segments).crop_extend(0, width, base)
+            self._strips[y] = strip
+        return strip
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips.clear()
+        self._base = None
