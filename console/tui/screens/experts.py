@@ -19,7 +19,7 @@ from console.tui.expert_placement import Placement, hot_spots, placement_lines, 
 from console.tui.model import Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.source import DataSource, SourceError
-from console.tui.widgets.heatmap import ExpertLoad, Heatmap, expert_lines, hottest, parse_expert_metrics
+from console.tui.widgets.heatmap import ExpertLoad, Heatmap, expert_lines, hottest, parse_expert_lines
 from console.tui.widgets.panel import TextPanel
 
 _EP_KEYS = ("ep_size", "expert_parallel_size", "moe_ep_size")
@@ -111,7 +111,7 @@ class ExpertsScreen(ConsoleScreen):
             if parsed is not None and parsed[0] == lines:
                 load = parsed[1]
             else:
-                load = parse_expert_metrics(lines)
+                load = parse_expert_lines(lines)
             placement, why = (cached[1], cached[2]) if cached is not None else (None, None)
             if load.load and (cached is None or cached[0] != load.rebalances):
                 placement, why = fetch_placement(source, name)

@@ -78,11 +78,12 @@ def expert_lines(text: str) -> str:
     )
 
 
-def parse_expert_metrics(text: str) -> ExpertLoad:
+def parse_expert_lines(lines: str) -> ExpertLoad:
+    """The ExpertLoad of `expert_lines` of a scrape."""
     # Imported here: the Prometheus parser is only needed once the Experts screen is open.
     from console.metrics_math import parse
 
-    scrape = parse(expert_lines(text) + "\n", 0.0)
+    scrape = parse(lines + "\n", 0.0)
     load: dict[int, dict[int, float]] = {}
     rank_of: dict[tuple[int, int], int] = {}
     for labels, value in scrape.labelled.get("expert_load", []):
@@ -156,6 +157,7 @@ def render_heatmap(data: ExpertLoad, balanced_at: float = 0.8) -> Text:
     cell = 2 if len(experts) <= 64 else 1
     peak = max((v for row in data.load.values() for v in row.values()), default=0.0) or 1.0
     text = Text()
+    styles: dict[tuple[str, str], Style] = {}  # (background, ink) -> its cell style, one per kind of cell
     header = "layer ".ljust(7)
     if cell == 2:
         header += "".join(f"{e % 100:<2d}" for e in experts)
@@ -168,9 +170,11 @@ def render_heatmap(data: ExpertLoad, balanced_at: float = 0.8) -> Text:
         for expert in experts:
             value = row.get(expert, 0.0)
             fraction = value / peak
-            colour = Color.parse(ramp_colour(fraction))
-            ink = Color.parse("black" if fraction >= 0.35 else "white")
-            text.append(_cell_value(value, peak, cell), style=Style(bgcolor=colour, color=ink))
+            key = (ramp_colour(fraction), "black" if fraction >= 0.35 else "white")
+            style = styles.get(key)
+            if style is None:
+                style = styles[key] = Style(bgcolor=Color.parse(key[0]), color=Color.parse(key[1]))
+            text.append(_cell_value(value, peak, cell), style=style)
         balance = data.balancedness.get(layer)
         if balance is not None:
             # Below the threshold is a problem; only well above it reads as healthy.
