@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int
             return EXIT_USAGE
         daemon = spawn_daemon(resolved.profile.path, paths)
         click.echo(f"fleet {fleet.name}: supervisor pid {daemon.pid}, state in {paths.root}")
+    if not detach and threading.current_thread() is threading.main_thread():
+        # "Ctrl-C stops the fleet" holds even when the parent ignored SIGINT (a script's `trap '' INT`, a
+        # background job of a non-interactive shell): an ignored signal is inherited across exec.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     deadline = time.monotonic() + timeout
     last = ""
     ready = False

@@ -240,6 +240,9 @@ def test_foreground_up_shows_states_and_ctrl_c_stops_the_fleet(make_fleet):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Started as a script's `trap '' INT` or a background job would start it: SIGINT ignored, which
+        # exec inherits. Ctrl-C must still stop the fleet.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     lines = []
     while not lines or "Ctrl-C stops the fleet" not in lines[-1]:
