@@ -5,7 +5,8 @@
 # Stages (the groups run their parts in this order):
 #   tests = kernels flashinfer engine   GPU tests: fused kernels, attention backends, samplers, engine
 #   bench = decode prefill moe offline  benchmarks/*.py on Llama-3.1-8B / Qwen3-30B-A3B shapes
-#   fp8   = fp8                         FP8 GEMM/KV tests, decode with FP8 weights and FP8 KV cache
+#   fp8   = fp8 fp8bench                FP8 GEMM/KV tests, decode with FP8 weights and FP8 KV cache
+#   verify = structured spec fp8        grammar under CUDA graphs, speculative greedy == plain, FP8 tests
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
 # `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.tgz: copy it into .whl/ (under 16 MB) and
@@ -49,9 +50,19 @@ part_decode() {
   run ${T_DECODE:-150} python3 benchmarks/decode.py --backends triton flashinfer ${DECODE_ARGS:-} --out "$OUT/gpu_decode.json"
   grep -E "bandwidth|ratio=|eager|kernels/step|faster" "$LOG" | tail -60
 }
-part_fp8() {  # FP8 tests, then decode with FP8 weights (bs 1) and an FP8 KV cache (bs 64 @ 4k) vs bf16
+part_fp8() {
   stage tests-fp8
   run ${T_FP8:-150} $PYT -s tests/gpu/test_fp8_gpu.py
+}
+part_structured() {
+  stage tests-structured
+  run ${T_STRUCTURED:-120} $PYT -s tests/gpu/test_gpu_structured_output.py
+}
+part_spec() {
+  stage tests-speculative
+  run ${T_SPEC:-120} $PYT -s tests/gpu/test_speculative_gpu.py
+}
+part_fp8bench() {  # decode with FP8 weights (bs 1) and an FP8 KV cache (bs 64 @ 4k) vs bf16
   stage bench-decode-fp8
   run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
     --contexts 4096 --quantization fp8 --out "$OUT/gpu_decode_fp8_weights.json"
@@ -76,7 +87,7 @@ part_offline() {
 }
 part_fleet() {
   stage e2e-fleet
-  run ${T_FLEET:-150} $PYT -s tests/gpu/test_fleet_gpu.py
+  run ${T_FLEET:-260} $PYT --timeout 250 -s tests/gpu/test_fleet_gpu.py
 }
 part_serving() {
   stage bench-serving
@@ -96,6 +107,8 @@ for s in "$@"; do
     tests) parts="kernels flashinfer engine" ;;
     bench) parts="decode prefill moe offline" ;;
     e2e) parts="fleet serving" ;;
+    fp8) parts="fp8 fp8bench" ;;
+    verify) parts="structured spec fp8" ;;
     *) parts=$s ;;
   esac
   for p in $parts; do
