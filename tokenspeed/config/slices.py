@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tokenspeed.runtime.speculative.config import tokens_per_verify
+
 if TYPE_CHECKING:
     # only named in annotations: resolution builds an ExpertPlan while it runs (config.resolve)
     from tokenspeed.config.server_args import ServerArgs
@@ -48,6 +50,8 @@ class RunnerConfig:
     quantization_param_path: str | None = None
     # KV layers beside the model's that share its pages (an EAGLE3 draft's one layer), sized into the pool
     draft_kv_layers: int = 0
+    # tokens a speculative verify forward computes per request (1: no speculation); sizes verify graphs
+    spec_tokens_per_req: int = 1
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> RunnerConfig:
@@ -72,6 +76,7 @@ class RunnerConfig:
             kv_cache_dtype=args.kv_cache_dtype,
             quantization_param_path=args.quantization_param_path,
             draft_kv_layers=1 if args.speculative_algorithm == "EAGLE3" else 0,
+            spec_tokens_per_req=tokens_per_verify(args),
         )
 
 

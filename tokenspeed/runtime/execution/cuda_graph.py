@@ -10,6 +10,12 @@ in which case only exact sizes replay. `--enforce-eager` turns graphs off.
 
 All graphs share one memory pool, captured largest first so smaller graphs reuse its blocks; the pool's
 size is estimated before the KV cache is sized (`memory_model.held_back_bytes`) and measured after capture.
+
+Speculative decoding replays the same graphs. A verify step (each request's last token and its k drafts)
+is laid out as a decode of its tokens, one row per token (`verify_graph_sizes` adds token counts b*(k+1)),
+and an EAGLE3 draft's one-layer forwards use a runner of their own (speculative/draft_graphs.py). With
+`aux_layers` the captured forward also stores the target states an EAGLE3 draft reads, in graph memory
+that each replay refills. Whatever a replay returns is overwritten by the next replay of the runner.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch
 
 from tokenspeed.config import memory_model
 from tokenspeed.config.slices import GraphConfig
-from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+from tokenspeed.runtime.execution.forward_batch import AuxCapture, ForwardBatch
 from tokenspeed.runtime.startup_progress import Progress
 
 logger = logging.getLogger(__name__)
@@ -61,7 +67,8 @@ class _Static:
     ones: torch.Tensor
     prefix_lens: torch.Tensor
     logits_indices: torch.Tensor
-    outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[int, Any] = field(default_factory=dict)  # size -> a tensor or a tuple of tensors
+    aux: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # size -> layer -> [size, H]
 
     @classmethod
     def allocate(cls, max_bs: int, device: torch.device) -> _Static:
@@ -84,6 +91,30 @@ class GraphCaptureUnsupported(RuntimeError):
     """The model's decode forward synchronizes with the host, so it cannot run from a CUDA graph."""
 
 
+@dataclass
+class GraphUse:
+    """How a runner's forwards ran since it started (read by tests and benchmarks, never by the engine)."""
+
+    decode_replays: int = 0
+    verify_replays: int = 0  # verify steps (drafted batches) replayed from a graph
+    verify_eager: int = 0  # verify steps run eagerly (no graph fits, a prefill chunk, graphs off)
+    draft_replays: int = 0  # EAGLE3 draft forwards replayed from a graph
+    draft_eager: int = 0
+
+
+class EagerOnce:
+    """Logs each distinct reason for an eager forward once, so a server says why without flooding."""
+
+    def __init__(self, log: logging.Logger = logger):
+        self.log = log
+        self.seen: set[str] = set()
+
+    def __call__(self, reason: str) -> None:
+        if reason not in self.seen:
+            self.seen.add(reason)
+            self.log.info("running eagerly: %s", reason)
+
+
 class CudaGraphRunner:
     """Captures `forward(fb) -> [bs, vocab]` for decode batch sizes and replays it."""
 
@@ -98,7 +129,12 @@ class CudaGraphRunner:
         max_context_len: int,
         pad: bool = True,
         enable_gc: bool = False,
+        aux_layers: tuple[int, ...] | None = None,
+        inputs: dict[str, torch.Tensor] | None = None,
+        label: str = "decode",
     ):
+        """`aux_layers`: target layers whose states each replay stores (EAGLE3); `inputs`: static buffers
+        [max(sizes), ...] that `forward` reads (sliced to the batch) besides the batch, filled by `replay`."""
         if not getattr(attn_backend, "supports_cuda_graph", False):
             raise ValueError(
                 f"attention backend {type(attn_backend).__name__} cannot be captured in CUDA graphs; "
@@ -113,6 +149,9 @@ class CudaGraphRunner:
         self.max_bs = self.sizes[-1]
         self.pad = pad
         self.enable_gc = enable_gc
+        self.aux_layers = aux_layers
+        self.inputs = inputs or {}
+        self.label = label
         self.static = _Static.allocate(self.max_bs, device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
@@ -137,6 +176,7 @@ class CudaGraphRunner:
             seq_lens_cpu=seq_lens_cpu,
             extend_lens_cpu=[1] * bs,
             is_decode_only=True,
+            aux_capture=AuxCapture(self.aux_layers) if self.aux_layers else None,
         )
 
     def capture(self, progress: bool = True) -> None:
@@ -166,8 +206,9 @@ class CudaGraphRunner:
         self.capture_seconds = time.perf_counter() - start
         self.memory_bytes = max(0, free_before - torch.cuda.mem_get_info(self.device)[0])
         logger.info(
-            "Captured %d CUDA graphs (batch sizes %s) in %.1f s, using %.0f MiB",
+            "Captured %d %s CUDA graphs (batch sizes %s) in %.1f s, using %.0f MiB",
             len(sizes),
+            self.label,
             _ranges(self.sizes),
             self.capture_seconds,
             self.memory_bytes / _MIB,
@@ -198,6 +239,11 @@ class CudaGraphRunner:
             self.pool = graph.pool()
         self.graphs[bs] = graph
         self.static.outputs[bs] = out
+        if fb.aux_capture is not None:
+            missing = [i for i in fb.aux_capture.layer_ids if i not in fb.aux_capture.states]
+            if missing:
+                raise GraphCaptureUnsupported(f"the model stored no states for captured layers {missing}")
+            self.static.aux[bs] = dict(fb.aux_capture.states)
 
     def padded_size(self, bs: int) -> int | None:
         i = bisect.bisect_left(self.sizes, bs)
@@ -209,13 +255,17 @@ class CudaGraphRunner:
     def can_run(self, fb: ForwardBatch) -> bool:
         # a batch keeping extra logits rows (prompt logprobs) is never decode-only; checked all the same,
         # since a graph returns one row per request
+        # (a graph holds the states of its own aux layers only)
         return (
             fb.is_decode_only
             and fb.logits_indices.shape[0] == fb.batch_size
             and self.padded_size(fb.batch_size) is not None
+            and (fb.aux_capture is None or fb.aux_capture.layer_ids == self.aux_layers)
         )
 
-    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+    def replay(self, fb: ForwardBatch, **inputs: torch.Tensor) -> Any:
+        """The captured forward's output for `fb`, its rows cut to the batch; `inputs` fill the static
+        buffers of the same names. `fb.aux_capture`, if set, receives views of the stored states."""
         bs = fb.batch_size
         size = self.padded_size(bs)
         s = self.static
@@ -233,9 +283,14 @@ class CudaGraphRunner:
             s.req_pool_indices[bs:size].zero_()
             s.seq_lens[bs:size].fill_(1)
             seq_lens_cpu += [1] * (size - bs)
+        for name, value in inputs.items():
+            self.inputs[name][:bs].copy_(value)  # padding rows keep finite values of earlier steps
         self.attn_backend.init_forward_metadata_replay(self._batch(size, seq_lens_cpu))
         self.graphs[size].replay()
-        return s.outputs[size][:bs]
+        if fb.aux_capture is not None:
+            fb.aux_capture.states.update({i: t[:bs] for i, t in s.aux[size].items()})
+        out = s.outputs[size]
+        return tuple(o[:bs] for o in out) if isinstance(out, tuple) else out[:bs]
 
 
 def _ranges(sizes: list[int]) -> str:
@@ -253,6 +308,17 @@ def decode_graph_sizes(graphs: GraphConfig, device: torch.device, attention_back
     return memory_model.graph_capture_sizes(
         graphs.enforce_eager, attention_backend, sizes, graphs.max_capture_size, max_num_reqs
     )
+
+
+def verify_graph_sizes(sizes: list[int] | None, tokens_per_req: int) -> list[int] | None:
+    """`sizes` plus the token counts of verify steps, b * tokens_per_req for each captured batch size b,
+    up to the largest decode size (or one request's tokens, whichever is more): verify graphs then
+    need no more graph memory than decode's largest, and a server of few requests still verifies in a
+    graph. Larger verify steps are padded to the next size or run eagerly."""
+    if not sizes or tokens_per_req <= 1:
+        return sizes
+    top = max(max(sizes), tokens_per_req)
+    return sorted(set(sizes) | {b * tokens_per_req for b in sizes if b * tokens_per_req <= top})
 
 
 def decode_graph_reserve(model_config: Any, sizes: list[int] | None, attention_backend: str) -> int:
@@ -277,6 +343,7 @@ def build_graph_runner(
     sizes: list[int] | None,
     graphs: GraphConfig,
     max_context_len: int,
+    aux_layers: tuple[int, ...] | None = None,
 ) -> CudaGraphRunner | None:
     if not sizes:
         return None
@@ -290,6 +357,7 @@ def build_graph_runner(
         max_context_len,
         pad=graphs.pad,
         enable_gc=graphs.enable_gc,
+        aux_layers=aux_layers,
     )
     try:
         with torch.inference_mode():

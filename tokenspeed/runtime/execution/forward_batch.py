@@ -14,6 +14,10 @@ Layout of a step with B requests and T new tokens (prefill chunks and decodes mi
 
 Invariants: sum(extend_lens) == T; extend_prefix_lens + extend_lens == seq_lens; a decode has
 extend_len 1. Attention for new token i of request r sees slots req_to_token[row_r, :prefix_r + i + 1].
+
+A verify step (speculative decoding) on the GPU is laid out as a decode of its tokens: each of a request's
+last token and k drafts is a row of its own (B = T, the request's table row repeated, seq_len = the token's
+position + 1), which is the rule above, so decode kernels and decode CUDA graphs run it.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class ForwardBatch:
     expert_recorder: Any = None
     # EAGLE3: the target layers whose output (the residual stream) the model stores here, per token
     aux_capture: AuxCapture | None = None
+    # a speculative verify step (a batch with drafts), in either layout
+    is_verify: bool = False
 
     @property
     def batch_size(self) -> int:

@@ -125,7 +125,9 @@ class ModelRunner:
         # Allocated before the pool is sized, so the free memory measured already excludes it.
         self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
         attn_name = config.attention_backend or default_attention_backend(device, model_config.dtype)
-        graph_sizes = cuda_graph.decode_graph_sizes(graphs, device, attn_name, max_num_reqs)
+        graph_sizes = cuda_graph.verify_graph_sizes(
+            cuda_graph.decode_graph_sizes(graphs, device, attn_name, max_num_reqs), config.spec_tokens_per_req
+        )
         # Graph memory is held back before the pool takes what is left.
         with cuda_graph.hold_memory(
             cuda_graph.decode_graph_reserve(model_config, graph_sizes, attn_name), device
@@ -157,16 +159,63 @@ class ModelRunner:
         # EAGLE3 (runtime/speculative): target layers whose outputs every step captures for the draft
         self.aux_capture_layers: tuple[int, ...] | None = None
         self.sampler = create_sampler(config.sampling_backend or "torch", device, config.enable_nan_detection)
+        self.graph_use = cuda_graph.GraphUse()
+        self.eager_once = cuda_graph.EagerOnce(logger)
+        self.graph_runner: cuda_graph.CudaGraphRunner | None = None
+        self.verify_graphs = True  # off after a verify graph failed
+        self.force_verify_as_decode = False
+        self._graph_plan = (graph_sizes, graphs)
+        if not config.draft_kv_layers:
+            self.capture_graphs()
+        # else an EAGLE3 proposer names the layers its draft reads (`set_aux_capture`), and the graphs are
+        # captured then, storing those layers' states
+
+    def capture_graphs(self) -> None:
+        """Capture the decode (and verify) graphs, with the EAGLE3 states if `aux_capture_layers` is set."""
+        sizes, graphs = self._graph_plan
         self.graph_runner = cuda_graph.build_graph_runner(
             self._forward,
             self.attn_backend,
             self.kv_pool,
             self.req_to_token.table,
-            device,
-            graph_sizes,
+            self.device,
+            sizes,
             graphs,
-            model_config.max_model_len,
+            self.model_config.max_model_len,
+            aux_layers=self.aux_capture_layers,
         )
+
+    def set_aux_capture(self, layers: tuple[int, ...]) -> None:
+        """Every step stores the residual stream after `layers` for an EAGLE3 draft; graphs store it too."""
+        self.aux_capture_layers = tuple(layers)
+        self.graph_runner = None
+        self.capture_graphs()
+
+    def _verify_as_decode(self, batch: ScheduledBatch) -> bool:
+        """Whether a batch with drafts runs as a decode of its tokens, one row each (from a CUDA graph, or
+        eagerly with `force_verify_as_decode`, which checks that layout on the CPU).
+
+        Token i of a request's last token and drafts attends to slots [0, start + i], which is what a
+        decode row with seq_len start + i + 1 reads, so every item with one known token (a decode, with
+        or without drafts) can be laid out that way; a prefill chunk in the batch cannot."""
+        if any(it.num_new_tokens - len(it.draft_ids) != 1 for it in batch.items):
+            self.eager_once("a verify step that shares its batch with a prefill chunk")
+            return False
+        if self.force_verify_as_decode:
+            return True
+        g = self.graph_runner
+        if g is None or not self.verify_graphs:
+            if self.device.type == "cuda":
+                self.eager_once("verify steps: no CUDA graphs on this server (or a verify graph failed)")
+            return False
+        num_tokens = sum(it.num_new_tokens for it in batch.items)
+        if g.padded_size(num_tokens) is None:
+            self.eager_once(
+                f"verify steps of more than {g.max_bs} tokens (the largest captured graph; "
+                "--cudagraph-capture-sizes or --max-cudagraph-capture-size raise it)"
+            )
+            return False
+        return True
 
     def prepare(self, batch: ScheduledBatch, prev: LaunchedBatch | None = None) -> ForwardBatch:
         """The ForwardBatch of `batch`. An input token not yet on the host (`req.token_ids` ends before it)
@@ -176,6 +225,8 @@ class ModelRunner:
         rows, seq_lens, ext_lens, prefix_lens = [], [], [], []
         pending_at, pending_from = [], []
         logits_at: list[int] = []  # the token rows whose logits the step needs
+        # a verify step on the GPU: one decode row per token (see _verify_as_decode)
+        flat = batch.has_drafts and self._verify_as_decode(batch)
         for it in batch.items:
             end = it.start + it.num_new_tokens
             num_known = it.num_new_tokens - len(it.draft_ids)
@@ -192,10 +243,16 @@ class ModelRunner:
             input_ids.extend(known)
             input_ids.extend(it.draft_ids)
             positions.extend(range(it.start, end))
-            rows.append(it.req.row)
-            seq_lens.append(end)
-            ext_lens.append(it.num_new_tokens)
-            prefix_lens.append(it.start)
+            if flat:
+                rows.extend([it.req.row] * it.num_new_tokens)
+                seq_lens.extend(range(it.start + 1, end + 1))
+                ext_lens.extend([1] * it.num_new_tokens)
+                prefix_lens.extend(range(it.start, end))
+            else:
+                rows.append(it.req.row)
+                seq_lens.append(end)
+                ext_lens.append(it.num_new_tokens)
+                prefix_lens.append(it.start)
         dev = self.device
 
         def tensor(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -222,8 +279,9 @@ class ModelRunner:
             attn_backend=self.attn_backend,
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=ext_lens,
-            is_decode_only=batch.is_decode_only,
+            is_decode_only=batch.is_decode_only or flat,
             expert_recorder=self.experts.recorder,
+            is_verify=batch.has_drafts,
         )
 
     @torch.inference_mode()
@@ -323,10 +381,29 @@ class ModelRunner:
         The one way a forward runs (rank 0's steps, a peer's copy of them, benchmarks): a captured graph
         when one fits the batch (unless `use_graphs=False`), else eagerly; then the experts close the pass.
         """
-        # a graph does not capture the EAGLE3 states (the draft's steps are not in graphs either)
-        if use_graphs and fb.aux_capture is None and self.graph_runner is not None and self.graph_runner.can_run(fb):
-            logits = self.graph_runner.replay(fb)
+        g = self.graph_runner
+        logits = None
+        if use_graphs and g is not None and g.can_run(fb):
+            try:
+                logits = g.replay(fb)
+            except Exception:
+                if not fb.is_verify:
+                    raise
+                # A verify graph that fails (a shape no capture foresaw) must not take serving down: this
+                # step and the later ones verify eagerly, as they did before verify graphs existed.
+                logger.exception(
+                    "verify step from a CUDA graph failed (%d token rows, seq_lens %s); verifying eagerly "
+                    "from now on", fb.batch_size, fb.seq_lens_cpu[:16],
+                )  # fmt: skip
+                self.verify_graphs = False
+        if logits is not None:
+            if fb.is_verify:
+                self.graph_use.verify_replays += 1
+            else:
+                self.graph_use.decode_replays += 1
         else:
+            if fb.is_verify:
+                self.graph_use.verify_eager += 1
             self.attn_backend.init_forward_metadata(fb)
             logits = self._forward(fb)
         self.experts.after_forward()

@@ -12,6 +12,14 @@ if TYPE_CHECKING:
 SPECULATIVE_ALGORITHMS = ("EAGLE3", "NGRAM")
 
 
+def tokens_per_verify(args: ServerArgs) -> int:
+    """Tokens a verify forward computes per request (the last known token and its drafts); 1 when
+    speculative decoding is off. The model runner sizes its verify CUDA graphs by it."""
+    if args.speculative_algorithm is None:
+        return 1
+    return int(args.speculative_num_draft_tokens or args.speculative_num_steps + 1)
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     algorithm: str  # one of SPECULATIVE_ALGORITHMS
@@ -41,7 +49,7 @@ class SpecConfig:
         layers = args.eagle3_layers_to_capture
         return cls(
             algorithm=algo,
-            num_draft_tokens=int(args.speculative_num_draft_tokens or args.speculative_num_steps + 1),
+            num_draft_tokens=tokens_per_verify(args),
             ngram_min=args.speculative_ngram_min_match_window_size,
             ngram_max=args.speculative_ngram_max_match_window_size,
             draft_model_path=args.speculative_draft_model_path,

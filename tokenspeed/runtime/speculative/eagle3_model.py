@@ -185,7 +185,7 @@ class Eagle3Draft(nn.Module):
         hidden: the captured target states [T, n*H] (`from_target`) or the draft's own outputs [T, H]."""
         w, eps = self.weights, self.cfg.rms_norm_eps
         if from_target:
-            hidden = F.linear(hidden, w["fc"])
+            hidden = self.project(hidden)
         emb = self.embed(fb.input_ids).to(hidden.dtype)
         x = torch.cat([_rms(emb, w["input_layernorm"], eps), _rms(hidden, w["hidden_norm"], eps)], dim=-1)
         q, k, v = F.linear(x, w["q_proj"]), F.linear(x, w["k_proj"]), F.linear(x, w["v_proj"])
@@ -196,6 +196,10 @@ class Eagle3Draft(nn.Module):
         h = h + F.linear(F.silu(F.linear(m, w["gate_proj"])) * F.linear(m, w["up_proj"]), w["down_proj"])
         logits = F.linear(_rms(h[fb.logits_indices], w["norm"], eps), w["lm_head"]).float()
         return h, logits
+
+    def project(self, captured: torch.Tensor) -> torch.Tensor:
+        """The captured target states [T, n*H] -> the hidden state [T, H] the draft layer reads."""
+        return F.linear(captured, self.weights["fc"])
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -19,6 +19,7 @@ deterministic proposal, which the verifier treats as one-hot).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch
 from tokenspeed.runtime.scheduler.request import Request
 from tokenspeed.runtime.speculative.config import SpecConfig
+from tokenspeed.runtime.speculative.draft_graphs import build_draft_graphs
 from tokenspeed.runtime.speculative.eagle3_model import DraftConfig, Eagle3Draft, default_aux_layers
 
 logger = logging.getLogger(__name__)
@@ -84,7 +86,10 @@ class Eagle3Proposer:
         )  # fmt: skip
         attn = spec.draft_attention_backend or runner.attn_backend_name
         self.attn = create_attention_backend(attn, shape, self.pool, self.device)
-        runner.aux_capture_layers = self.layers
+        # the target's graphs (captured now, with these layers' states) and then the draft's own
+        runner.set_aux_capture(self.layers)
+        self.graphs = build_draft_graphs(self.model, self.attn, self.pool, runner)
+        self.force_flat = False
         logger.info(
             "EAGLE3 draft %s: captures target layers %s, %d draft tokens a step, draft vocab %d",
             cfg.path, list(self.layers), spec.num_drafted, cfg.draft_vocab_size,
@@ -101,13 +106,19 @@ class Eagle3Proposer:
             return
         aux = capture.stacked()
         rows = torch.tensor([r for e in entries for r in e.rows], device=self.device)
-        fb = self._batch(
+        reqs, starts, tokens = (
             [e.req for e in entries],
             [e.start for e in entries],
             [e.tokens for e in entries],
         )
-        hidden, logits = self.model(fb, aux[rows], from_target=True)
-        last = fb.logits_indices
+        if self._flat(sum(map(len, tokens))):
+            fb, last = self._flat_batch(reqs, starts, tokens)
+            hidden, logits = self._run_flat(fb, self.model.project(aux[rows]))
+            logits = logits[last]  # a flat forward returns every row's logits
+        else:
+            fb = self._batch(reqs, starts, tokens)
+            hidden, logits = self.model(fb, aux[rows], from_target=True)
+            last = fb.logits_indices
         drafting = [i for i, e in enumerate(entries) if e.draft]
         if not drafting or self.spec.num_drafted == 0:
             return
@@ -124,12 +135,15 @@ class Eagle3Proposer:
             if not live:
                 break
             idx = torch.tensor(live, device=self.device)
-            fb = self._batch(
+            args = (
                 [reqs[i] for i in live],
                 [pos[i] + step - 1 for i in live],
                 [[chain[i][-1]] for i in live],
             )
-            h_live, logits = self.model(fb, h[idx], from_target=False)
+            if self._flat(len(live)):
+                h_live, logits = self._run_flat(self._flat_batch(*args)[0], h[idx])
+            else:
+                h_live, logits = self.model(self._batch(*args), h[idx], from_target=False)
             h = h.clone()
             h[idx] = h_live
             nxt = self.model.to_target_ids(logits.argmax(dim=-1)).tolist()
@@ -158,13 +172,50 @@ class Eagle3Proposer:
             out.append(_Entry(req, list(range(first, first + n)), it.start, tokens, draft))
         return out
 
+    def _flat(self, num_rows: int) -> bool:
+        """Whether a draft forward of `num_rows` positions runs one decode row per position: when a graph
+        takes it, or always with `force_flat` (which checks that layout on the CPU)."""
+        if self.force_flat or (self.graphs is not None and self.graphs.fits(num_rows)):
+            return True
+        self.runner.graph_use.draft_eager += 1
+        return False
+
+    def _run_flat(self, fb: ForwardBatch, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pre-norm outputs, logits) of every row of a flat batch: from a graph, else eagerly."""
+        g = self.graphs
+        out = g.run(fb, hidden) if g is not None and g.fits(fb.batch_size) else None
+        if out is not None:
+            return out
+        self.runner.graph_use.draft_eager += 1
+        self.attn.init_forward_metadata(fb)
+        return self.model(fb, hidden, from_target=False)
+
+    def _flat_batch(
+        self, reqs: list[Request], starts: list[int], tokens: list[list[int]]
+    ) -> tuple[ForwardBatch, torch.Tensor]:
+        """The same forward as `_batch`, one decode row per position (for the draft's graphs; their
+        replay plans attention), and the row of each request's last position."""
+        flat_reqs, flat_starts, flat_tokens, last = [], [], [], []
+        for req, start, toks in zip(reqs, starts, tokens, strict=True):
+            for j, t in enumerate(toks):
+                flat_reqs.append(req)
+                flat_starts.append(start + j)
+                flat_tokens.append([t])
+            last.append(len(flat_tokens) - 1)
+        fb = self._batch(flat_reqs, flat_starts, flat_tokens, plan=False)
+        n = fb.batch_size
+        fb = dataclasses.replace(fb, logits_indices=torch.arange(n, device=self.device))
+        return fb, torch.tensor(last, device=self.device)
+
     def _room(self, req: Request, steps: int) -> int:
         """Chain steps (after the first draft) whose K/V slots the request has, taking pages if free."""
         while steps > 0 and not self.kv.grow(req, steps):
             steps -= 1
         return steps
 
-    def _batch(self, reqs: list[Request], starts: list[int], tokens: list[list[int]]) -> ForwardBatch:
+    def _batch(
+        self, reqs: list[Request], starts: list[int], tokens: list[list[int]], plan: bool = True
+    ) -> ForwardBatch:
         """A draft forward over positions starts[i] .. + len(tokens[i]) of each request."""
         dev = self.device
         table = self.runner.req_to_token.table
@@ -200,5 +251,6 @@ class Eagle3Proposer:
             extend_lens_cpu=ext,
             is_decode_only=all(n == 1 for n in ext),
         )
-        self.attn.init_forward_metadata(fb)
+        if plan:
+            self.attn.init_forward_metadata(fb)
         return fb
