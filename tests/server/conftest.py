@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.server.server_proc import ServerProc, launch  # noqa: E402
+from tests.server.server_proc import ServerProc, served  # noqa: E402
 from tests.tiny_models import make_tiny_model  # noqa: E402
 
 API_KEY = "test-key-123"
@@ -27,7 +26,7 @@ def tiny_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def server(tiny_model, tmp_path_factory) -> ServerProc:
     """One server with the optional features on; tests that need a different set-up start their own."""
-    srv = launch(
+    with served(
         tiny_model,
         tmp_path_factory.mktemp("server-logs"),
         "--served-model-name", SERVED_NAME,
@@ -40,10 +39,5 @@ def server(tiny_model, tmp_path_factory) -> ServerProc:
         "--preferred-sampling-params", '{"top_k": 50}',
         "--max-num-seqs", "256",
         api_key=API_KEY,
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        code = srv.stop(signal.SIGTERM)
-        assert code == 0, f"server exit status {code}:\n{srv.log()[-3000:]}"

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,6 +113,32 @@ def launch(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
         )
     return ServerProc(proc=proc, port=port, log_path=log_path, api_key=api_key)
+
+
+@contextmanager
+def served(
+    model: str,
+    log_dir: Path,
+    *args: str,
+    api_key: str | None = None,
+    env: dict | None = None,
+    stop_timeout: float = 60.0,
+) -> Iterator[ServerProc]:
+    """A ready server for the body of the `with`, stopped by SIGTERM afterwards.
+
+    A clean stop is part of what every such test checks: once the body has passed, the server must exit 0
+    (a request left in flight or a rank that fails to stop shows up here). When the body or the start-up
+    failed, that failure is what the test reports, so the exit status is not checked on top of it.
+    """
+    srv = launch(model, log_dir, *args, api_key=api_key, env=env)
+    try:
+        srv.wait_ready()
+        yield srv
+    except BaseException:
+        srv.stop(signal.SIGTERM, timeout=stop_timeout)
+        raise
+    code = srv.stop(signal.SIGTERM, timeout=stop_timeout)
+    assert code == 0, f"server exit status {code}:\n{srv.log()[-3000:]}"
 
 
 def launch_all(specs: list[tuple[str, Path, tuple[str, ...]]], **kw) -> list[ServerProc]:

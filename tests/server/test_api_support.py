@@ -10,13 +10,12 @@ flags (skip-tokenizer-init, preferred max_new_tokens, no-effect flags).
 from __future__ import annotations
 
 import json
-import signal
 
 import httpx
 import pytest
 
 from tests.server.conftest import SERVED_NAME
-from tests.server.server_proc import launch
+from tests.server.server_proc import served
 
 PROMPT_IDS = [5, 9, 17, 33, 65, 7]
 CONTEXT = 512  # the tiny model's max_position_embeddings
@@ -182,19 +181,15 @@ def test_max_tokens_past_the_context_is_a_400(server):
 @pytest.fixture(scope="module")
 def ids_server(tiny_model, tmp_path_factory):
     """No tokenizer, a preferred max_new_tokens of 5, and two flags this build accepts with no effect."""
-    srv = launch(
+    with served(
         tiny_model,
         tmp_path_factory.mktemp("ids-server"),
         "--skip-tokenizer-init",
         "--preferred-sampling-params", json.dumps({"max_new_tokens": 5, "ignore_eos": True}),
         "--disable-tf32",
         "--enable-nvtx",
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        assert srv.stop(signal.SIGTERM) == 0, srv.log()[-3000:]
 
 
 def test_skip_tokenizer_init_answers_with_token_ids(ids_server):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.server_proc import launch
+from tests.server.server_proc import served
 from tokenspeed.demo_models import resolve_model_path
 
 # The demo model: 4 layers x 2 KV heads x 64 dims, K and V: 1024 bytes a token in FP8 (bf16: 2048,
@@ -27,19 +26,15 @@ PAGE = 64
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = launch(
+    with served(
         "demo",
         tmp_path_factory.mktemp("fp8-serve"),
         "--quantization", "fp8",
         "--kv-cache-dtype", "fp8_e4m3",
         "--cpu-kv-cache-memory-gb", str(BUDGET_GB),
         "--enable-metrics",
-    )  # fmt: skip
-    try:
-        s.wait_ready()
+    ) as s:  # fmt: skip
         yield s
-    finally:
-        s.stop(signal.SIGTERM)
 
 
 def test_fp8_server_answers_and_sizes_its_kv_cache_in_bytes_of_fp8(server):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 
 import httpx
 import openai
 import pytest
 
-from tests.server.server_proc import launch
+from tests.server.server_proc import served
 from tests.server.test_structured_output import MESSAGES, MODEL, NO_THINKING, PERSON, _matches
 
 pytest.importorskip("llguidance")  # the test extra installs it; a hand-made environment may lack it
@@ -20,20 +19,15 @@ pytest.importorskip("llguidance")  # the test extra installs it; a hand-made env
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = launch(
+    with served(
         MODEL,
         tmp_path_factory.mktemp("llguidance-logs"),
         "--served-model-name", "demo",
         "--grammar-backend", "llguidance",
         "--disable-any-whitespace",
         "--reasoning-parser", "qwen3",
-    )  # fmt: skip
-    try:
-        s.wait_ready()
+    ) as s:  # fmt: skip
         yield s
-    finally:
-        code = s.stop(signal.SIGTERM)
-        assert code == 0, f"server exit status {code}:\n{s.log()[-3000:]}"
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,12 @@ prefix cache is on, and the long prompt is served once without prompt logprobs f
 
 from __future__ import annotations
 
-import signal
-
 import httpx
 import openai
 import pytest
 import torch
 
-from tests.server.server_proc import launch
+from tests.server.server_proc import served
 from tokenspeed.demo_models import DEMO_MODELS
 
 MODEL = str(DEMO_MODELS[0].path)
@@ -25,20 +23,15 @@ SHORT = "When an exception"
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = launch(
+    with served(
         MODEL,
         tmp_path_factory.mktemp("prompt-logprobs-logs"),
         "--served-model-name", "demo",
         "--enable-output-logprobs",
         "--enable-cache-report",
         "--chunked-prefill-size", "8",
-    )  # fmt: skip
-    try:
-        s.wait_ready()
+    ) as s:  # fmt: skip
         yield s
-    finally:
-        code = s.stop(signal.SIGTERM)
-        assert code == 0, f"server exit status {code}:\n{s.log()[-3000:]}"
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ single-rank offline Engine's. A dense Llama server answers 400 naming the flags 
 
 from __future__ import annotations
 
-import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import API_KEY
-from tests.server.server_proc import launch
+from tests.server.server_proc import served
 from tests.tiny_models import make_tiny_model
 
 ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
@@ -42,17 +41,12 @@ def moe(tmp_path_factory):
     model = make_tiny_model("qwen3_moe", root / "model")
     logs = root / "logs"
     logs.mkdir()
-    srv = launch(
+    with served(
         model, logs, "--tp", "2", "--ep-size", "2", "--ep-num-redundant-experts", "2",
         "--enable-metrics", "--no-enable-prefix-caching", "--skip-server-warmup",
-        api_key=KEY, env=ENV,
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+        api_key=KEY, env=ENV, stop_timeout=30,
+    ) as srv:  # fmt: skip
         yield model, srv
-    finally:
-        code = srv.stop(signal.SIGTERM, timeout=30)
-        assert code == 0, f"server exit status {code}:\n{srv.log()[-3000:]}"
 
 
 def post(url: str, path: str, **kw) -> httpx.Response:

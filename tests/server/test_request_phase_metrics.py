@@ -3,14 +3,13 @@ from a real server that runs one sequence at a time, so concurrent requests wait
 
 from __future__ import annotations
 
-import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.server_proc import ServerProc, launch
+from tests.server.server_proc import ServerProc, served
 
 SERVED = "phases"
 LABELS = {"model_name": SERVED, "dp_rank": "0"}
@@ -21,16 +20,11 @@ NEW = ("request_queue_time_seconds", "request_prefill_time_seconds", "request_de
 
 @pytest.fixture(scope="module")
 def one_seq_server(tiny_model, tmp_path_factory) -> ServerProc:
-    srv = launch(
+    with served(
         tiny_model, tmp_path_factory.mktemp("phase-logs"),
         "--served-model-name", SERVED, "--enable-metrics", "--max-num-seqs", "1",
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        code = srv.stop(signal.SIGTERM)
-        assert code == 0, f"server exit status {code}:\n{srv.log()[-3000:]}"
 
 
 def scrape(srv: ServerProc) -> dict[tuple[str, tuple], float]:

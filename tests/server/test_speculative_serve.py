@@ -5,14 +5,13 @@ at /metrics; afterwards no KV page is held."""
 from __future__ import annotations
 
 import json
-import signal
 import time
 
 import httpx
 import pytest
 
 from console.tui.screens.server import live_text
-from tests.server.server_proc import launch
+from tests.server.server_proc import served
 from tokenspeed import Engine
 
 PROMPT = "To open a file, use the open function. To open a file, use the open function. To open a file,"
@@ -21,19 +20,14 @@ MAX_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def ngram_server(tmp_path_factory):
-    srv = launch(
+    with served(
         "demo",
         tmp_path_factory.mktemp("spec-logs"),
         "--speculative-algorithm", "NGRAM",
         "--speculative-num-draft-tokens", "4",
         "--enable-metrics",
-    )  # fmt: skip
-    try:
-        srv.wait_ready()
+    ) as srv:  # fmt: skip
         yield srv
-    finally:
-        code = srv.stop(signal.SIGTERM)
-        assert code == 0, f"server exit status {code}:\n{srv.log()[-3000:]}"
 
 
 def _metric(text: str, name: str) -> float:

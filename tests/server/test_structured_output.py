@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 
 import httpx
 import openai
 import pytest
 import torch
 
-from tests.server.server_proc import launch
+from tests.server.server_proc import served
 from tokenspeed.demo_models import DEMO_MODELS
 
 MODEL = str(DEMO_MODELS[0].path)
@@ -38,7 +37,7 @@ PERSON = {
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = launch(
+    with served(
         MODEL,
         tmp_path_factory.mktemp("structured-logs"),
         "--served-model-name", "demo",
@@ -48,13 +47,8 @@ def srv(tmp_path_factory):
         "--chunked-prefill-size", "8",
         "--tool-call-parser", "hermes",
         "--reasoning-parser", "qwen3",
-    )  # fmt: skip
-    try:
-        s.wait_ready()
+    ) as s:  # fmt: skip
         yield s
-    finally:
-        code = s.stop(signal.SIGTERM)
-        assert code == 0, f"server exit status {code}:\n{s.log()[-3000:]}"
 
 
 @pytest.fixture(scope="module")
