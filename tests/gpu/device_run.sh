@@ -7,10 +7,11 @@
 #   bench = decode prefill moe offline  benchmarks/*.py on Llama-3.1-8B / Qwen3-30B-A3B shapes
 #   fp8   = fp8 fp8bench                FP8 GEMM/KV tests, decode with FP8 weights and FP8 KV cache
 #   verify = structured spec fp8        grammar under CUDA graphs, speculative greedy == plain, FP8 tests
+#   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
-# `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.tgz: copy it into .whl/ (under 16 MB) and
-# every later call skips FlashInfer's JIT (.whl/install.sh unpacks it). Each part has its own time limit
+# `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.tgz.partNN (15 MB each): copy them into .whl/
+# and every later call skips FlashInfer's JIT (.whl/install.sh joins and unpacks them). Each part has its own time limit
 # (T_<PART> seconds) so a stuck one cannot eat the call.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -62,8 +63,15 @@ part_spec() {
   stage tests-speculative
   run ${T_SPEC:-120} $PYT -s tests/gpu/test_speculative_gpu.py
 }
-part_fp8bench() {  # decode with FP8 weights (bs 1) and an FP8 KV cache (bs 64 @ 4k) vs bf16
+part_specbench() {  # speculative decoding, 8B shape: plain decode vs a 5-token verify (graphs) vs an EAGLE3 draft
+  stage bench-speculative
+  run ${T_SPECBENCH:-180} python3 benchmarks/speculative_gpu.py ${SPECBENCH_ARGS:-} --out "$OUT/gpu_speculative.json"
+  grep -E "bs=|goal|graph use|graphs|Error|error" "$LOG" | tail -40
+}
+part_fp8bench() {  # decode with FP8 weights (bs 1) and an FP8 KV cache (bs 64 @ 4k) vs bf16, same run
   stage bench-decode-fp8
+  run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
+    --contexts 4096 --out "$OUT/gpu_decode_bf16_4k.json"
   run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
     --contexts 4096 --quantization fp8 --out "$OUT/gpu_decode_fp8_weights.json"
   run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
@@ -94,9 +102,10 @@ part_serving() {
   run ${T_SERVING:-200} python3 benchmarks/serving_gpu.py ${SERVING_ARGS:-} --out "$OUT/gpu_serving.json"
   grep -E "^serving|^offline|READY|goal" "$LOG" | tail -30
 }
-part_cache() {
+part_cache() {  # in parts under the tool's 16 MB a file; .whl/install.sh joins them again
   wait_warm
-  tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer && ls -la "$OUT/flashinfer-cache.tgz" | tee -a "$LOG"
+  tar czf /tmp/flashinfer-cache.tgz -C ~/.cache flashinfer && split -b 15M -d /tmp/flashinfer-cache.tgz \
+    "$OUT/flashinfer-cache.tgz.part" && ls -la "$OUT"/flashinfer-cache.tgz.part* | tee -a "$LOG"
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1
