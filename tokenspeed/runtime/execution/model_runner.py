@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -25,9 +23,9 @@ from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.execution.forward_batch import AuxCapture, ForwardBatch
 from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
+from tokenspeed.runtime.execution.launched import LaunchedBatch, StepResult, to_host
 from tokenspeed.runtime.execution.prompt_logprobs import (
     DevicePromptLogprobs,
-    PromptRows,
     entries_per_item,
     plan_prompt_rows,
     row_indices,
@@ -42,52 +40,13 @@ from tokenspeed.runtime.models.model_config import ModelConfig
 from tokenspeed.runtime.models.quant_tensors import pool_kv_scales
 from tokenspeed.runtime.parallel.experts import ExpertController, NoExperts
 from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
-from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest, VerifiedRun
-from tokenspeed.runtime.scheduler.request import Request
+from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
 from tokenspeed.runtime.scheduler.sample_row import SampleRow
 from tokenspeed.runtime.speculative.verifier import verify_batch
 
 logger = logging.getLogger(__name__)
 
 NAN_ERROR = "the model produced NaN logits; the request was aborted (--enable-nan-detection)"
-
-
-@dataclass
-class StepResult:
-    """Per item of the ScheduledBatch: the sampled token (-1 when the item did not sample)."""
-
-    token_ids: list[int]
-    logprobs: list[float] | None = None
-    errors: list[str | None] | None = None
-    # per item, (token id, logprob) of the most likely tokens, for the requests that asked (top_logprobs)
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    # item index -> (first scored prompt token, its entries on): prompt logprobs computed this step
-    prompt_logprobs: dict[int, tuple[int, list[list]]] | None = None
-    # per item, the tokens a verify forward emitted for a drafted item (speculative decoding), else None
-    runs: list[VerifiedRun | None] | None = None
-
-
-@dataclass
-class LaunchedBatch:
-    """A batch whose forward and sampling are queued on the device; `ModelRunner.resolve` reads it back."""
-
-    num_items: int
-    sampled: list[int]  # indices of the items that sample, in the order of `token_ids`' rows
-    row_of: dict[Request, int] = field(default_factory=dict)  # request -> its row of `token_ids`
-    token_ids: torch.Tensor | None = None  # [len(sampled)] int64 on the device
-    host: list[torch.Tensor | None] = field(default_factory=list)  # ids, logprobs, NaN rows, top ids, top lps
-    copied: Any = None  # torch.cuda.Event recorded after the copies to the host
-    prompt_rows: PromptRows | None = None  # the prompt logprobs this batch computes, if any
-    prompt_host: DevicePromptLogprobs | None = None  # their host copies
-    result: StepResult | None = None  # a verify step's tokens, already on the host (it is synchronous)
-    aux_capture: AuxCapture | None = None  # the target states an EAGLE3 draft reads next
-
-
-def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
-    if t is None or t.device.type != "cuda":
-        return t
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    return host.copy_(t, non_blocking=True)
 
 
 class ModelRunner:
@@ -227,6 +186,9 @@ class ModelRunner:
         logits_at: list[int] = []  # the token rows whose logits the step needs
         # a verify step on the GPU: one decode row per token (see _verify_as_decode)
         flat = batch.has_drafts and self._verify_as_decode(batch)
+        # Each request's last row (every row of a flat verify, one token a row) is a cumsum on the device;
+        # only drafted items in the extend layout need rows listed item by item on the host.
+        by_item = batch.has_drafts and not flat
         for it in batch.items:
             end = it.start + it.num_new_tokens
             num_known = it.num_new_tokens - len(it.draft_ids)
@@ -237,9 +199,10 @@ class ModelRunner:
                 pending_at.append(len(input_ids) + len(known))
                 pending_from.append(prev.row_of[it.req])
                 known = [*known, 0]  # overwritten on the device below
-            # a drafted item needs the logits of every token it computes: each verifies the next draft
-            first_row = len(input_ids) + (num_known - 1 if it.draft_ids else it.num_new_tokens - 1)
-            logits_at.extend(range(first_row, len(input_ids) + it.num_new_tokens))
+            if by_item:
+                # a drafted item needs the logits of every token it computes: each verifies the next draft
+                first_row = len(input_ids) + (num_known - 1 if it.draft_ids else it.num_new_tokens - 1)
+                logits_at.extend(range(first_row, len(input_ids) + it.num_new_tokens))
             input_ids.extend(known)
             input_ids.extend(it.draft_ids)
             positions.extend(range(it.start, end))
@@ -273,7 +236,7 @@ class ModelRunner:
             seq_lens=tensor(seq_lens, torch.int32),
             extend_lens=ext_t,
             extend_prefix_lens=tensor(prefix_lens, torch.int32),
-            logits_indices=tensor(logits_at),
+            logits_indices=tensor(logits_at) if by_item else torch.cumsum(ext_t, 0, dtype=torch.int64) - 1,
             req_to_token=self.req_to_token.table,
             kv_pool=self.kv_pool,
             attn_backend=self.attn_backend,
@@ -306,7 +269,7 @@ class ModelRunner:
             scored = score_prompt_rows(prompt_rows, extra_logits)
             launched.prompt_rows = prompt_rows
             launched.prompt_host = DevicePromptLogprobs(
-                *(_to_host(t) for t in (scored.logprobs, scored.ranks, scored.top_ids, scored.top_logprobs))
+                *(to_host(t) for t in (scored.logprobs, scored.ranks, scored.top_ids, scored.top_logprobs))
             )
         launched.aux_capture = fb.aux_capture
         if batch.has_drafts:
@@ -324,7 +287,7 @@ class ModelRunner:
         launched.row_of = {items[i].req: j for j, i in enumerate(sampled)}
         launched.token_ids = out.token_ids
         launched.host = [
-            _to_host(t) for t in (out.token_ids, out.logprobs, out.nan_rows, out.top_ids, out.top_logprobs)
+            to_host(t) for t in (out.token_ids, out.logprobs, out.nan_rows, out.top_ids, out.top_logprobs)
         ]
         self._record_copies(launched)
         return launched
