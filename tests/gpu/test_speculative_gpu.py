@@ -1,7 +1,7 @@
 """On the GPU (not run in CPU CI): NGRAM and EAGLE3 greedy output equals plain greedy output with the
 Triton and FlashInfer attention backends, with the verify steps replayed from CUDA graphs (laid out as a
-decode of their tokens), EAGLE3's plain decode steps replayed from graphs that store the captured target
-states, and the draft's own forwards replayed from its graphs; no KV page is held afterwards.
+decode of their tokens) whose graphs, with EAGLE3, also store the captured target states, and the
+draft's own forwards replayed from its graphs; no KV page is held afterwards.
 
 Triton runs float32 and must match plain decoding token for token. FlashInfer runs bfloat16 only (128-dim
 heads): a verify step computes its rows in other GEMM shapes than plain decode, so bf16 rounding may flip a
@@ -66,7 +66,9 @@ def test_speculative_greedy_equals_plain_on_gpu(tmp_path, attention_backend, alg
         if algo == "EAGLE3":
             proposer = engine.core.proposer
             assert proposer.graphs is not None, "the EAGLE3 draft has no CUDA graphs (see the log above)"
-            assert use.draft_replays > 0 and use.decode_replays > 0, use
+            # (its verify replays read the target states the graphs store; every step drafts, so plain
+            # decode steps may not occur at all)
+            assert use.draft_replays > 0, use
         assert_no_kv_leak(engine)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if a != b:
