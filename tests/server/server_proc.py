@@ -94,6 +94,15 @@ class ServerProc:
                 self.proc.wait(timeout=10)
         return self.proc.returncode
 
+    def openai_client(self, timeout: float = 120.0):
+        """The official `openai` client for this server's /v1 routes, with its API key; no retries, so a
+        failure shows as it happened."""
+        import openai  # the test extra installs it; the tests that drive /v1 through it import this
+
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key=self.api_key or "none", max_retries=0, timeout=timeout
+        )
+
     def server_info(self) -> dict:
         return httpx.get(f"{self.url}/get_server_info", headers=self.headers, timeout=10).json()
 
