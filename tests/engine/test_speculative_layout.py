@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.eagle3_drafts import make_tiny_eagle3_draft
+from tests.engine.test_speculative import CONFIGS as SPEC_CONFIGS
 from tests.engine.test_speculative import make_prompts
 from tests.leak_check import assert_no_kv_leak
 from tests.tiny_models import make_tiny_model
@@ -19,17 +20,9 @@ from tokenspeed import Engine
 from tokenspeed.runtime.engine.io_struct import GenerateRequest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-CONFIGS = {
-    "default": dict(block_size=4, max_total_tokens=2048),
-    # prefill chunks share batches with drafted decodes: those steps keep the extend layout
-    "chunked_mixed": dict(
-        block_size=4,
-        max_total_tokens=2048,
-        chunked_prefill_size=7,
-        max_prefill_tokens=7,
-        enable_mixed_batch=True,
-    ),
-}
+# as test_speculative: chunked+mixed puts prefill chunks beside drafted decodes (those steps keep the extend
+# layout), preemption recomputes requests mid-speculation
+CONFIGS = SPEC_CONFIGS
 PARAMS = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
 
 
