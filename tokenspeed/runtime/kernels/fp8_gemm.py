@@ -1,5 +1,8 @@
-"""FP8 GEMMs on CUDA: y = x W^T with W in e4m3 and float32 scales; activations quantized per token.
+"""FP8 GEMMs on CUDA: y = x W^T with W in e4m3 and float32 scales.
 
+- decode-sized batches (M <= `fp8_gemv.GEMV_MAX_M`): the Triton FP8 GEMV of `kernels/fp8_gemv.py`, one
+  pass over the weight with the activations unquantized, whatever the scale layout; larger batches
+  quantize the activations per token and go through:
 - per-channel weights (`weight_scale` [N, 1]): `torch._scaled_mm` with rowwise scales (x per token [M, 1],
   W per channel [1, N]), bf16 out; where the shapes or dtypes do not allow it (fp16 activations, K or N not
   a multiple of 16) the weight is dequantized and multiplied in the activations' dtype;
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tokenspeed.runtime.kernels import fp8_gemv
 from tokenspeed.runtime.layers.quantization.fp8_math import dequantize, quantize_block, quantize_per_channel
 
 
@@ -89,7 +93,10 @@ def fp8_linear(
 ) -> torch.Tensor:
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    if block is not None:
+    if fp8_gemv.supported(x2, w, w_scale, block):
+        # decode-sized batches: one pass over the weight, activations as they are (no quantize kernels)
+        y = fp8_gemv.fp8_gemv(x2, w, w_scale, block, bias)
+    elif block is not None:
         y = block_fp8_matmul(x2, w, w_scale, block)
         if bias is not None:
             y = y + bias

@@ -11,7 +11,8 @@ Stacked experts keep `w13` / `w2` in FP8 with `w13_scale` / `w2_scale` laid out 
   but the MoE router and the LM head, and every expert, is quantized per channel (`quantize_model`).
 
 The GEMM dequantizes on the CPU (the float32 reference); on CUDA it goes through `kernels/fp8_gemm.py`
-(`torch._scaled_mm` with per-token activation scales, or a Triton block-scale GEMM), imported only there.
+(decode-sized batches: the Triton FP8 GEMV of `kernels/fp8_gemv.py`; larger ones: `torch._scaled_mm` with
+per-token activation scales, or a Triton block-scale GEMM), imported only there.
 """
 
 from __future__ import annotations

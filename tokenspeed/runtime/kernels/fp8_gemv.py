@@ -1,0 +1,284 @@
+"""FP8 weight GEMV for decode-sized batches: y[m, n] = scale(n, k) * sum_k x[m, k] * float(w8[n, k]) (+ bias).
+
+The activations stay in their dtype (bf16 as the model runs): no per-token quantization kernels before the
+product, and no activation rounding to e4m3, so it is also closer to the float32 reference than the
+`torch._scaled_mm` path, which cuBLAS does not build for M = 1 anyway. The weight is read once, row-major
+[N, K] in e4m3, by programs of BLOCK_N rows that stream K in BLOCK_K-wide vectorized loads and accumulate
+in float32. Scales: per channel (`weight_scale` [N, 1], applied once at the end) or block-wise
+([ceil(N/bn), ceil(K/bk)] tiles, applied to each K chunk's partial sum, so BLOCK_K never crosses a tile).
+
+Two inner products, picked by the autotuner per shape and batch bucket:
+- `reduce`: w tile [BLOCK_N, BLOCK_K] times x rows broadcast, summed along K on the CUDA cores (M = 1..4);
+- `dot`: the weight tile converted to the activations' dtype (e4m3 is exact in bf16/fp16) and `tl.dot`
+  against x padded to 16 rows on the tensor cores (M up to 16, where CUDA-core FMAs would bound the time).
+Split-K (when N is small, e.g. `down_proj` N = 4096 with K = 14336) adds float32 partials atomically; the
+config's pre-hook zeroes them and the autotuner's post-hook casts them, so what the tuner times is what a
+call costs.
+
+`triton.autotune` picks a config at a shape's first call, keyed on (N, K, batch bucket 1 / 4 / 16, scale
+tiling). The CUDA-graph runner makes an eager warm-up forward for every captured batch size before it
+captures, so tuning (which synchronizes) never happens inside a capture.
+
+Imported only from `kernels/fp8_gemm.py` on CUDA tensors (and by Triton's interpreter in the CPU tests).
+NOT YET RUN ON A GPU when written: tests/gpu/test_fp8_gpu.py and benchmarks/fp8_gemv.py check it there.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Batches up to this many rows take the GEMV; larger ones are compute-bound enough for the GEMM paths.
+GEMV_MAX_M = 16
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch configuration (also what the CPU tests force, config by config)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = 2
+    split_k: int = 1
+    use_dot: bool = False
+
+    def triton_config(self) -> triton.Config:
+        kwargs = dict(BLOCK_N=self.block_n, BLOCK_K=self.block_k, SPLIT_K=self.split_k, USE_DOT=self.use_dot)
+        hook = _zero_partials if self.split_k > 1 else None
+        return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages, pre_hook=hook)
+
+
+# A handful per path; `_prune` keeps those that fit the batch bucket and the shape.
+REDUCE_CONFIGS = [
+    GemvConfig(4, 512, 4),
+    GemvConfig(8, 512, 4),
+    GemvConfig(8, 1024, 8),
+    GemvConfig(16, 256, 4),
+    GemvConfig(16, 512, 8),
+    GemvConfig(32, 256, 8),
+]
+DOT_CONFIGS = [
+    GemvConfig(16, 256, 4, 4, use_dot=True),
+    GemvConfig(32, 128, 4, 4, use_dot=True),
+    GemvConfig(32, 256, 4, 3, use_dot=True),
+    GemvConfig(64, 128, 4, 4, use_dot=True),
+    GemvConfig(64, 256, 8, 3, use_dot=True),
+]
+SPLIT_CONFIGS = [
+    GemvConfig(16, 256, 4, 4, split_k=2, use_dot=True),
+    GemvConfig(16, 256, 4, 4, split_k=4, use_dot=True),
+    GemvConfig(8, 512, 4, split_k=2),
+]
+ALL_CONFIGS = REDUCE_CONFIGS + DOT_CONFIGS + SPLIT_CONFIGS
+
+
+def m_bucket(m: int) -> int:
+    """The batch bucket a config is tuned for: 1 (a GEMV proper), 2..4, 5..16."""
+    return 1 if m == 1 else 4 if m <= 4 else 16
+
+
+def split_allowed(n: int, sms: int) -> bool:
+    # Fewer than ~2 programs per SM at the dot path's narrowest tile: K is the only parallelism left.
+    return triton.cdiv(n, 16) < 2 * sms
+
+
+def fits(cfg: GemvConfig, bucket: int, block_k: int | None) -> bool:
+    """Whether `cfg` suits a batch bucket (reduce keeps <= 64 product registers a thread) and, for
+    block-wise scales, tiles of `block_k` columns (a power of two, at least 16)."""
+    if cfg.use_dot:
+        rows = 16
+    elif bucket == 16:
+        return False  # 16 rows of CUDA-core FMAs per weight element: compute-bound
+    else:
+        rows = bucket
+    if not cfg.use_dot and rows * cfg.block_n * cfg.block_k > 64 * 32 * cfg.num_warps:
+        return False
+    return block_k is None or block_k >= 16
+
+
+def adapt(cfg: GemvConfig, block_k: int | None) -> GemvConfig:
+    """With block-wise scales a K chunk must stay inside one scale tile."""
+    if block_k is None or cfg.block_k <= block_k:
+        return cfg
+    return GemvConfig(cfg.block_n, block_k, cfg.num_warps, cfg.num_stages, cfg.split_k, cfg.use_dot)
+
+
+def _zero_partials(nargs: dict) -> None:
+    nargs["Acc"].zero_()
+
+
+def _cast_partials(nargs: dict, exception: BaseException | None = None) -> None:
+    # The autotuner's post-hook: a split-K config's cast is part of what it costs.
+    if exception is None and nargs["SPLIT_K"] > 1:
+        nargs["Out"].copy_(nargs["Acc"])
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    bucket, gk = kwargs["M_BUCKET"], kwargs["GK"] or None
+    out, seen = [], set()
+    for c in configs:
+        k = c.kwargs
+        cfg = GemvConfig(k["BLOCK_N"], k["BLOCK_K"], c.num_warps, c.num_stages, k["SPLIT_K"], k["USE_DOT"])
+        if cfg.split_k > 1 and not kwargs["ALLOW_SPLIT"]:
+            continue
+        if fits(cfg, bucket, gk) and (cfg := adapt(cfg, gk)) not in seen:
+            seen.add(cfg)
+            out.append(cfg.triton_config())
+    return out
+
+
+@triton.jit
+def _epilogue(
+    acc, offs_m, offs_n, pid_k, M, N, S, Bias, Out, Acc, stride_om, stride_sn,
+    GK: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    nmask = offs_n < N
+    if GK == 0:  # per-channel: one scale a row, applied once
+        acc = acc * tl.load(S + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
+    if HAS_BIAS:
+        first = offs_n * 0 + pid_k == 0  # only the first K split adds the bias
+        bias = tl.load(Bias + offs_n, mask=nmask & first, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    mask = (offs_m < M)[:, None] & nmask[None, :]
+    off = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(Out + off, acc.to(Out.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(Acc + off, acc, mask=mask)
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    X, W, S, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om, stride_sn,
+    GN: tl.constexpr, GK: tl.constexpr, HAS_BIAS: tl.constexpr, M_BUCKET: tl.constexpr,
+    ALLOW_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    mmask = offs_m < M
+    offs_k = tl.arange(0, BLOCK_K)
+    chunks = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(chunks, SPLIT_K)
+    lo = pid_k * per_split
+    hi = tl.minimum(lo + per_split, chunks)
+    x_rows = X + offs_m[:, None] * stride_xm
+    w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
+    if GK != 0:
+        s_rows = S + (offs_n // GN).to(tl.int64) * stride_sn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i in range(lo, hi):
+        k = i * BLOCK_K + offs_k
+        if EVEN_K:  # no mask along K: whole 16-byte vectors of the weight row
+            x = tl.load(x_rows + k[None, :], mask=mmask[:, None], other=0.0)
+            w = tl.load(w_rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
+        else:
+            kmask = k < K
+            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+            w = tl.load(w_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy="evict_first")  # fmt: skip
+        if USE_DOT:
+            if X.dtype.element_ty == tl.float32:
+                part = tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+            else:
+                part = tl.dot(x, tl.trans(w.to(X.dtype.element_ty)))  # e4m3 -> bf16/fp16 is exact
+        else:
+            part = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        if GK != 0:  # block-wise: this K chunk lies in one tile column
+            part = part * tl.load(s_rows + (i * BLOCK_K) // GK, mask=nmask, other=0.0)[None, :]
+        acc += part
+    _epilogue(
+        acc, offs_m, offs_n, pid_k, M, N, S, Bias, Out, Acc, stride_om, stride_sn, GK, HAS_BIAS, SPLIT_K
+    )
+
+
+# The dot path pads the batch to 16 rows (the tensor cores' smallest M); K chunks without a tail skip the mask.
+_launch = triton.heuristics(
+    {
+        "BLOCK_M": lambda a: 16 if a["USE_DOT"] else a["M_BUCKET"],
+        "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0,
+    }
+)(_fp8_gemv_kernel)
+
+
+def _autotune_kwargs() -> dict:
+    """Short timing runs (the kernels take microseconds), where this Triton lets us choose them."""
+    params = inspect.signature(triton.autotune).parameters
+    kwargs = {"post_hook": _cast_partials} if "post_hook" in params else {}
+    if "do_bench" in params:
+        from triton.testing import do_bench
+
+        kwargs["do_bench"] = functools.partial(do_bench, warmup=5, rep=20)
+    return kwargs
+
+
+_tuned = triton.autotune(
+    configs=[c.triton_config() for c in ALL_CONFIGS],
+    key=["N", "K", "M_BUCKET", "GK", "GN", "ALLOW_SPLIT"],
+    prune_configs_by={"early_config_prune": _prune},
+    **_autotune_kwargs(),
+)(_launch)
+
+
+def supported(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, block: tuple[int, int] | None) -> bool:
+    """Whether `fp8_gemv` takes this product: a decode-sized batch, a row-major weight, scales laid out as
+    `fp8_math` says, and block tiles whose K side is a power of two of at least 16 (a K chunk must stay
+    inside one tile)."""
+    m = x.shape[0]
+    if not 1 <= m <= GEMV_MAX_M or x.dtype not in _DTYPES or w.stride(1) != 1 or w_scale.dim() != 2:
+        return False
+    if block is None:
+        return w_scale.shape[0] == w.shape[0]
+    return w_scale.stride(1) == 1 and block[1] >= 16 and block[1] & (block[1] - 1) == 0
+
+
+def fp8_gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    block: tuple[int, int] | None,
+    bias: torch.Tensor | None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """x [M, K] (bf16/fp16/fp32, M <= GEMV_MAX_M) times e4m3 w [N, K] with its scales -> [M, N] in x's
+    dtype. `config` forces one launch configuration (tests); by default the autotuner picks."""
+    m, k = x.shape
+    n = w.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    gn, gk = block if block is not None else (1, 0)
+    bucket = m_bucket(m)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+    allow_split = split_allowed(n, sms)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    # float32 partials for split-K configs (zeroed by their pre-hook; untouched otherwise)
+    acc = torch.empty((m, n), dtype=torch.float32, device=x.device) if allow_split else out
+    args = (x, w, w_scale, bias if bias is not None else w_scale, out, acc, m, n, k,
+            x.stride(0), w.stride(0), out.stride(0), w_scale.stride(0))  # fmt: skip
+    meta = dict(GN=gn, GK=gk, HAS_BIAS=bias is not None, M_BUCKET=bucket, ALLOW_SPLIT=allow_split)
+    if config is None:
+        _tuned[lambda a: (triton.cdiv(n, a["BLOCK_N"]), a["SPLIT_K"])](*args, **meta)
+        split = _tuned.best_config.kwargs["SPLIT_K"]
+    else:
+        cfg = adapt(config, gk or None)
+        split = cfg.split_k
+        if split > 1:
+            acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+            args = args[:5] + (acc,) + args[6:]
+        _launch[(triton.cdiv(n, cfg.block_n), split)](
+            *args, **meta, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, USE_DOT=cfg.use_dot,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    if split > 1:
+        out.copy_(acc)
+    return out
