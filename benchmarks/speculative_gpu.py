@@ -14,7 +14,11 @@ target's graphs also store the 3 captured states, as a serving EAGLE3 server's d
 - `cycle_ms`: draft catch-up, k-1 chain steps and the verify, each read back to the host the way the
   engine does (its wall time on the host); `plain_sync_ms` is a plain step read back the same way;
 - per synthetic acceptance length L (tokens a cycle emits): `ms_per_token` = cycle_ms / L and the
-  speedup against plain decoding, plain_sync_ms / ms_per_token.
+  speedup against plain decoding, plain_sync_ms / ms_per_token;
+- `engine_spec_step_ms` / `engine_plain_step_ms`: the engine's whole step (`EngineCore.step`, host work
+  included) for the same batch of greedy requests, speculating (random draft: acceptance about 1) and with
+  drafting switched off on the same engine (synchronous steps, as speculation runs), and per acceptance L
+  the time per token and speedup they imply (`engine_per_acceptance`).
 Step times are medians of CUDA-event timings (`gc.time_cuda`); the bandwidth limit of a step is the
 weights plus the K/V it reads over the device-to-device copy bandwidth measured in the same run.
 The logits of the graphed verify and draft steps are compared with their eager counterparts (max
@@ -207,6 +211,21 @@ def bench_backend(
                     row.update(draft_times(runner, prop, bs, ctx, k1, hidden))
                     row["draft_limit_ms"] = round(dbytes / bw * 1e3, 4)
                     row.update(cycle(runner, prop, plain_fb, verify_fb, bs, ctx, k1, hidden))
+            # the whole engine step, host work included: speculating, then with drafting switched off
+            row.update(engine_steps(core, bs, ctx, 24, "spec"))
+            core.proposer = None
+            try:
+                row.update(engine_steps(core, bs, ctx, 24, "plain"))
+            finally:
+                core.proposer = prop
+            if row.get("engine_plain_step_ms"):
+                row["engine_per_acceptance"] = {
+                    str(acc): dict(
+                        ms_per_token=round(row["engine_spec_step_ms"] / acc, 4),
+                        speedup=round(row["engine_plain_step_ms"] * acc / row["engine_spec_step_ms"], 3),
+                    )
+                    for acc in ACCEPTANCE
+                }
         except Exception as e:  # one failed size must not lose the others: print all that helps
             traceback.print_exc()
             row["error"] = repr(e)
@@ -221,6 +240,32 @@ def bench_backend(
     core = runner = prop = None
     gc.gc_collect_cuda()
     return rows + [row_use]
+
+
+def engine_steps(core, bs: int, ctx: int, new_tokens: int, tag: str) -> dict:
+    """Median wall time of the engine's steps (`core.step()`: scheduling, prepare, graphs, verification,
+    drafting, all host work) for `bs` greedy requests of `ctx` random prompt tokens (prefill steps are few
+    and the median leaves them out), and the acceptance length measured (random draft weights: about 1)."""
+    from tokenspeed.runtime.engine.io_struct import GenerateRequest
+
+    gen = torch.Generator().manual_seed(bs)
+    stats = core.spec_stats
+    drafts, accepted = stats.num_drafts, stats.num_accepted_tokens
+    sampling = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+    for i in range(bs):
+        ids = torch.randint(0, core.model_config.vocab_size, (ctx,), generator=gen).tolist()
+        core.add_request(GenerateRequest(f"{tag}-{bs}-{i}", ids, dict(sampling)))
+    times = []
+    while core.has_unfinished() and len(times) < 4 * new_tokens:
+        t = time.perf_counter()
+        core.step()
+        times.append(time.perf_counter() - t)
+    n = stats.num_drafts - drafts
+    return {
+        f"engine_{tag}_step_ms": round(statistics.median(times) * 1e3, 4),
+        f"engine_{tag}_steps": len(times),
+        f"engine_{tag}_acceptance": round(1 + (stats.num_accepted_tokens - accepted) / n, 3) if n else None,
+    }
 
 
 def draft_times(runner, prop, bs: int, ctx: int, k1: int, hidden: int) -> dict:
