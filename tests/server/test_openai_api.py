@@ -7,7 +7,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.server.conftest import API_KEY, SERVED_NAME
+from tests.server.conftest import SERVED_NAME
 
 MESSAGES = [{"role": "user", "content": "Hello, how are you today?"}]
 # Long enough to fill whole KV pages (the prefix cache works at page granularity).
@@ -18,7 +18,7 @@ NO_EOS = {"ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    return server.openai_client(timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def srv(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(srv):
-    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none", max_retries=0, timeout=120)
+    return srv.openai_client()
 
 
 @pytest.fixture(scope="module")
