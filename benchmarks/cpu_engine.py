@@ -13,9 +13,6 @@ default) and with overlap scheduling (`tokenspeed_overlap`, the GPU default; on 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -27,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cpu_common import best, machine, write_result  # noqa: E402
 from tests.tiny_models import PAD_ID, load_hf_model, make_tiny_model  # noqa: E402
 from tokenspeed import Engine  # noqa: E402
 
@@ -89,11 +87,6 @@ def run_transformers_each(model, prompts: list[list[int]], output_len: int) -> t
     return time.perf_counter() - start, tokens
 
 
-def best(repeats: int, run) -> tuple[float, int]:
-    """The fastest of `repeats` runs: the one least disturbed by whatever else the machine does."""
-    return min((run() for _ in range(max(1, repeats))), key=lambda r: r[0])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="small")
@@ -132,12 +125,11 @@ def main() -> None:
                 disable_overlap_schedule=overlap_off,
             ) as engine:
                 run_engine(engine, warm, 4)
-
-                def timed(engine=engine) -> tuple[float, int]:
-                    engine.flush_cache()  # every timed run starts cold, with no cached prefix
-                    return run_engine(engine, prompts, args.output_len)
-
-                timings[name] = best(args.repeats, timed)
+                timings[name] = best(
+                    args.repeats,
+                    lambda engine=engine: run_engine(engine, prompts, args.output_len),
+                    before=engine.flush_cache,
+                )
 
     result = {
         "benchmark": "cpu_engine",
@@ -145,11 +137,7 @@ def main() -> None:
         "num_prompts": args.num_prompts,
         "input_len": list(args.input_len),
         "output_len": args.output_len,
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews the figures
+        **machine(args.threads),
         **{
             name: {"seconds": round(t, 3), "output_tokens": n, "tokens_per_s": round(n / t, 1)}
             for name, (t, n) in timings.items()
@@ -176,10 +164,7 @@ def main() -> None:
         f"speedup {result['speedup']}x over batched generate(), {result['speedup_vs_per_prompt']}x over "
         f"generate() per prompt ({args.num_prompts} prompts, output {args.output_len}, {args.threads} threads)"
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,6 @@ benchmarks/results/speculative_cpu.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cpu_common import best, machine, write_result  # noqa: E402
 from tokenspeed import Engine  # noqa: E402
 from tokenspeed.demo_models import ASSETS_DIR, demo_model_path  # noqa: E402
 
@@ -115,11 +113,9 @@ def main() -> None:
         with Engine(model="demo", device="cpu", dtype="float32", **extra) as engine:
             engine.generate(prompt=texts[:2], sampling_params={"max_new_tokens": 4, "temperature": 0.0})
             for mode, one in (("batch1", True), ("batched", False)):
-                runs = []
-                for _ in range(max(1, args.repeats)):
-                    engine.flush_cache()  # each pass starts with no cached prefix
-                    runs.append(timed_run(engine, texts, params, one))
-                seconds, outs, drafts, accepted = min(runs, key=lambda r: r[0])
+                seconds, outs, drafts, accepted = best(
+                    args.repeats, lambda one=one: timed_run(engine, texts, params, one), before=engine.flush_cache
+                )
                 tokens = sum(len(o) for o in outs)
                 if name == "plain":
                     reference[mode] = outs
@@ -146,12 +142,8 @@ def main() -> None:
         "draft_tokens_per_step": NUM_DRAFTS,
         "num_prompts": len(texts),
         "max_new_tokens": args.max_new_tokens,
-        "threads": args.threads,
         "repeats": args.repeats,
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews the figures
+        **machine(args.threads),
         **results,
     }
     print(f"{'':8}{'mode':>9}{'tokens/s':>10}{'speedup':>9}{'accept len':>12}{'= plain':>9}")
@@ -163,10 +155,7 @@ def main() -> None:
                 f"{name:8}{mode:>9}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{acc:>12}"
                 f"{'yes' if r['outputs_equal_plain'] else 'NO':>9}"
             )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.out, report)
 
 
 if __name__ == "__main__":
