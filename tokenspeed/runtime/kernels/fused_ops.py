@@ -127,6 +127,25 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def rotate_head(src, cs, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Neox-style rotation of the head at `src` by its token's cos|sin row at `cs`: its two halves, in the
+    head's dtype. Shared by every RoPE kernel, so they all round alike."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
+    cos1 = tl.load(cs + offs, mask=mask, other=0.0)
+    cos2 = tl.load(cs + HALF + offs, mask=mask, other=0.0)
+    sin1 = tl.load(cs + 2 * HALF + offs, mask=mask, other=0.0)
+    sin2 = tl.load(cs + 3 * HALF + offs, mask=mask, other=0.0)
+    x1 = tl.load(src + offs, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
+    dt = x1.dtype
+    # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds.
+    o1 = ((x1 * cos1).to(dt) + (-x2 * sin1).to(dt)).to(dt)
+    o2 = ((x2 * cos2).to(dt) + (x1 * sin2).to(dt)).to(dt)
+    return o1, o2
+
+
+@triton.jit
 def _rope_kernel(
     Q,
     K,
@@ -148,33 +167,24 @@ def _rope_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < HALF
-    cs = CS + t * stride_cs
-    cos1 = tl.load(cs + offs, mask=mask, other=0.0)
-    cos2 = tl.load(cs + HALF + offs, mask=mask, other=0.0)
-    sin1 = tl.load(cs + 2 * HALF + offs, mask=mask, other=0.0)
-    sin2 = tl.load(cs + 3 * HALF + offs, mask=mask, other=0.0)
     if h < NUM_Q_HEADS:
         src = Q + t * stride_qt + h * stride_qh
         dst = QO + t * stride_qot + h * stride_qoh
     else:
         src = K + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
         dst = KO + t * stride_kot + (h - NUM_Q_HEADS) * stride_koh
-    x1 = tl.load(src + offs, mask=mask, other=0.0)
-    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
-    dt = x1.dtype
-    # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds.
-    o1 = ((x1 * cos1).to(dt) + (-x2 * sin1).to(dt)).to(dt)
-    o2 = ((x2 * cos2).to(dt) + (x1 * sin2).to(dt)).to(dt)
+    o1, o2 = rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
     tl.store(dst + offs, o1, mask=mask)
     tl.store(dst + HALF + offs, o2, mask=mask)
 
 
-def apply_rope(cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Neox-style rotation of q [T, H, D] and k [T, KVH, D] by cos|sin rows [T, 2D] (activation dtype)."""
-    t, num_heads, d = q.shape
-    num_kv = k.shape[1]
+def rope_operands(
+    cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cos_sin, q, k, q_out, k_out) as the RoPE kernels take them: each head dimension contiguous, cos|sin
+    in q's dtype, and the outputs allocated contiguous."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k.stride(-1) != 1:
@@ -183,29 +193,28 @@ def apply_rope(cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple
         cos_sin = cos_sin.contiguous()
     if cos_sin.dtype != q.dtype:
         cos_sin = cos_sin.to(q.dtype)
-    qo = torch.empty((t, num_heads, d), dtype=q.dtype, device=q.device)
-    ko = torch.empty((t, num_kv, d), dtype=k.dtype, device=k.device)
+    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    return cos_sin, q, k, qo, ko
+
+
+def rope_launch(half: int) -> dict[str, int]:
+    """The block and warp count of a RoPE kernel for heads of 2 * `half` elements."""
+    return dict(HALF=half, BLOCK=max(16, triton.next_power_of_2(half)), num_warps=1 if half <= 64 else 2)
+
+
+def apply_rope(cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style rotation of q [T, H, D] and k [T, KVH, D] by cos|sin rows [T, 2D] (activation dtype)."""
+    cos_sin, q, k, qo, ko = rope_operands(cos_sin, q, k)
+    t, num_heads, d = q.shape
     if t == 0:
         return qo, ko
-    half = d // 2
-    _rope_kernel[(t, num_heads + num_kv)](
-        q,
-        k,
-        qo,
-        ko,
-        cos_sin,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        qo.stride(0),
-        qo.stride(1),
-        ko.stride(0),
-        ko.stride(1),
+    _rope_kernel[(t, num_heads + k.shape[1])](
+        q, k, qo, ko, cos_sin,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
         cos_sin.stride(0),
         NUM_Q_HEADS=num_heads,
-        HALF=half,
-        BLOCK=max(16, triton.next_power_of_2(half)),
-        num_warps=1 if half <= 64 else 2,
-    )
+        **rope_launch(d // 2),
+    )  # fmt: skip
     return qo, ko

@@ -5,8 +5,8 @@ k and v copied into the pool at `out_cache_loc`): two launches per layer, 64 per
 model, each a few microseconds of a step that reads the weights in about 3.5 ms. Here one program per
 (token, head) rotates a query head, or rotates a key head and writes it to the pool together with the value
 head. q, k and v are read through their strides, so the views the QKV split produces need no copy. The
-rounding is the one `fused_ops.apply_rope` uses (and so the PyTorch reference's), so outputs are
-bit-identical to the unfused pair.
+rotation is `fused_ops.rotate_head`, the one `fused_ops.apply_rope` runs (rounded as the PyTorch reference
+rounds), so outputs are bit-identical to the unfused pair.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from tokenspeed.runtime.kernels.fused_ops import rope_launch, rope_operands, rotate_head
 
 
 @triton.jit
@@ -48,23 +50,13 @@ def _rope_store_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < HALF
-    cs = CS + t * stride_cs
-    cos1 = tl.load(cs + offs, mask=mask, other=0.0)
-    cos2 = tl.load(cs + HALF + offs, mask=mask, other=0.0)
-    sin1 = tl.load(cs + 2 * HALF + offs, mask=mask, other=0.0)
-    sin2 = tl.load(cs + 3 * HALF + offs, mask=mask, other=0.0)
     if h < NUM_Q_HEADS:
         src = Q + t * stride_qt + h * stride_qh
     else:
         src = K + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
-    x1 = tl.load(src + offs, mask=mask, other=0.0)
-    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
-    dt = x1.dtype
-    # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds.
-    o1 = ((x1 * cos1).to(dt) + (-x2 * sin1).to(dt)).to(dt)
-    o2 = ((x2 * cos2).to(dt) + (x1 * sin2).to(dt)).to(dt)
+    o1, o2 = rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
     if h < NUM_Q_HEADS:
         dst = QO + t * stride_qot + h * stride_qoh
         tl.store(dst + offs, o1, mask=mask)
@@ -102,32 +94,19 @@ def rope_store_kv(
 
     The head dimension of q, k and v must be contiguous (stride 1); token and head strides are free.
     """
-    t, num_heads, d = q.shape
-    num_kv = k.shape[1]
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if k.stride(-1) != 1:
-        k = k.contiguous()
+    cos_sin, q, k, qo, ko = rope_operands(cos_sin, q, k)
     if v.stride(-1) != 1:
         v = v.contiguous()
-    if cos_sin.stride(-1) != 1:
-        cos_sin = cos_sin.contiguous()
-    if cos_sin.dtype != q.dtype:
-        cos_sin = cos_sin.to(q.dtype)
-    qo = torch.empty((t, num_heads, d), dtype=q.dtype, device=q.device)
-    ko = torch.empty((t, num_kv, d), dtype=k.dtype, device=k.device)
+    t, num_heads, d = q.shape
     if t == 0:
         return qo, ko
-    half = d // 2
-    _rope_store_kernel[(t, num_heads + num_kv)](
+    _rope_store_kernel[(t, num_heads + k.shape[1])](
         q, k, v, qo, ko, k_buf, v_buf, loc, cos_sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         cos_sin.stride(0),
         NUM_Q_HEADS=num_heads,
-        HALF=half,
-        BLOCK=max(16, triton.next_power_of_2(half)),
-        num_warps=1 if half <= 64 else 2,
+        **rope_launch(d // 2),
     )  # fmt: skip
     return qo, ko
