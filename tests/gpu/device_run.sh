@@ -5,7 +5,8 @@
 # Stages (the groups run their parts in this order):
 #   tests = kernels flashinfer engine   GPU tests: fused kernels, attention backends, samplers, engine
 #   bench = decode prefill moe offline  benchmarks/*.py on Llama-3.1-8B / Qwen3-30B-A3B shapes
-#   fp8   = fp8 fp8bench                FP8 GEMM/KV tests, decode with FP8 weights and FP8 KV cache
+#   fp8   = fp8gemv fp8 fp8bench        FP8 GEMV tests and microbenchmark (benchmarks/fp8_gemv.py), FP8
+#                                       GEMM/KV tests, decode with FP8 weights and FP8 KV cache
 #   verify = structured spec fp8        grammar under CUDA graphs, speculative greedy == plain, FP8 tests
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
@@ -53,7 +54,15 @@ part_decode() {
 }
 part_fp8() {
   stage tests-fp8
-  run ${T_FP8:-150} $PYT -s tests/gpu/test_fp8_gpu.py
+  run ${T_FP8:-150} $PYT -s tests/gpu/test_fp8_gpu.py -k "not gemv"
+}
+part_fp8gemv() {  # the FP8 GEMV of decode batches: its GPU tests, then GEMV vs _scaled_mm vs bf16 (8B shapes)
+  stage tests-fp8-gemv
+  run ${T_FP8GEMV_TESTS:-180} $PYT -s tests/gpu/test_fp8_gpu.py -k gemv
+  grep -E "^gemv m=|^autotuned gemv|^bs1 decode step" "$LOG" | tail -40
+  stage bench-fp8-gemv
+  run ${T_FP8GEMV:-150} python3 benchmarks/fp8_gemv.py --out "$OUT/gpu_fp8_gemv.json"
+  grep -E "^(qkv|o|gate_up|down) +[0-9]|speedup|Error" "$LOG" | tail -50
 }
 part_structured() {
   stage tests-structured
@@ -116,11 +125,13 @@ for s in "$@"; do
     tests) parts="kernels flashinfer engine" ;;
     bench) parts="decode prefill moe offline" ;;
     e2e) parts="fleet serving" ;;
-    fp8) parts="fp8 fp8bench" ;;
+    fp8) parts="fp8gemv fp8 fp8bench" ;;
     verify) parts="structured spec fp8" ;;
     *) parts=$s ;;
   esac
   for p in $parts; do
+    case " ${done_parts:-} " in *" $p "*) continue ;; esac  # a part named twice (a stage and its group) runs once
+    done_parts="${done_parts:-} $p"
     if [ $warmed = 0 ] && [ $p != cache ]; then warm; warmed=1; fi
     "part_$p"
   done

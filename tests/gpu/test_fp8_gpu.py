@@ -1,7 +1,8 @@
-"""On the GPU: the FP8 GEMMs (torch._scaled_mm per channel, the Triton block-scale GEMM) against the float32
-reference, FP8 weights and an FP8 KV cache against bf16 on the demo models (teacher-forced top-1 agreement
-and logits cosine over 256 greedy steps, through the Triton and FlashInfer backends), and the engine's
-greedy path with --kv-cache-dtype fp8_e4m3 under CUDA graphs.
+"""On the GPU: the FP8 GEMMs (torch._scaled_mm per channel, the Triton block-scale GEMM, the FP8 GEMV of
+decode-sized batches, config by config and autotuned) against the float32 reference, the GEMV in every
+FP8 layer of a batch-1 decode step, FP8 weights and an FP8 KV cache against bf16 on the demo models
+(teacher-forced top-1 agreement and logits cosine over 256 greedy steps, through the Triton and FlashInfer
+backends), and the engine's greedy path with --kv-cache-dtype fp8_e4m3 under CUDA graphs.
 
 Written without a GPU at hand: the first device run is what checks these.
 """
@@ -154,3 +155,74 @@ def test_fused_fp8_experts_match_the_dequantized_reference(block, dtype, tokens)
     out = fused_experts(x, q13, q2, weights, ids, None, scales)
     err = float((out.float() - ref).norm() / ref.norm())
     assert err < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+def _gemv_case(m: int, n: int, k: int, block: tuple[int, int] | None, seed: int):
+    torch.manual_seed(seed)
+    w0 = torch.randn(n, k, device="cuda") * 0.05
+    w, scale = quantize_per_channel(w0) if block is None else quantize_block(w0, block)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    ref = F.linear(x.float(), dequantize(w, scale, block, torch.float32), bias.float())
+    return x, w, scale, bias, ref
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_fp8_gemv_every_config_matches_reference(block, m):
+    """Each configuration the autotuner may pick compiles and computes the product (bf16 activations,
+    unquantized: only the bf16 output's rounding separates it from the float32 reference)."""
+    from tokenspeed.runtime.kernels import fp8_gemv
+
+    x, w, scale, bias, ref = _gemv_case(m, 200, 640, block, seed=m)  # K tail for 256/512-wide chunks
+    configs = fp8_gemv.candidates(fp8_gemv.m_bucket(m), block[1] if block else None, True)
+    errors = {cfg: _rel(fp8_gemv.fp8_gemv(x, w, scale, block, bias, cfg), ref) for cfg in configs}
+    for cfg, err in errors.items():
+        print(f"gemv m={m} block={block} {cfg}: rel err {err:.2e}")
+    assert all(err < 1e-2 for err in errors.values()), errors
+
+
+@pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])
+@pytest.mark.parametrize("shape", [(4096, 14336), (6144, 4096), (200, 300)], ids=str)
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_fp8_linear_decode_batches_take_the_autotuned_gemv(block, shape, m):
+    from tokenspeed.runtime.kernels import fp8_gemv
+    from tokenspeed.runtime.kernels.fp8_gemm import fp8_linear
+
+    n, k = shape
+    x, w, scale, bias, ref = _gemv_case(m, n, k, block, seed=n + m)
+    assert fp8_gemv.supported(x, w, scale, block)
+    got = fp8_linear(x, w, scale, block, bias)
+    err = _rel(got, ref)
+    print(f"autotuned gemv m={m} {n}x{k} block={block}: {fp8_gemv._tuned.best_config}, rel err {err:.2e}")
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n) and err < 1e-2
+    # a second call reuses the tuned config and gives the same bits (no atomics order for SPLIT_K == 1)
+    again = fp8_linear(x, w, scale, block, bias)
+    if fp8_gemv._tuned.best_config.kwargs["SPLIT_K"] == 1:
+        assert torch.equal(got, again)
+
+
+def test_bs1_decode_with_fp8_weights_runs_the_gemv_for_every_fp8_layer():
+    from torch.profiler import ProfilerActivity, profile
+
+    from tokenspeed.runtime.layers.quantization.fp8 import Fp8Linear
+
+    path = str(resolve_model_path("demo"))
+    cfg = ModelConfig.from_pretrained(path, dtype="bfloat16", device="cuda", quantization="fp8")
+    model = load_model(cfg, device="cuda")
+    fp8_layers = sum(isinstance(getattr(m, "quant", None), Fp8Linear) for m in model.modules())
+    harness = PagedHarness(model, cfg, backend="triton", device="cuda", num_pages=8)
+    harness.step([("r", [5, 300, 17, 42])])
+    for token in (7, 8):  # decode steps: the batch-1 configs are tuned here, before the profiled one
+        harness.step([("r", [token])])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        harness.step([("r", [9])])
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gemv = sum("_fp8_gemv_kernel" in name for name in names)
+    print(f"bs1 decode step: {len(names)} kernels, {gemv} FP8 GEMV launches for {fp8_layers} FP8 layers")
+    assert fp8_layers > 0 and gemv == fp8_layers, sorted(set(names))

@@ -62,6 +62,7 @@ REDUCE_CONFIGS = [
     GemvConfig(8, 1024, 8),
     GemvConfig(16, 256, 4),
     GemvConfig(16, 512, 8),
+    GemvConfig(16, 1024, 8),
     GemvConfig(32, 256, 8),
 ]
 DOT_CONFIGS = [
@@ -120,18 +121,21 @@ def _cast_partials(nargs: dict, exception: BaseException | None = None) -> None:
         nargs["Out"].copy_(nargs["Acc"])
 
 
-def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    bucket, gk = kwargs["M_BUCKET"], kwargs["GK"] or None
-    out, seen = [], set()
-    for c in configs:
-        k = c.kwargs
-        cfg = GemvConfig(k["BLOCK_N"], k["BLOCK_K"], c.num_warps, c.num_stages, k["SPLIT_K"], k["USE_DOT"])
-        if cfg.split_k > 1 and not kwargs["ALLOW_SPLIT"]:
+def candidates(bucket: int, block_k: int | None, allow_split: bool) -> list[GemvConfig]:
+    """The configs the autotuner times for a batch bucket and scale layout."""
+    out: list[GemvConfig] = []
+    for cfg in ALL_CONFIGS:
+        if cfg.split_k > 1 and not allow_split:
             continue
-        if fits(cfg, bucket, gk) and (cfg := adapt(cfg, gk)) not in seen:
-            seen.add(cfg)
-            out.append(cfg.triton_config())
+        if fits(cfg, bucket, block_k) and (cfg := adapt(cfg, block_k)) not in out:
+            out.append(cfg)
     return out
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    # `configs` is ALL_CONFIGS as Triton configs; `candidates` rebuilds them adapted to the layout.
+    chosen = candidates(kwargs["M_BUCKET"], kwargs["GK"] or None, kwargs["ALLOW_SPLIT"])
+    return [cfg.triton_config() for cfg in chosen]
 
 
 @triton.jit
