@@ -109,11 +109,24 @@ RULES = [
     ("capture small gpu tp4", ["--tp", "4"], SMALL_GPU, {"max_cudagraph_capture_size": 80}),
     ("capture unknown memory", [], NO_GPU, {"max_cudagraph_capture_size": 160}),
     (
-        # speculative decoding is not built (the support check refuses it): it must not shrink anything
+        # the seed halves the largest graph and the batch for speculative decoding
         "capture speculative",
         ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d"],
         AMPERE,
-        {"max_cudagraph_capture_size": 160, "max_num_seqs": 160},
+        {"max_cudagraph_capture_size": 80, "max_num_seqs": 80},
+    ),
+    (
+        "capture speculative from its config",
+        ["--speculative-config", '{"method": "ngram"}'],
+        AMPERE,
+        {"max_cudagraph_capture_size": 80, "max_num_seqs": 80},
+    ),
+    (
+        # a small card's graph size wins; the batch is still halved
+        "capture speculative small gpu",
+        ["--speculative-algorithm", "NGRAM"],
+        SMALL_GPU,
+        {"max_cudagraph_capture_size": 8, "max_num_seqs": 80},
     ),
     (
         "capture explicit",

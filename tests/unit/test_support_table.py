@@ -152,12 +152,13 @@ def test_values_resolution_derives_are_not_taken_for_settings():
     assert assess(ServerArgs(model="m", device="cpu")).no_effect == {}
 
 
-def test_speculative_settings_keep_the_batch_and_graph_sizes():
+def test_speculative_settings_halve_the_batch_and_graph_sizes_as_the_seed_does():
     plain = ServerArgs(model="m", device="cpu")
     spec = ServerArgs(
         model="m", device="cpu", speculative_algorithm="EAGLE3", speculative_draft_model_path="d"
     )
-    assert (spec.max_num_seqs, spec.max_cudagraph_capture_size) == (plain.max_num_seqs, 160)
+    assert (plain.max_num_seqs, plain.max_cudagraph_capture_size) == (160, 160)
+    assert (spec.max_num_seqs, spec.max_cudagraph_capture_size) == (80, 80)
     assert set(assess(spec).refused) == {"speculative_draft_model_path"}  # "d" holds no draft
     mtp = ServerArgs(model="m", device="cpu", speculative_algorithm="MTP")
     assert set(assess(mtp).refused) == {"speculative_algorithm", "draft_model_path_use_base"}

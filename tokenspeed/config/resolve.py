@@ -200,13 +200,17 @@ def resolve_memory_and_scheduling(args: ServerArgs, facts: PlatformFacts) -> Non
         if small_gpu:
             # TP1/TP2 on small cards lose almost nothing with tiny graphs; TP4+ still need them.
             args.max_cudagraph_capture_size = 8 if world_size < 4 else 80
+        elif args.speculative_algorithm is not None:
+            # As the seed does: a verify forward computes each request's token and its drafts, and the
+            # draft model holds memory beside the target's, so the largest graph and the batch are halved.
+            args.max_cudagraph_capture_size = 80
         else:
-            # The seed halves both for speculative decoding, which is not built here (config.support
-            # refuses it): a refused setting must not shrink the batch or the KV pool of a server.
             args.max_cudagraph_capture_size = 160
     if args.max_num_seqs is None:
-        # Context parallelism splits one sequence over ranks; it serves one at a time.
-        args.max_num_seqs = 1 if args.mapping.has_attn_cp else 160
+        if args.mapping.has_attn_cp:
+            args.max_num_seqs = 1  # context parallelism splits one sequence over ranks: one at a time
+        else:
+            args.max_num_seqs = 80 if args.speculative_algorithm is not None else 160
 
 
 def resolve_kernel_backends(args: ServerArgs, facts: PlatformFacts) -> None:
