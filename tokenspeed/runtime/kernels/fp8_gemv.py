@@ -91,16 +91,13 @@ def split_allowed(n: int, sms: int) -> bool:
 
 
 def fits(cfg: GemvConfig, bucket: int, block_k: int | None) -> bool:
-    """Whether `cfg` suits a batch bucket (reduce keeps <= 64 product registers a thread) and, for
+    """Whether `cfg` suits a batch bucket (a reduce tile keeps <= 64 weight values a thread) and, for
     block-wise scales, tiles of `block_k` columns (a power of two, at least 16)."""
-    if cfg.use_dot:
-        rows = 16
-    elif bucket == 16:
-        return False  # 16 rows of CUDA-core FMAs per weight element: compute-bound
-    else:
-        rows = bucket
-    if not cfg.use_dot and rows * cfg.block_n * cfg.block_k > 64 * 32 * cfg.num_warps:
-        return False
+    if not cfg.use_dot:
+        if bucket == 16:
+            return False  # 16 CUDA-core FMAs per weight element: compute-bound, the dot path's batch
+        if cfg.block_n * cfg.block_k > 64 * 32 * cfg.num_warps:
+            return False
     return block_k is None or block_k >= 16
 
 
@@ -197,7 +194,14 @@ def _fp8_gemv_kernel(
             else:
                 part = tl.dot(x, tl.trans(w.to(X.dtype.element_ty)))  # e4m3 -> bf16/fp16 is exact
         else:
-            part = tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            # one weight row-chunk times each batch row, summed along K: a 2-D product keeps the weight
+            # load in 16-byte vectors (a 3-D broadcast over M made Triton split it into 4-byte loads)
+            wf = w.to(tl.float32)
+            part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for j in tl.static_range(BLOCK_M):
+                xj = tl.load(X + tl.minimum(j, M - 1) * stride_xm + k, mask=k < K, other=0.0)
+                pj = tl.sum(wf * xj.to(tl.float32)[None, :], axis=1)
+                part += tl.where(offs_m[:, None] == j, pj[None, :], 0.0)
         if GK != 0:  # block-wise: this K chunk lies in one tile column
             part = part * tl.load(s_rows + (i * BLOCK_K) // GK, mask=nmask, other=0.0)[None, :]
         acc += part
