@@ -27,19 +27,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b).norm() / b.norm())
 
 
-def candidate_configs(m: int, block: tuple[int, int] | None) -> list[fp8_gemv.GemvConfig]:
-    """What the autotuner would time for this batch and layout (split-K allowed)."""
-    meta = dict(M_BUCKET=fp8_gemv.m_bucket(m), GK=block[1] if block else 0, ALLOW_SPLIT=True)
-    pruned = fp8_gemv._prune([c.triton_config() for c in fp8_gemv.ALL_CONFIGS], {}, **meta)
-    return [
-        fp8_gemv.GemvConfig(
-            c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages, c.kwargs["SPLIT_K"],
-            c.kwargs["USE_DOT"],
-        )
-        for c in pruned
-    ]  # fmt: skip
-
-
 def check() -> dict[str, float]:
     out = {}
     for label, (block, n, k) in CASES.items():
@@ -50,7 +37,7 @@ def check() -> dict[str, float]:
         for m in (1, 3, 16):
             x = torch.randn(m, k)
             ref = F.linear(x, dense, bias)
-            configs = candidate_configs(m, block)
+            configs = fp8_gemv.candidates(fp8_gemv.m_bucket(m), block[1] if block else None, True)
             worst = max(_rel(fp8_gemv.fp8_gemv(x, w, s, block, bias, cfg), ref) for cfg in configs)
             out[f"{label}_m{m}_fp32_{len(configs)}configs"] = worst
             if m < 16:

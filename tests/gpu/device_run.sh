@@ -58,7 +58,7 @@ part_fp8() {
 }
 part_fp8gemv() {  # the FP8 GEMV of decode batches: its GPU tests, then GEMV vs _scaled_mm vs bf16 (8B shapes)
   stage tests-fp8-gemv
-  run ${T_FP8GEMV_TESTS:-180} $PYT -s tests/gpu/test_fp8_gpu.py -k gemv
+  run ${T_FP8GEMV_TESTS:-240} $PYT -s tests/gpu/test_fp8_gpu.py -k gemv
   grep -E "^gemv m=|^autotuned gemv|^bs1 decode step" "$LOG" | tail -40
   stage bench-fp8-gemv
   run ${T_FP8GEMV:-150} python3 benchmarks/fp8_gemv.py --out "$OUT/gpu_fp8_gemv.json"

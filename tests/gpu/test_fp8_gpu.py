@@ -187,7 +187,8 @@ def test_fp8_gemv_every_config_matches_reference(block, m):
 
 
 @pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])
-@pytest.mark.parametrize("shape", [(4096, 14336), (6144, 4096), (200, 300)], ids=str)
+# down_proj's shape (split-K allowed), and the per-config test's odd one (its compiled kernels are reused)
+@pytest.mark.parametrize("shape", [(4096, 14336), (200, 640)], ids=str)
 @pytest.mark.parametrize("m", [1, 4, 16])
 def test_fp8_linear_decode_batches_take_the_autotuned_gemv(block, shape, m):
     from tokenspeed.runtime.kernels import fp8_gemv
