@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from rich.markup import escape
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
@@ -129,6 +130,7 @@ class ConsoleApp(App):
                 polled_at=snapshot.polled_at,
                 extra=snapshot.extra,
                 extra_error=snapshot.extra_error,
+                unreachable=snapshot.unreachable,
             )
         self.snapshot = snapshot
         if self.selected is None and snapshot.fleet is not None and snapshot.fleet.servers:
@@ -138,7 +140,9 @@ class ConsoleApp(App):
             return
         if screen is not owner:
             # The operator switched screens mid-poll: the extra data belongs to another screen.
-            snapshot = Snapshot(snapshot.fleet, snapshot.error, snapshot.polled_at)
+            snapshot = Snapshot(
+                snapshot.fleet, snapshot.error, snapshot.polled_at, unreachable=snapshot.unreachable
+            )
         screen.show(snapshot)
         self.refresh_status()
 
@@ -164,7 +168,14 @@ class ConsoleApp(App):
         if self.marked:
             parts.append(f"{len(self.marked)} marked")
         if snap is not None and snap.error:
-            parts.append(f"[b red]supervisor unreachable: {snap.error}[/]")
+            # "unreachable" only when nothing answered: an answer the console cannot use says so instead
+            if snap.unreachable:
+                what = "supervisor unreachable"
+            elif self.source.now is not None:
+                what = "recording unreadable"
+            else:
+                what = "supervisor answered, fleet unreadable"
+            parts.append(f"[b red]{what}: {escape(snap.error)}[/]")
         return "  ·  ".join(parts)
 
     def refresh_status(self) -> None:

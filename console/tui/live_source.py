@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from console.client import SupervisorClient, SupervisorError
+import httpx
+
+from console.client import SupervisorClient, SupervisorError, SupervisorUnavailable
 from console.tui.model import Fleet, History
-from console.tui.source import FLEET_ACTIONS, SERVER_ACTIONS, DataSource, SourceError
+from console.tui.source import FLEET_ACTIONS, SERVER_ACTIONS, DataSource, SourceError, SourceUnreachable
 
 
 class LiveSource(DataSource):
@@ -22,16 +24,23 @@ class LiveSource(DataSource):
     def _call(self, what: str, fn, *args):
         try:
             return fn(*args)
-        except SupervisorError as exc:
+        except SupervisorUnavailable as exc:
+            raise SourceUnreachable(f"{what}: {exc}") from exc
+        except SupervisorError as exc:  # it answered, with an error of its own
             raise SourceError(f"{what}: {exc}") from exc
-        except (OSError, ValueError) as exc:  # a torn answer or a socket error below httpx
-            raise SourceError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        except (OSError, httpx.TransportError) as exc:  # a socket error below httpx, a connection cut
+            raise SourceUnreachable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:  # it answered, but not with JSON (a torn answer, another program)
+            raise SourceError(f"{what}: not JSON ({type(exc).__name__}: {exc})") from exc
 
     def fleet(self) -> Fleet:
         data = self._call("fleet", self._client.fleet)
         if not isinstance(data, dict):
             raise SourceError("fleet: the supervisor answered something that is not a fleet")
-        return Fleet.from_json(data)
+        try:
+            return Fleet.from_json(data)
+        except (TypeError, ValueError, AttributeError) as exc:  # another version's fields, say
+            raise SourceError(f"fleet: not a fleet this console reads ({type(exc).__name__}: {exc})") from exc
 
     def history(self, server: str, seconds: float) -> History:
         return History.from_json(self._call(f"history of {server}", self._client.history, server, seconds))

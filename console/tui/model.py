@@ -252,3 +252,5 @@ class Snapshot:
     polled_at: float
     extra: Any = None
     extra_error: str | None = None
+    # True when the fleet's error is that nothing answered; False when an answer came but was unusable
+    unreachable: bool = False

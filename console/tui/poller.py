@@ -14,7 +14,7 @@ from textual.app import App
 from textual.timer import Timer
 
 from console.tui.model import Snapshot
-from console.tui.source import DataSource, SourceError
+from console.tui.source import DataSource, SourceError, SourceUnreachable
 
 INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -31,10 +31,12 @@ class PollState:
 def fetch(source: DataSource, request: Callable[[DataSource], object] | None) -> Snapshot:
     """One poll, in the worker thread: the fleet, then the visible screen's extra data."""
     fleet = error = extra = extra_error = None
+    unreachable = False
     try:
         fleet = source.fleet()
     except SourceError as exc:
         error = str(exc)
+        unreachable = isinstance(exc, SourceUnreachable)
     except Exception as exc:  # a bug in a parser must not kill the loop
         error = f"{type(exc).__name__}: {exc}"
     if request is not None:
@@ -44,7 +46,14 @@ def fetch(source: DataSource, request: Callable[[DataSource], object] | None) ->
             extra_error = str(exc)
         except Exception as exc:
             extra_error = f"{type(exc).__name__}: {exc}"
-    return Snapshot(fleet=fleet, error=error, polled_at=time.time(), extra=extra, extra_error=extra_error)
+    return Snapshot(
+        fleet=fleet,
+        error=error,
+        polled_at=time.time(),
+        extra=extra,
+        extra_error=extra_error,
+        unreachable=unreachable,
+    )
 
 
 class Poller:

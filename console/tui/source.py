@@ -30,6 +30,10 @@ class SourceError(Exception):
     """A data source could not answer (supervisor down, server gone, bad recording)."""
 
 
+class SourceUnreachable(SourceError):
+    """Nothing answered at all (no socket, refused, timed out), as against an answer that was unusable."""
+
+
 class DataSource(ABC):
     """Where the console's data comes from. Methods block; call them from worker threads only."""
 
