@@ -81,8 +81,8 @@ part_fp8bench() {  # decode with FP8 weights (bs 1) and an FP8 KV cache (bs 64 @
   stage bench-decode-fp8
   run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
     --contexts 4096 --out "$OUT/gpu_decode_bf16_4k.json"
-  run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
-    --contexts 4096 --quantization fp8 --out "$OUT/gpu_decode_fp8_weights.json"
+  run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends ${FP8W_BACKENDS:-triton flashinfer} \
+    --batch-sizes 1 64 --contexts 4096 --quantization fp8 --out "$OUT/gpu_decode_fp8_weights.json"
   run ${T_FP8_BENCH:-200} python3 benchmarks/decode.py --backends triton flashinfer --batch-sizes 1 64 \
     --contexts 4096 --kv-cache-dtype fp8_e4m3 --out "$OUT/gpu_decode_fp8_kv.json"
   grep -E "ratio=" "$LOG" | tail -20
