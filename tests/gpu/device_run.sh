@@ -56,10 +56,7 @@ part_fp8() {
   stage tests-fp8
   run ${T_FP8:-150} $PYT -s tests/gpu/test_fp8_gpu.py -k "not gemv"
 }
-part_fp8gemv() {  # the FP8 GEMV of decode batches: its GPU tests, then GEMV vs _scaled_mm vs bf16 (8B shapes)
-  stage tests-fp8-gemv
-  run ${T_FP8GEMV_TESTS:-240} $PYT -s tests/gpu/test_fp8_gpu.py -k gemv
-  grep -E "^gemv m=|^autotuned gemv|^bs1 decode step" "$LOG" | tail -40
+part_fp8gemv() {  # the FP8 GEMV of decode batches: GEMV vs _scaled_mm vs bf16 (8B shapes); its tests are in `fp8`
   stage bench-fp8-gemv
   run ${T_FP8GEMV:-150} python3 benchmarks/fp8_gemv.py --out "$OUT/gpu_fp8_gemv.json"
   grep -E "^(qkv|o|gate_up|down) +[0-9]|speedup|Error" "$LOG" | tail -50
