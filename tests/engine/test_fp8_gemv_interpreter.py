@@ -4,30 +4,15 @@ configuration the autotuner may pick, against the float32 reference."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.engine.interpreted import run_interpreted
+
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fp8_gemv_configs_match_float32_reference():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.engine.fp8_gemv_checks"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = run_interpreted("tests.engine.fp8_gemv_checks")
     cases = {(name.split("_")[0], name.split("_")[1]) for name in errors}
     assert cases == {(b, f"m{m}") for b in ("channel", "block128", "block16x32") for m in (1, 3, 16)}
     # every bucket has a choice to make, split-K configs included for M = 1
