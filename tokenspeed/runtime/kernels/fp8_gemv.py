@@ -55,15 +55,17 @@ class GemvConfig:
         return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages, pre_hook=hook)
 
 
-# A handful per path; `_prune` keeps those that fit the batch bucket and the shape.
+# A handful per path; `candidates` keeps those that fit the batch bucket and the shape. A memory-bound
+# kernel needs ~5 MB of loads in flight on an H200: when N is small (4096 rows) only wide K tiles, the
+# dot path's pipelined stages or split-K give the grid that much.
 REDUCE_CONFIGS = [
     GemvConfig(4, 512, 4),
     GemvConfig(8, 512, 4),
+    GemvConfig(4, 1024, 4),
+    GemvConfig(8, 1024, 4),
     GemvConfig(8, 1024, 8),
-    GemvConfig(16, 256, 4),
-    GemvConfig(16, 512, 8),
     GemvConfig(16, 1024, 8),
-    GemvConfig(32, 256, 8),
+    GemvConfig(4, 2048, 8),
 ]
 DOT_CONFIGS = [
     GemvConfig(16, 256, 4, 4, use_dot=True),
@@ -76,6 +78,8 @@ SPLIT_CONFIGS = [
     GemvConfig(16, 256, 4, 4, split_k=2, use_dot=True),
     GemvConfig(16, 256, 4, 4, split_k=4, use_dot=True),
     GemvConfig(8, 512, 4, split_k=2),
+    GemvConfig(4, 1024, 4, split_k=2),
+    GemvConfig(4, 1024, 4, split_k=4),
 ]
 ALL_CONFIGS = REDUCE_CONFIGS + DOT_CONFIGS + SPLIT_CONFIGS
 
