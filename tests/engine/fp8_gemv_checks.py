@@ -14,6 +14,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+import triton
 
 from tokenspeed.runtime.kernels import fp8_gemv
 from tokenspeed.runtime.layers.quantization.fp8_math import dequantize, quantize_block, quantize_per_channel
@@ -49,6 +50,43 @@ def check() -> dict[str, float]:
     return out
 
 
+def autotuned() -> dict[str, float]:
+    """The autotuned entry point as `fp8_linear` calls it (pruning, the split-K pre-hook that zeroes the
+    partials and the post-hook that casts them, the config cache), with the autotuner's timing function
+    replaced by one that prefers a given SPLIT_K: the CPU cannot time GPU kernels, everything else is real."""
+    out = {}
+    for label, want in (("channel", 4), ("block128", 1)):
+        block, n, k = CASES[label]
+        ran: list[int] = []
+
+        def post(nargs: dict, exception: BaseException | None = None, ran=ran) -> None:
+            ran.append(nargs["SPLIT_K"])
+            fp8_gemv._cast_partials(nargs, exception)
+
+        def timing(kernel_call, quantiles=None, want=want, ran=ran) -> list[float]:
+            kernel_call()
+            return [0.5 if ran[-1] == want else 1.0] * 3
+
+        fp8_gemv._tuned = triton.autotune(
+            configs=[c.triton_config() for c in fp8_gemv.ALL_CONFIGS],
+            key=["N", "K", "M_BUCKET", "GK", "GN", "ALLOW_SPLIT"],
+            prune_configs_by={"early_config_prune": fp8_gemv._prune},
+            post_hook=post,
+            do_bench=timing,
+        )(fp8_gemv._launch)
+        w0 = torch.randn(n, k) * 0.05
+        w, s = quantize_per_channel(w0) if block is None else quantize_block(w0, block)
+        x, bias = torch.randn(1, k), torch.randn(n)
+        ref = F.linear(x, dequantize(w, s, block, torch.float32), bias)
+        first = fp8_gemv.fp8_gemv(x, w, s, block, bias)  # tunes
+        chosen = fp8_gemv._tuned.best_config.kwargs["SPLIT_K"]
+        timed = len(ran)
+        again = fp8_gemv.fp8_gemv(x, w, s, block, bias)  # from the cache: nothing timed
+        assert chosen == want and len(ran) == timed and timed >= 10, (label, want, chosen, timed, ran)
+        out[f"autotuned_{label}_split{want}"] = max(_rel(first, ref), _rel(again, ref))
+    return out
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    print(json.dumps(check()))
+    print(json.dumps({**check(), **autotuned()}))
