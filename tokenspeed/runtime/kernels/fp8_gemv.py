@@ -2,13 +2,14 @@
 
 The activations stay in their dtype (bf16 as the model runs): no per-token quantization kernels before the
 product, and no activation rounding to e4m3, so it is also closer to the float32 reference than the
-`torch._scaled_mm` path, which cuBLAS does not build for M = 1 anyway. The weight is read once, row-major
+`torch._scaled_mm` path, which is not built for M = 1. The weight is read once, row-major
 [N, K] in e4m3, by programs of BLOCK_N rows that stream K in BLOCK_K-wide vectorized loads and accumulate
 in float32. Scales: per channel (`weight_scale` [N, 1], applied once at the end) or block-wise
 ([ceil(N/bn), ceil(K/bk)] tiles, applied to each K chunk's partial sum, so BLOCK_K never crosses a tile).
 
 Two inner products, picked by the autotuner per shape and batch bucket:
-- `reduce`: w tile [BLOCK_N, BLOCK_K] times x rows broadcast, summed along K on the CUDA cores (M = 1..4);
+- `reduce`: the w tile [BLOCK_N, BLOCK_K] times each batch row in turn, summed along K on the CUDA cores
+  (M = 1..4);
 - `dot`: the weight tile converted to the activations' dtype (e4m3 is exact in bf16/fp16) and `tl.dot`
   against x padded to 16 rows on the tensor cores (M up to 16, where CUDA-core FMAs would bound the time).
 Split-K (when N is small, e.g. `down_proj` N = 4096 with K = 14336) adds float32 partials atomically; the
@@ -185,15 +186,14 @@ def _fp8_gemv_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for i in range(lo, hi):
         k = i * BLOCK_K + offs_k
+        kmask = k < K
         if EVEN_K:  # no mask along K: whole 16-byte vectors of the weight row
-            x = tl.load(x_rows + k[None, :], mask=mmask[:, None], other=0.0)
             w = tl.load(w_rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
         else:
-            kmask = k < K
-            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             w = tl.load(w_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
                         eviction_policy="evict_first")  # fmt: skip
         if USE_DOT:
+            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
             if X.dtype.element_ty == tl.float32:
                 part = tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
             else:
@@ -204,7 +204,7 @@ def _fp8_gemv_kernel(
             wf = w.to(tl.float32)
             part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for j in tl.static_range(BLOCK_M):
-                xj = tl.load(X + tl.minimum(j, M - 1) * stride_xm + k, mask=k < K, other=0.0)
+                xj = tl.load(X + tl.minimum(j, M - 1) * stride_xm + k, mask=kmask, other=0.0)
                 pj = tl.sum(wf * xj.to(tl.float32)[None, :], axis=1)
                 part += tl.where(offs_m[:, None] == j, pj[None, :], 0.0)
         if GK != 0:  # block-wise: this K chunk lies in one tile column
