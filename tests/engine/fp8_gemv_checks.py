@@ -69,7 +69,7 @@ def autotuned() -> dict[str, float]:
 
         fp8_gemv._tuned = triton.autotune(
             configs=[c.triton_config() for c in fp8_gemv.ALL_CONFIGS],
-            key=["N", "K", "M_BUCKET", "GK", "GN", "ALLOW_SPLIT"],
+            key=["N", "K", "M_BUCKET", "GK", "GN"],
             prune_configs_by={"early_config_prune": fp8_gemv._prune},
             post_hook=post,
             do_bench=timing,

@@ -90,8 +90,9 @@ def m_bucket(m: int) -> int:
     return 1 if m == 1 else 4 if m <= 4 else 16
 
 
-def split_allowed(n: int, sms: int) -> bool:
+def split_allowed(n: int, device: torch.device) -> bool:
     # Fewer than ~2 programs per SM at the dot path's narrowest tile: K is the only parallelism left.
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     return triton.cdiv(n, 16) < 2 * sms
 
 
@@ -137,7 +138,8 @@ def candidates(bucket: int, block_k: int | None, allow_split: bool) -> list[Gemv
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     # `configs` is ALL_CONFIGS as Triton configs; `candidates` rebuilds them adapted to the layout.
-    chosen = candidates(kwargs["M_BUCKET"], kwargs["GK"] or None, kwargs["ALLOW_SPLIT"])
+    allow_split = split_allowed(named_args["N"], named_args["X"].device)
+    chosen = candidates(kwargs["M_BUCKET"], kwargs["GK"] or None, allow_split)
     return [cfg.triton_config() for cfg in chosen]
 
 
@@ -165,7 +167,7 @@ def _epilogue(
 def _fp8_gemv_kernel(
     X, W, S, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om, stride_sn,
     GN: tl.constexpr, GK: tl.constexpr, HAS_BIAS: tl.constexpr, M_BUCKET: tl.constexpr,
-    ALLOW_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
@@ -237,7 +239,7 @@ def _autotune_kwargs() -> dict:
 
 _tuned = triton.autotune(
     configs=[c.triton_config() for c in ALL_CONFIGS],
-    key=["N", "K", "M_BUCKET", "GK", "GN", "ALLOW_SPLIT"],
+    key=["N", "K", "M_BUCKET", "GK", "GN"],
     prune_configs_by={"early_config_prune": _prune},
     **_autotune_kwargs(),
 )(_launch)
@@ -271,14 +273,13 @@ def fp8_gemv(
         x = x.contiguous()
     gn, gk = block if block is not None else (1, 0)
     bucket = m_bucket(m)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-    allow_split = split_allowed(n, sms)
+    allow_split = split_allowed(n, x.device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     # float32 partials for split-K configs (zeroed by their pre-hook; untouched otherwise)
     acc = torch.empty((m, n), dtype=torch.float32, device=x.device) if allow_split else out
     args = (x, w, w_scale, bias if bias is not None else w_scale, out, acc, m, n, k,
             x.stride(0), w.stride(0), out.stride(0), w_scale.stride(0))  # fmt: skip
-    meta = dict(GN=gn, GK=gk, HAS_BIAS=bias is not None, M_BUCKET=bucket, ALLOW_SPLIT=allow_split)
+    meta = dict(GN=gn, GK=gk, HAS_BIAS=bias is not None, M_BUCKET=bucket)
     if config is None:
         _tuned[lambda a: (triton.cdiv(n, a["BLOCK_N"]), a["SPLIT_K"])](*args, **meta)
         split = _tuned.best_config.kwargs["SPLIT_K"]
