@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import io
+import time
+
 import pytest
+from rich.console import Console
 from textual.widgets import DataTable, TextArea
 
 from console.tui.app import ConsoleApp
 from console.tui.live_source import LiveSource
+from console.tui.model import History
 from console.tui.screens.modals import HelpScreen
 from console.tui.screens.server import PLOTS
+from console.tui.widgets.panel import TextPanel
 from console.tui.widgets.plot import MetricPlot
 from tests.console.tui_pilot import (
     EIGHTH_BLOCKS,
@@ -106,6 +112,72 @@ async def test_enter_opens_the_server_screen_with_history_args_and_mapping(fleet
         assert "world_size: 1" in text_of(app, "#server-mapping")
         await pilot.press("escape")
         assert app.current_mode == "fleet"
+
+
+async def _polls_stopped(app, pilot) -> None:
+    """Pause polling and let the poll in flight land: the screen stays as it is drawn."""
+    app.poller.set_paused(True)
+    await wait_for(pilot, lambda: not app.poller.state.in_flight, what="the last poll drawn")
+    await pilot.pause(0.3)
+
+
+async def test_server_screen_fetches_only_new_samples_and_plots_what_the_supervisor_recorded(fleet):
+    """After the first poll the Server screen asks only for samples newer than its last one; the history it
+    then holds (and plots) is the supervisor's recording, sample for sample."""
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await pilot.press("2")
+        name = app.selected
+        screen = app.screen
+        await wait_for(pilot, lambda: screen._history is not None and screen._history[1].samples, what="history")
+        first = screen._history[1].samples[-1].t
+        await wait_for(
+            pilot, lambda: screen._history[1].samples[-1].t >= first + 3, what="newer samples added", timeout=60
+        )
+        await _polls_stopped(app, pilot)
+        held = screen._history[1].samples
+        recorded = History.from_json(fleet.client.history(name, 300)).samples
+        assert held[0].t >= time.time() - 300 - 5  # nothing older than the window is kept
+        # The recording as far as the screen got, from its own first sample (the window has moved since).
+        expected = [s for s in recorded if held[0].t <= s.t <= held[-1].t]
+        assert [(s.t, s.metrics) for s in held] == [(s.t, s.metrics) for s in expected]
+        for plot_id, _title, key, _render, _ratio in PLOTS:
+            assert screen.query_one(f"#{plot_id}", MetricPlot)._series == tuple(History(held).series(key))
+
+
+def styled_screen(app: ConsoleApp) -> str:
+    """The screen as the terminal gets it: text, colours and styles."""
+    console = Console(
+        width=app.size.width, file=io.StringIO(), record=True, color_system="truecolor", force_terminal=True
+    )
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text(styles=True)
+
+
+async def test_screens_redrawn_line_by_line_show_what_a_whole_redraw_shows(fleet):
+    """Each poll redraws only the lines that changed (panels, plots); the terminal then shows exactly what
+    drawing every line of the screen again shows."""
+    app = make_app(fleet)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        for key in ("2", "3"):
+            app.poller.set_paused(False)
+            await pilot.press(key)
+            polls = app.poller.state.polls
+            await wait_for(pilot, lambda p=polls: app.poller.state.polls >= p + 4, what="four polls drawn")
+            await _polls_stopped(app, pilot)
+            if key == "3":  # the rank loads move every poll: that panel is drawn line by line
+                assert app.screen.query_one("#experts-ranks", TextPanel)._lines is not None
+            shown = styled_screen(app)
+            for panel in app.screen.query(TextPanel):
+                panel._lines = None
+                panel.refresh()
+            for plot in app.screen.query(MetricPlot):
+                plot._strips.clear()
+                plot.refresh()
+            await pilot.pause(0.3)
+            assert styled_screen(app) == shown
 
 
 async def test_server_args_lines_have_no_stray_glyph_at_their_right_edge(fleet):

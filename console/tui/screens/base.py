@@ -7,6 +7,7 @@ screen, so hidden screens never redraw.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ class ConsoleScreen(Screen):
     #: True when the screen shows one server (the fleet table's cursor row).
     NEEDS_SERVER = False
     _status_line: str | None = None  # what the status line shows now
+    _heap_settled = False  # this screen's widgets were built and drawn, then frozen out of the collector
 
     BINDINGS = [
         Binding("tab", "app.next_screen(1)", "Next screen", show=False),
@@ -61,9 +63,31 @@ class ConsoleScreen(Screen):
         if line != self._status_line:
             self._status_line = line
             self.query_one("#status", Static).update(line, layout=False)
+        if not self._heap_settled:
+            self._heap_settled = True
+            self.call_after_refresh(settle_heap)
+
+    def on_unmount(self) -> None:
+        # The app is closing: hand what `settle_heap` froze back to the collector, so that a process that
+        # runs consoles one after another (a test run) frees each one's widget cycles.
+        gc.unfreeze()
 
     def on_screen_resume(self) -> None:
         # A screen that just became visible should not wait a whole interval for its data.
         self.console.poll_now()
         if self.console.snapshot is not None:
             self.console.refresh_status()
+
+
+def settle_heap() -> None:
+    """Move what exists now (modules, styles, this screen's widgets) out of the garbage collector's sight.
+
+    Called once per screen, after its first poll is drawn. Every poll makes short-lived objects, and
+    every few dozen polls they trigger a full collection, which walked all of the console's long-lived
+    objects: 50-90 ms each time, 2-3 ms a poll on average. Frozen objects are still freed when nothing
+    refers to them; only a cycle among them would never be collected, so a collection of the young
+    generations runs first (frozen garbage cannot be reclaimed later).
+    """
+    gc.collect(1)
+    gc.freeze()
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from console.tui import fmt
+from console.tui.history_window import updated_history
 from console.tui.model import History, Metrics, Snapshot
 from console.tui.screens.base import ConsoleScreen
 from console.tui.source import DataSource, SourceError
@@ -179,6 +181,8 @@ class ServerScreen(ConsoleScreen):
     def __init__(self) -> None:
         super().__init__()
         self._args_for: tuple[str, dict[str, Any]] | None = None
+        self._history: tuple[str, History] | None = None  # the last history drawn, by server: the next poll
+        # fetches only the samples newer than its own
 
     def compose(self):
         yield from self.compose_header()
@@ -207,8 +211,12 @@ class ServerScreen(ConsoleScreen):
         if name is None:
             return None
 
+        held = self._history
+        # Only a live source's samples stay as they were; a replay seeks, so it is fetched whole.
+        kept = held[1] if held is not None and held[0] == name and self.console.source.now is None else None
+
         def fetch(source: DataSource) -> ServerData:
-            history = source.history(name, HISTORY_SECONDS)
+            history = updated_history(source, name, HISTORY_SECONDS, kept, time.time())
             info, info_error = None, None
             try:
                 info = source.info(name)
@@ -238,6 +246,7 @@ class ServerScreen(ConsoleScreen):
         data = snapshot.extra
         if not isinstance(data, ServerData) or data.name != name:
             return
+        self._history = (data.name, data.history)
         for plot_id, _title, key, _render, _ratio in PLOTS:
             self.query_one(f"#{plot_id}", MetricPlot).update_series(data.history.series(key))
         self._update(

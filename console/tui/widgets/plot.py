@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from rich.segment import Segment
 from rich.style import Style
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -78,6 +79,7 @@ class MetricPlot(Widget):
         self._draw()
 
     def on_resize(self) -> None:
+        self._lines = []  # every row is cut again at the new width
         self._draw()
 
     def _draw(self) -> None:
@@ -96,9 +98,18 @@ class MetricPlot(Widget):
             title.append(("  no samples", "bold dim"))
         width = max(self.size.width, 1)
         chart = chart_lines(series, width, 3, 1.0 if self.ratio else None)
-        self._lines = [title, *([(line, "bold cyan")] for line in chart)]
-        self._strips.clear()
-        self.refresh()
+        lines = [title, *([(line, "bold cyan")] for line in chart)]
+        before, self._lines = self._lines, lines
+        if len(before) != len(lines):
+            self._strips.clear()
+            self.refresh()
+            return
+        # Only the rows that changed are drawn again: a steady metric's chart keeps its rows while the
+        # title's numbers move, and the screen then repaints one line of the plot, not four.
+        for y, (old, new) in enumerate(zip(before, lines, strict=True)):
+            if old != new:
+                self._strips.pop(y, None)
+                self.refresh(Region(0, y, width, 1))
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
