@@ -9,11 +9,11 @@ Every call has a short timeout: a console polling a stuck supervisor must not ha
 
 from __future__ import annotations
 
+import http.client
 from pathlib import Path
 
-import httpx
-
 from console.supervisor.paths import StatePaths, default_state_dir, state_root
+from console.unix_http import Answer, UnixHTTP
 
 
 class SupervisorError(RuntimeError):
@@ -52,12 +52,7 @@ def find_state_dir(fleet_name: str | None = None, state_dir: str | Path | None =
 class SupervisorClient:
     def __init__(self, state_dir: str | Path, timeout: float = 3.0):
         self.paths = StatePaths(Path(state_dir))
-        self._http = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(self.paths.socket)),
-            base_url="http://supervisor",
-            timeout=timeout,
-            trust_env=False,
-        )
+        self._http = UnixHTTP(str(self.paths.socket), timeout)
 
     @property
     def state_dir(self) -> Path:
@@ -72,25 +67,17 @@ class SupervisorClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, timeout: float | None = None, **params) -> httpx.Response:
+    def _request(self, method: str, path: str, timeout: float | None = None, **params) -> Answer:
         if not self.paths.socket.exists():
             raise SupervisorUnavailable(f"no supervisor socket at {self.paths.socket}")
         try:
-            kwargs = {"params": params or None}
-            if timeout is not None:
-                kwargs["timeout"] = timeout
-            response = self._http.request(method, path, **kwargs)
-        except (
-            httpx.ConnectError,
-            httpx.RemoteProtocolError,
-            FileNotFoundError,
-            ConnectionRefusedError,
-        ) as exc:
-            raise SupervisorUnavailable(
-                f"the supervisor at {self.paths.socket} does not answer: {exc}"
-            ) from exc
-        except httpx.TimeoutException as exc:
+            response = self._http.request(method, path, params=params or None, timeout=timeout)
+        except TimeoutError as exc:
             raise SupervisorUnavailable(f"the supervisor at {self.paths.socket} timed out") from exc
+        except (OSError, http.client.HTTPException) as exc:  # refused, gone, cut off, not HTTP
+            raise SupervisorUnavailable(
+                f"the supervisor at {self.paths.socket} does not answer: {exc or type(exc).__name__}"
+            ) from exc
         if response.status_code >= 400:
             try:
                 message = response.json().get("error", response.text)
