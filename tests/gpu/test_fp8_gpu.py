@@ -83,32 +83,29 @@ def _agreement(
 
 
 def _top1_floor(name: str, backend: str) -> float:
-    """The top-1 agreement bf16 itself reaches against float32 on this model: the metric's noise floor.
-
-    The demo models' next-token distributions are flat (3M parameters), so near-ties flip under any
-    rounding; a bar above what bf16 reaches against float32 would measure the model, not FP8.
-    """
+    """The top-1 agreement bf16 itself reaches against float32 on this model, printed beside FP8's: it says
+    how much of a shortfall is the model's near-ties rather than FP8 (on the H200: demo 254/256)."""
     agree, _, _ = _agreement(name, backend, None, None, ref_dtype="float32")
     return agree
 
 
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 def test_fp8_kv_cache_agrees_with_bf16(backend):
+    # The issue's bar. The H200 measured demo at 247/256 (triton) and 248/256 (flashinfer) with mean
+    # cosine 0.9994, against bf16's own 254/256 to float32: e4m3 keeps 3 mantissa bits, and the demo's
+    # K/V lie in its normal range (median |k| 0.7-1.0, |v| 0.1-0.5), so a per-tensor scale cannot help.
     for name in ("demo", "demo-moe"):
         floor = _top1_floor(name, "triton")
         agree, _, mean_cos = _agreement(name, backend, None, FP8)
-        # The issue's bar is 99% top-1 and cosine 0.999; top-1 is held to bf16's own floor less 2 points.
-        assert agree >= min(0.99, floor - 0.02) and mean_cos >= 0.999, (name, agree, floor, mean_cos)
+        assert agree >= 0.99 and mean_cos >= 0.999, (name, agree, floor, mean_cos)
 
 
 def test_fp8_weights_agree_with_bf16():
+    # The issue's bar; the H200 measured demo at 254/256, mean cosine 0.99939, through the FP8 GEMV.
     for name in ("demo", "demo-moe"):
         floor = _top1_floor(name, "triton")
         agree, _, mean_cos = _agreement(name, "triton", "fp8", None)
-        # Online FP8 rounds every weight and activation (bf16 rounds only activations' arithmetic), so it
-        # gets 4 points under bf16's floor; the cosine bar is the issue's 0.999 less what per-token
-        # activation scales cost on these models (measured 0.9989-0.9994).
-        assert agree >= min(0.99, floor - 0.04) and mean_cos >= 0.998, (name, agree, floor, mean_cos)
+        assert agree >= 0.99 and mean_cos >= 0.999, (name, agree, floor, mean_cos)
 
 
 def test_engine_greedy_with_fp8_kv_and_weights_runs_in_cuda_graphs():
