@@ -83,9 +83,9 @@ class TextPanel(Static):
         self._Static__visual = visual
         self._lines = new
         width = self.size.width
-        for y, (was, now) in enumerate(zip(old, new, strict=True)):
-            if _key(was) != _key(now):
-                self.refresh(Region(0, y, width, 1))
+        changed = [y for y, (was, now) in enumerate(zip(old, new, strict=True)) if _key(was) != _key(now)]
+        if changed:
+            self.refresh(*(Region(0, y, width, 1) for y in changed))
         return True
 
     def _split(self, content: Shown) -> list[Content]:

@@ -106,10 +106,11 @@ class MetricPlot(Widget):
             return
         # Only the rows that changed are drawn again: a steady metric's chart keeps its rows while the
         # title's numbers move, and the screen then repaints one line of the plot, not four.
-        for y, (old, new) in enumerate(zip(before, lines, strict=True)):
-            if old != new:
-                self._strips.pop(y, None)
-                self.refresh(Region(0, y, width, 1))
+        changed = [y for y, (old, new) in enumerate(zip(before, lines, strict=True)) if old != new]
+        for y in changed:
+            self._strips.pop(y, None)
+        if changed:
+            self.refresh(*(Region(0, y, width, 1) for y in changed))
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
