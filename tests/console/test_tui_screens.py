@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import time
 
@@ -158,6 +159,7 @@ def styled_screen(app: ConsoleApp) -> str:
 async def test_screens_redrawn_line_by_line_show_what_a_whole_redraw_shows(fleet):
     """Each poll redraws only the lines that changed (panels, plots); the terminal then shows exactly what
     drawing every line of the screen again shows."""
+    collector = gc.get_threshold()
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: len(table_rows(app)) == 3)
@@ -178,6 +180,9 @@ async def test_screens_redrawn_line_by_line_show_what_a_whole_redraw_shows(fleet
                 plot.refresh()
             await pilot.pause(0.3)
             assert styled_screen(app) == shown
+        assert gc.get_freeze_count() > 0 and gc.get_threshold() != collector  # tuned while it runs
+    # and handed back when it closes: a later console (or test) gets the collector as it was
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == collector
 
 
 async def test_server_args_lines_have_no_stray_glyph_at_their_right_edge(fleet):
