@@ -9,9 +9,12 @@ in float32. Scales: per channel (`weight_scale` [N, 1], applied once at the end)
 
 Two inner products, picked by the autotuner per shape and batch bucket:
 - `reduce`: the w tile [BLOCK_N, BLOCK_K] times each batch row in turn, summed along K on the CUDA cores
-  (M = 1..4);
+  (M = 1..4), optionally loading the next K chunk before multiplying this one (short K loops are
+  latency-bound: on the H200 the o_proj GEMV ran at half the copy bandwidth without it);
 - `dot`: the weight tile converted to the activations' dtype (e4m3 is exact in bf16/fp16) and `tl.dot`
-  against x padded to 16 rows on the tensor cores (M up to 16, where CUDA-core FMAs would bound the time).
+  against x padded to 16 rows on the tensor cores (M up to 16, where CUDA-core FMAs would bound the time),
+  either as x W^T (mma.sync, the converted tile goes through shared memory) or swapped, W x^T with the
+  weight as the A operand from registers (wgmma m64n16 on Hopper).
 Split-K (when N is small, e.g. `down_proj` N = 4096 with K = 14336) adds float32 partials atomically; the
 config's pre-hook zeroes them and the autotuner's post-hook casts them, so what the tuner times is what a
 call costs.
@@ -26,6 +29,7 @@ NOT YET RUN ON A GPU when written: tests/gpu/test_fp8_gpu.py and benchmarks/fp8_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -49,9 +53,14 @@ class GemvConfig:
     num_stages: int = 2
     split_k: int = 1
     use_dot: bool = False
+    prefetch: bool = False  # reduce: the next K chunk's load is issued before this one is multiplied
+    swap_ab: bool = False  # dot: the converted weight tile is the MMA's A operand (no shared-memory trip)
 
     def triton_config(self) -> triton.Config:
-        kwargs = dict(BLOCK_N=self.block_n, BLOCK_K=self.block_k, SPLIT_K=self.split_k, USE_DOT=self.use_dot)
+        kwargs = dict(
+            BLOCK_N=self.block_n, BLOCK_K=self.block_k, SPLIT_K=self.split_k, USE_DOT=self.use_dot,
+            PREFETCH=self.prefetch, SWAP_AB=self.swap_ab,
+        )  # fmt: skip
         hook = _zero_partials if self.split_k > 1 else None
         return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages, pre_hook=hook)
 
@@ -60,20 +69,22 @@ class GemvConfig:
 # kernel needs ~5 MB of loads in flight on an H200: when N is small (4096 rows) only wide K tiles, the
 # dot path's pipelined stages or split-K give the grid that much.
 REDUCE_CONFIGS = [
-    GemvConfig(4, 512, 4),
     GemvConfig(8, 512, 4),
     GemvConfig(4, 1024, 4),
     GemvConfig(8, 1024, 4),
-    GemvConfig(8, 1024, 8),
-    GemvConfig(16, 1024, 8),
     GemvConfig(4, 2048, 8),
+    GemvConfig(4, 1024, 4, prefetch=True),
+    GemvConfig(8, 1024, 4, prefetch=True),
+    GemvConfig(4, 2048, 8, prefetch=True),
 ]
 DOT_CONFIGS = [
     GemvConfig(16, 256, 4, 4, use_dot=True),
     GemvConfig(32, 128, 4, 4, use_dot=True),
     GemvConfig(32, 256, 4, 3, use_dot=True),
     GemvConfig(64, 128, 4, 4, use_dot=True),
-    GemvConfig(64, 256, 8, 3, use_dot=True),
+    GemvConfig(64, 128, 4, 4, use_dot=True, swap_ab=True),
+    GemvConfig(64, 256, 4, 3, use_dot=True, swap_ab=True),
+    GemvConfig(128, 128, 8, 3, use_dot=True, swap_ab=True),
 ]
 SPLIT_CONFIGS = [
     GemvConfig(16, 256, 4, 4, split_k=2, use_dot=True),
@@ -81,6 +92,7 @@ SPLIT_CONFIGS = [
     GemvConfig(8, 512, 4, split_k=2),
     GemvConfig(4, 1024, 4, split_k=2),
     GemvConfig(4, 1024, 4, split_k=4),
+    GemvConfig(4, 1024, 4, split_k=2, prefetch=True),
 ]
 ALL_CONFIGS = REDUCE_CONFIGS + DOT_CONFIGS + SPLIT_CONFIGS
 
@@ -111,7 +123,7 @@ def adapt(cfg: GemvConfig, block_k: int | None) -> GemvConfig:
     """With block-wise scales a K chunk must stay inside one scale tile."""
     if block_k is None or cfg.block_k <= block_k:
         return cfg
-    return GemvConfig(cfg.block_n, block_k, cfg.num_warps, cfg.num_stages, cfg.split_k, cfg.use_dot)
+    return dataclasses.replace(cfg, block_k=block_k)
 
 
 def _zero_partials(nargs: dict) -> None:
@@ -164,11 +176,21 @@ def _epilogue(
 
 
 @triton.jit
+def _load_w(w_rows, k, K, nmask, EVEN_K: tl.constexpr):
+    if EVEN_K:  # no mask along K: whole 16-byte vectors of the weight row
+        w = tl.load(w_rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_rows + k[None, :], mask=nmask[:, None] & (k < K)[None, :], other=0.0,
+                    eviction_policy="evict_first")  # fmt: skip
+    return w
+
+
+@triton.jit
 def _fp8_gemv_kernel(
     X, W, S, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om, stride_sn,
     GN: tl.constexpr, GK: tl.constexpr, HAS_BIAS: tl.constexpr, M_BUCKET: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    USE_DOT: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
+    PREFETCH: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -181,37 +203,63 @@ def _fp8_gemv_kernel(
     per_split = tl.cdiv(chunks, SPLIT_K)
     lo = pid_k * per_split
     hi = tl.minimum(lo + per_split, chunks)
-    x_rows = X + offs_m[:, None] * stride_xm
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
     if GK != 0:
         s_rows = S + (offs_n // GN).to(tl.int64) * stride_sn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for i in range(lo, hi):
-        k = i * BLOCK_K + offs_k
-        kmask = k < K
-        if EVEN_K:  # no mask along K: whole 16-byte vectors of the weight row
-            w = tl.load(w_rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
+    if USE_DOT:
+        x_rows = X + offs_m[:, None] * stride_xm
+        if SWAP_AB:
+            acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         else:
-            w = tl.load(w_rows + k[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0,
-                        eviction_policy="evict_first")  # fmt: skip
-        if USE_DOT:
-            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for i in range(lo, hi):
+            k = i * BLOCK_K + offs_k
+            w = _load_w(w_rows, k, K, nmask, EVEN_K)
+            x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & (k < K)[None, :], other=0.0)
             if X.dtype.element_ty == tl.float32:
-                part = tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+                wd = w.to(tl.float32)
             else:
-                part = tl.dot(x, tl.trans(w.to(X.dtype.element_ty)))  # e4m3 -> bf16/fp16 is exact
-        else:
+                wd = w.to(X.dtype.element_ty)  # e4m3 -> bf16/fp16 is exact
+            if SWAP_AB:  # y^T = W x^T: the weight tile is the MMA's M side, straight from registers
+                if X.dtype.element_ty == tl.float32:
+                    part_t = tl.dot(wd, tl.trans(x), input_precision="ieee")
+                else:
+                    part_t = tl.dot(wd, tl.trans(x))
+                if GK != 0:  # block-wise: this K chunk lies in one tile column
+                    part_t = part_t * tl.load(s_rows + (i * BLOCK_K) // GK, mask=nmask, other=0.0)[:, None]
+                acc_t += part_t
+            else:
+                if X.dtype.element_ty == tl.float32:
+                    part = tl.dot(x, tl.trans(wd), input_precision="ieee")
+                else:
+                    part = tl.dot(x, tl.trans(wd))
+                if GK != 0:
+                    part = part * tl.load(s_rows + (i * BLOCK_K) // GK, mask=nmask, other=0.0)[None, :]
+                acc += part
+        if SWAP_AB:
+            acc = tl.trans(acc_t)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if PREFETCH:  # chunk indices are clamped into [lo, hi - 1]: a repeated chunk comes from cache
+            w_next = _load_w(w_rows, tl.minimum(lo, chunks - 1) * BLOCK_K + offs_k, K, nmask, EVEN_K)
+        for i in range(lo, hi):
+            k = i * BLOCK_K + offs_k
+            if PREFETCH:
+                w = w_next
+                w_next = _load_w(w_rows, tl.minimum(i + 1, hi - 1) * BLOCK_K + offs_k, K, nmask, EVEN_K)
+            else:
+                w = _load_w(w_rows, k, K, nmask, EVEN_K)
             # one weight row-chunk times each batch row, summed along K: a 2-D product keeps the weight
             # load in 16-byte vectors (a 3-D broadcast over M made Triton split it into 4-byte loads)
             wf = w.to(tl.float32)
             part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for j in tl.static_range(BLOCK_M):
-                xj = tl.load(X + tl.minimum(j, M - 1) * stride_xm + k, mask=kmask, other=0.0)
+                xj = tl.load(X + tl.minimum(j, M - 1) * stride_xm + k, mask=k < K, other=0.0)
                 pj = tl.sum(wf * xj.to(tl.float32)[None, :], axis=1)
                 part += tl.where(offs_m[:, None] == j, pj[None, :], 0.0)
-        if GK != 0:  # block-wise: this K chunk lies in one tile column
-            part = part * tl.load(s_rows + (i * BLOCK_K) // GK, mask=nmask, other=0.0)[None, :]
-        acc += part
+            if GK != 0:  # block-wise: this K chunk lies in one tile column
+                part = part * tl.load(s_rows + (i * BLOCK_K) // GK, mask=nmask, other=0.0)[None, :]
+            acc += part
     _epilogue(
         acc, offs_m, offs_n, pid_k, M, N, S, Bias, Out, Acc, stride_om, stride_sn, GK, HAS_BIAS, SPLIT_K
     )
@@ -291,7 +339,7 @@ def fp8_gemv(
             args = args[:5] + (acc,) + args[6:]
         _launch[(triton.cdiv(n, cfg.block_n), split)](
             *args, **meta, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, USE_DOT=cfg.use_dot,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            PREFETCH=cfg.prefetch, SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if split > 1:
         out.copy_(acc)
