@@ -8,6 +8,8 @@
 #   fp8   = fp8gemv fp8 fp8bench        FP8 GEMV tests and microbenchmark (benchmarks/fp8_gemv.py), FP8
 #                                       GEMM/KV tests, decode with FP8 weights and FP8 KV cache
 #   verify = structured spec fp8        grammar under CUDA graphs, speculative greedy == plain, FP8 tests
+#   moe-all = moetests moetune moedecode moeoffline   fused MoE tests, block-size sweep, decode per config,
+#                                       the offline Engine per config (default record eplb torch)
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
@@ -110,6 +112,26 @@ part_moe() {
   stage bench-decode-moe
   run ${T_MOE:-90} python3 benchmarks/decode.py --model qwen3moe --backends triton --contexts 1024 \
     --batch-sizes 1 4 16 64 256 --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe.json"
+}
+part_moetests() {
+  stage tests-moe
+  run ${T_MOE_TESTS:-90} $PYT tests/gpu/test_fused_moe.py
+}
+part_moetune() {  # the fused MoE kernel's block-size sweep
+  stage tune-moe
+  run ${T_MOE_TUNE:-60} python3 benchmarks/moe_tune.py --tokens ${TUNE_TOKENS:-1 4 16 64 256} --out "$OUT/gpu_moe_tune.json"
+}
+part_moedecode() {  # the roofline rows per MoE kernel configuration
+  stage bench-decode-moe-configs
+  run ${T_MOE_DECODE:-100} python3 benchmarks/decode.py --model qwen3moe --backends triton \
+    --moe-configs ${MOE_CONFIGS:-default record} --contexts 1024 --batch-sizes 1 16 64 256 \
+    --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe.json"
+}
+part_moeoffline() {  # the offline Engine per MoE configuration
+  stage bench-moe-offline
+  run ${T_MOE_OFFLINE:-150} python3 benchmarks/moe_offline.py --configs ${OFFLINE_CONFIGS:-default record eplb torch} \
+    --out "$OUT/gpu_moe.json"
+  grep -E "BEST|ratio=|kernels per MoE|kernels/step|summary|tok_s" "$LOG" | tail -40
 }
 part_offline() {
   stage bench-offline
