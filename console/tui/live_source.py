@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from console.client import SupervisorClient, SupervisorError, SupervisorUnavailable
 from console.tui.model import Fleet, History
 from console.tui.source import FLEET_ACTIONS, SERVER_ACTIONS, DataSource, SourceError, SourceUnreachable
@@ -28,7 +26,7 @@ class LiveSource(DataSource):
             raise SourceUnreachable(f"{what}: {exc}") from exc
         except SupervisorError as exc:  # it answered, with an error of its own
             raise SourceError(f"{what}: {exc}") from exc
-        except (OSError, httpx.TransportError) as exc:  # a socket error below httpx, a connection cut
+        except OSError as exc:  # a socket error the client did not map (it maps its own to SupervisorUnavailable)
             raise SourceUnreachable(f"{what}: {type(exc).__name__}: {exc}") from exc
         except ValueError as exc:  # it answered, but not with JSON (a torn answer, another program)
             raise SourceError(f"{what}: not JSON ({type(exc).__name__}: {exc})") from exc
