@@ -6,16 +6,15 @@ actions; the six screens (one app mode each) only draw what a poll brought back.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from rich.markup import escape
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from console.tui.action_results import describe
+from console.tui.header_line import header_line
 from console.tui.model import Snapshot
 from console.tui.poller import INTERVALS, Poller
 from console.tui.screens.base import ConsoleScreen
@@ -150,33 +149,11 @@ class ConsoleApp(App):
         self.poller.poll_now()
 
     def status_line(self) -> str:
-        snap = self.snapshot
-        parts: list[str] = []
-        if snap is not None and snap.fleet is not None:
-            fleet = snap.fleet
-            parts.append(f"[b]{fleet.name}[/b]  {len(fleet.servers)} servers  " + _problem_counts(fleet))
-        if self.source.now is not None:
-            parts.append(
-                f"[magenta]REPLAY at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.source.now))}[/]"
-            )
         state = self.poller.state
-        parts.append("[yellow]PAUSED[/]" if state.paused else f"every {state.interval:g}s")
-        if snap is not None and self.source.now is None:
-            parts.append(f"polled {time.strftime('%H:%M:%S', time.localtime(snap.polled_at))}")
-        if self.readonly:
-            parts.append("[cyan]read-only[/]")
-        if self.marked:
-            parts.append(f"{len(self.marked)} marked")
-        if snap is not None and snap.error:
-            # "unreachable" only when nothing answered: an answer the console cannot use says so instead
-            if snap.unreachable:
-                what = "supervisor unreachable"
-            elif self.source.now is not None:
-                what = "recording unreadable"
-            else:
-                what = "supervisor answered, fleet unreadable"
-            parts.append(f"[b red]{what}: {escape(snap.error)}[/]")
-        return "  ·  ".join(parts)
+        return header_line(
+            self.snapshot, replay_at=self.source.now, paused=state.paused, interval=state.interval,
+            readonly=self.readonly, marked=len(self.marked),
+        )  # fmt: skip
 
     def refresh_status(self) -> None:
         screen = self._console_screen()
@@ -389,28 +366,6 @@ class ConsoleApp(App):
             self.exit(0)
         elif answer == "keep":
             self.exit(0)
-
-
-def _problem_counts(fleet) -> str:
-    """ "2 ready  1 crash-looping  1 stalled": every kind of trouble counted in the header, in words."""
-    servers = fleet.servers
-    counts = [
-        ("green", "ready", sum(1 for s in servers if s.state == "READY" and s.health == "ok")),
-        ("bold red", "crash-looping", sum(1 for s in servers if s.crash_looping)),
-        ("yellow", "restarting", sum(1 for s in servers if s.state == "BACKOFF" and not s.crash_looping)),
-        ("bold red", "stalled", sum(1 for s in servers if s.state == "STALLED")),
-        (
-            "red",
-            "failing",
-            sum(
-                1
-                for s in servers
-                if s.state in ("UNHEALTHY", "FATAL") or (s.state == "READY" and s.health == "bad")
-            ),
-        ),
-        ("yellow", "draining", sum(1 for s in servers if s.state == "STOPPING")),
-    ]
-    return "  ".join(f"[{style}]{n} {word}[/]" for style, word, n in counts if n or word == "ready")
 
 
 def run(
