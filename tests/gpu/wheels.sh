@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prepare ./.whl in the project root: the wheels the GPU machine lacks (tests/gpu/wheels.txt) and .whl/install.sh.
+# Run from the project root:   bash tests/gpu/wheels.sh [EXTRA_PKG==VER ...]
+# Then start every device command with   source .whl/install.sh && ...   and carry [".whl"].
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+mkdir -p .whl
+mapfile -t pkgs < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' tests/gpu/wheels.txt)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  --platform manylinux1_x86_64 -d .whl "${pkgs[@]}" "$@"
+cat > .whl/install.sh <<'INNER'
+# Sourced on the GPU machine from the project root.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# FlashInfer's JIT cache, brought back by `device_run.sh cache` in 15 MB parts (the device tool returns files of at
+# most 16 MB) and copied into .whl/: joined and unpacked here, so no kernel family compiles on a fresh machine.
+if ls .whl/flashinfer-cache.tgz.part* >/dev/null 2>&1; then
+  mkdir -p ~/.cache && cat .whl/flashinfer-cache.tgz.part* | tar xzf - -C ~/.cache
+fi
+INNER
+du -sh .whl
