@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks in stages that each fit one 10-minute device call; one log ($OUT/run.log), the
 # results JSON and the FlashInfer JIT cache come back (the tool returns at most 8 files).
-#   source .whl/install.sh && bash tests/gpu/device_run.sh tests|bench|e2e [more stages...]
+#   bash tests/gpu/wheels.sh      (once, on the CPU machine: .whl/ holds the wheels the image lacks + install.sh)
+#   source .whl/install.sh && bash tests/gpu/device_run.sh tests|bench|e2e [more stages...]   (carry .whl)
 # Stages (the groups run their parts in this order):
 #   tests = kernels flashinfer engine   GPU tests: fused kernels, attention backends, samplers, engine
 #   bench = decode prefill moe offline  benchmarks/*.py on Llama-3.1-8B / Qwen3-30B-A3B shapes
