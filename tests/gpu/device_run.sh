@@ -14,7 +14,7 @@
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
-# `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.tgz.partNN (15 MB each): copy them into .whl/
+# `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.txz.partNN (xz, 15 MB each): copy them into .whl/
 # and every later call skips FlashInfer's JIT (.whl/install.sh joins and unpacks them). Each part has its own time limit
 # (T_<PART> seconds) so a stuck one cannot eat the call.
 set -u
@@ -150,8 +150,8 @@ part_serving() {
 }
 part_cache() {  # in parts under the tool's 16 MB a file; .whl/install.sh joins them again
   wait_warm
-  tar czf /tmp/flashinfer-cache.tgz -C ~/.cache flashinfer && split -b 15M -d /tmp/flashinfer-cache.tgz \
-    "$OUT/flashinfer-cache.tgz.part" && ls -la "$OUT"/flashinfer-cache.tgz.part* | tee -a "$LOG"
+  tar cf - -C ~/.cache flashinfer | { xz -6 -T0 2>/dev/null || python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(sys.stdin.buffer, lzma.open(sys.stdout.buffer, "w"))'; } > /tmp/flashinfer-cache.txz && split -b 15M -d /tmp/flashinfer-cache.txz \
+    "$OUT/flashinfer-cache.txz.part" && ls -la "$OUT"/flashinfer-cache.txz.part* | tee -a "$LOG"
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1

@@ -16,10 +16,13 @@ cat > .whl/install.sh <<'INNER'
 # Sourced on the GPU machine from the project root.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# FlashInfer's JIT cache, brought back by `device_run.sh cache` in 15 MB parts (the device tool returns files of at
-# most 16 MB) and copied into .whl/: joined and unpacked here, so no kernel family compiles on a fresh machine.
-if ls .whl/flashinfer-cache.tgz.part* >/dev/null 2>&1; then
-  mkdir -p ~/.cache && cat .whl/flashinfer-cache.tgz.part* | tar xzf - -C ~/.cache
+# FlashInfer's JIT cache, brought back by `device_run.sh cache` as xz parts (the device tool returns files of at
+# most 16 MB, and the wheels and the tree must stay under its 64 MiB: xz packs the cache 4x smaller than gzip)
+# and copied into .whl/: joined and unpacked here, so no kernel family compiles on a fresh machine.
+if ls .whl/flashinfer-cache.txz.part* >/dev/null 2>&1; then
+  mkdir -p ~/.cache && cat .whl/flashinfer-cache.txz.part* \
+    | python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
+    | tar xf - -C ~/.cache
 fi
 INNER
 du -sh .whl
