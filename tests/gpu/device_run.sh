@@ -14,7 +14,7 @@
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
-# `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.txz.partNN (xz, 15 MB each): copy them into .whl/
+# `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.txz.partNN (xz, 15 MB each): copy them into tests/gpu/cache/
 # and every later call skips FlashInfer's JIT (.whl/install.sh joins and unpacks them). Each part has its own time limit
 # (T_<PART> seconds) so a stuck one cannot eat the call.
 set -u
