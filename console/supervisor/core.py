@@ -214,6 +214,8 @@ class Supervisor:
                 "profile_path": str(self.resolved.profile.path),
                 "started_at": self.started_at,
                 "clean_exit": clean_exit,
+                # Its servers want an API key: `tokenspeed prometheus` then needs --api-key-file.
+                "keyed": bool(self.monitor.keys),
                 "servers": [u.to_record() for u in self.units.values()],
             },
         )

@@ -237,6 +237,8 @@ def test_grafana_and_prometheus_commands(tmp_path):
     for panel in panels:
         assert panel["targets"] and all("$fleet" in t["expr"] for t in panel["targets"]), panel["title"]
     state_dir = tmp_path / "fleet-x"
+    (tmp_path / "key").write_text("secret\n")
+    (tmp_path / "key").chmod(0o600)
     out = tokenspeed("prometheus", "--state-dir", str(state_dir), "--api-key-file", str(tmp_path / "key"))
     assert out.returncode == 0, out.stderr
     assert str(state_dir / "prometheus" / "servers.json") in out.stdout
@@ -244,7 +246,6 @@ def test_grafana_and_prometheus_commands(tmp_path):
     assert "credentials_file" in out.stdout
     promtool = shutil.which("promtool")
     if promtool:
-        (tmp_path / "key").write_text("secret\n")
         (tmp_path / "p.yml").write_text(out.stdout)
         check = subprocess.run(
             [promtool, "check", "config", str(tmp_path / "p.yml")], capture_output=True, text=True
