@@ -7,6 +7,7 @@ prefix; labels are `model_name` and `dp_rank`, plus `app_key` when `--app-key` i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -242,6 +243,14 @@ class ServerMetrics:
 
     def on_request_received(self, dp_rank: int = 0) -> None:
         self.num_requests.labels(**self._labels(dp_rank)).inc()
+
+    def watch_process_tree(self, child_names: Callable[[], dict[int, str]]) -> None:
+        """Export the CPU and memory of every process of the server, the schedulers included (process_*
+        is the front end's alone); `child_names` gives {pid: name} of the front end's children."""
+        from tokenspeed.runtime.metrics.process_tree import ProcessTreeCollector
+
+        labels = {"model_name": self.model_name, **({"app_key": self.app_key} if self.app_key else {})}
+        self.registry.register(ProcessTreeCollector(PREFIX, labels, child_names))
 
     def set_heartbeat_ages(self, ages: dict[int, float]) -> None:
         for dp_rank, age in ages.items():
