@@ -247,7 +247,12 @@ def prometheus(fleet: str | None, state_dir: str | None, scrape_interval: str, a
             click.echo("error: no fleet has written Prometheus targets yet; start one with `tokenspeed up`, "
                        "or name it with --fleet NAME or --state-dir DIR", err=True)  # fmt: skip
             sys.exit(EXIT_NO_FLEET)
-    click.echo(scrape_configs(roots, scrape_interval, api_key_file), nl=False)
+    try:
+        config = scrape_configs(roots, scrape_interval, api_key_file)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(config, nl=False)
 
 
 @main.command()

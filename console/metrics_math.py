@@ -35,6 +35,9 @@ METRIC_KEYS = (
     # Requests the front end holds (queued, running or streaming), and scheduler steps run so far.
     "in_flight",
     "steps_total",
+    # Seconds since the least recently heard scheduler rank reported to its front end (every second
+    # while it runs, idle or busy): a stopped scheduler shows here with nothing in flight.
+    "heartbeat_age",
     # EPLB balancedness (mean/max tokens per EP rank) of the least balanced MoE layer; None without MoE.
     "balancedness",
 )
@@ -168,6 +171,8 @@ def summarize(new: Scrape, old: Scrape | None = None) -> dict[str, float | None]
     known = [v for v in (new.get("num_requests_inflight"), scheduled) if v is not None]
     out["in_flight"] = max(known) if known else None
     out["steps_total"] = _first(new, "scheduler_steps_total", "scheduler_steps")
+    ages = [v for _labels, v in new.labelled.get("scheduler_heartbeat_age_seconds", [])]
+    out["heartbeat_age"] = max(ages) if ages else None
     per_layer = [v for _labels, v in new.labelled.get("eplb_balancedness", [])]
     out["balancedness"] = min(per_layer) if per_layer else new.get("eplb_balancedness")
     return out

@@ -4,8 +4,11 @@ Names carry the `tokenspeed_fleet:` prefix; per-server series have a `server` la
 target adds `fleet` and `role="supervisor"`):
 
     tokenspeed_fleet:server_state{server,state}          1 for the state the server is in, 0 for the others
+                                                          (the state `tokenspeed status` shows: STALLED too)
     tokenspeed_fleet:server_restarts_total{server,reason} restarts: exit_code | signal | startup_timeout |
-                                                          unhealthy | start_failed | unknown | operator
+                                                          unhealthy | stalled | start_failed | unknown |
+                                                          operator; kept in the state file, so a new
+                                                          supervisor of the fleet counts on from there
     tokenspeed_fleet:server_backoff_seconds{server}      seconds left before a BACKOFF server starts again
     tokenspeed_fleet:server_last_start_time_seconds{server}  Unix time of the server's latest start
     tokenspeed_fleet:health_check_seconds{server}        health-check latency (histogram)
@@ -21,12 +24,12 @@ start without one is an operator's restart.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PREFIX = "tokenspeed_fleet:"
 RESTART_REASONS = (
@@ -34,19 +37,20 @@ RESTART_REASONS = (
     "signal",
     "startup_timeout",
     "unhealthy",
+    "stalled",
     "start_failed",
     "unknown",
     "operator",
 )
-STATES = ("STARTING", "READY", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
+STATES = ("STARTING", "READY", "STALLED", "UNHEALTHY", "BACKOFF", "STOPPING", "STOPPED", "FATAL")
 _HEALTH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def restart_reason(unit: Any) -> str:
     """Why the policy restarts a unit that just failed, from what the unit recorded."""
     exit_info = unit.last_exit
-    if getattr(exit_info, "reason", None) == "unhealthy":
-        return "unhealthy"  # the supervisor stopped a hung server
+    if getattr(exit_info, "reason", None) in ("unhealthy", "stalled"):
+        return exit_info.reason  # the supervisor stopped a hung server
     if (unit.error or "").startswith("not healthy within"):
         return "startup_timeout"
     if exit_info is None or (exit_info.code is None and exit_info.signal is None):
@@ -66,8 +70,9 @@ class _Seen:
 class _UnitGauges:
     """Gauges computed at scrape time from the units, so they can never disagree with the state file."""
 
-    def __init__(self, units: dict[str, Any]):
+    def __init__(self, units: dict[str, Any], state_of: Callable[[Any], str]):
         self.units = units
+        self.state_of = state_of
 
     def describe(self) -> Iterable:
         return []
@@ -92,7 +97,7 @@ class _UnitGauges:
         )
         counts = dict.fromkeys(STATES, 0)
         for name, unit in self.units.items():
-            current = unit.state.value
+            current = self.state_of(unit)
             counts[current] = counts.get(current, 0) + 1
             for s in STATES:
                 state.add_metric([name, s], 1.0 if s == current else 0.0)
@@ -105,18 +110,37 @@ class _UnitGauges:
         return [state, backoff, started, totals]
 
 
+class _RestartCounts:
+    """Restarts by (server, reason), a counter Prometheus reads from a plain dict: the dict is saved in the
+    state file and handed to the next supervisor, so the count does not fall to 0 when the supervisor
+    restarts (the dashboard's "Restarts by reason" agrees with `tokenspeed status`)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], float] = {}
+
+    def inc(self, server: str, reason: str, by: float = 1.0) -> None:
+        self.counts[(server, reason)] = self.counts.get((server, reason), 0.0) + by
+
+    def describe(self) -> Iterable:
+        return []
+
+    def collect(self) -> Iterable:
+        family = CounterMetricFamily(
+            PREFIX + "server_restarts", "Server restarts, by reason.", labels=["server", "reason"]
+        )
+        for (server, reason), value in sorted(self.counts.items()):
+            family.add_metric([server, reason], value)
+        return [family]
+
+
 class FleetMetrics:
-    def __init__(self, units: dict[str, Any]):
+    def __init__(self, units: dict[str, Any], state_of: Callable[[Any], str] | None = None):
         self.units = units
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
-        self.registry.register(_UnitGauges(units))
-        self.restarts = Counter(
-            PREFIX + "server_restarts",
-            "Server restarts, by reason.",
-            ["server", "reason"],
-            registry=self.registry,
-        )
+        self.registry.register(_UnitGauges(units, state_of or (lambda unit: unit.state.value)))
+        self.restarts = _RestartCounts()
+        self.registry.register(self.restarts)
         self.health = Histogram(
             PREFIX + "health_check_seconds",
             "Latency of the supervisor's health checks.",
@@ -136,7 +160,21 @@ class FleetMetrics:
         self.health.labels(server=name)
         self.health_failures.labels(server=name)
         for reason in RESTART_REASONS:
-            self.restarts.labels(server=name, reason=reason)
+            self.restarts.inc(name, reason, 0.0)
+
+    def saved_restarts(self) -> list[list]:
+        """[[server, reason, count], ...] for the state file (only the non-zero counts)."""
+        return [[s, r, n] for (s, r), n in sorted(self.restarts.counts.items()) if n]
+
+    def restore_restarts(self, saved: list | None) -> None:
+        """Counts an earlier supervisor of this fleet saved: this one counts on from them."""
+        for row in saved or []:
+            try:
+                server, reason, count = str(row[0]), str(row[1]), float(row[2])
+            except (IndexError, TypeError, ValueError):
+                continue  # a state file from an older version, or hand-edited: skip what is not a count
+            if server in self.units and count > 0:
+                self.restarts.counts[(server, reason)] = count
 
     def observe(self) -> None:
         """Count the restarts that happened since the last call (called after every state change)."""
@@ -149,15 +187,13 @@ class FleetMetrics:
                 continue
             new_start = unit.started_at is not None and unit.started_at != seen.started_at
             if unit.restarts > seen.restarts:
-                self.restarts.labels(server=name, reason=restart_reason(unit)).inc(
-                    unit.restarts - seen.restarts
-                )
+                self.restarts.inc(name, restart_reason(unit), unit.restarts - seen.restarts)
                 seen.policy_start_due = not new_start
             elif new_start:
                 if seen.policy_start_due:
                     seen.policy_start_due = False
                 elif seen.started_at is not None:
-                    self.restarts.labels(server=name, reason="operator").inc()
+                    self.restarts.inc(name, "operator")
             seen.restarts, seen.started_at = unit.restarts, unit.started_at
 
     def observe_health(self, name: str, seconds: float, ok: bool) -> None:

@@ -7,6 +7,7 @@ The supervisor calls `on_change()` after every state change it saves (start, res
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from console.monitoring import targets
@@ -17,14 +18,14 @@ log = logging.getLogger("tokenspeed.supervisor")
 
 
 class FleetMonitor:
-    def __init__(self, resolved: Any, state_dir, units: dict[str, Any]):
+    def __init__(self, resolved: Any, state_dir, units: dict[str, Any], state_of: Callable[[Any], str] | None = None):
         self.fleet = resolved.profile.fleet.name
         self.units = units
         self.args = {
             spec.name: args for spec, args in zip(resolved.servers, resolved.server_args, strict=True)
         }
         self.files = targets.TargetFiles(state_dir)
-        self.metrics = FleetMetrics(units)
+        self.metrics = FleetMetrics(units, state_of)
         self.keys = frozenset(k for a in resolved.server_args if (k := getattr(a, "api_key", None)))
         self.address: str | None = None
         self._written: dict[str, str] = {}

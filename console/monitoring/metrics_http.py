@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from console.monitoring.targets import host_port
+from tokenspeed.config.api_key import bearer_token
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LOOPBACK = "127.0.0.1"
@@ -28,8 +29,8 @@ LOOPBACK = "127.0.0.1"
 def authorized(request: Request, keys: frozenset[str]) -> bool:
     if not keys:
         return True
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and any(hmac.compare_digest(token, key) for key in keys)
+    token = bearer_token(request.headers.get("authorization", ""))
+    return token is not None and any(hmac.compare_digest(token.encode("latin-1"), key.encode()) for key in keys)
 
 
 def build_app(render: Callable[[], bytes], keys: frozenset[str]) -> Starlette:

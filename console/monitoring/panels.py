@@ -14,6 +14,8 @@ from dataclasses import dataclass
 SERVERS = 'fleet=~"$fleet", server=~"$server", model=~"$model"'
 SUPERVISOR = 'fleet=~"$fleet", server=~"$server"'
 RATE = "[$__rate_interval]"
+# Grafana has no tokens unit; a custom suffix unit (`suffix:<text>`) is how Grafana spells one.
+TOKENS_PER_S = "suffix: tok/s"
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ ROWS: tuple[Row, ...] = (
                     ),
                 ),
                 kind="state-timeline",
-                description="The supervisor's state of each server: STARTING, READY, UNHEALTHY, BACKOFF, ...",
+                description="Each server's state as `tokenspeed status` shows it: STARTING, READY, STALLED (its "
+                "scheduler ran no step or sent no heartbeat), UNHEALTHY, BACKOFF, STOPPING, STOPPED, FATAL.",
             ),
             Panel(
                 "Servers by state",
@@ -83,7 +86,8 @@ ROWS: tuple[Row, ...] = (
                         "{{server}} {{reason}}",
                     ),
                 ),
-                description="Since the supervisor started: exit_code, signal, startup_timeout, unhealthy, start_failed, operator.",
+                description="Restarts of each server by reason (exit_code, signal, startup_timeout, unhealthy, "
+                "stalled, start_failed, unknown, operator); the counts survive supervisor restarts.",
             ),
             Panel(
                 "Backoff before the next start",
@@ -129,7 +133,7 @@ ROWS: tuple[Row, ...] = (
                     _rate("generation_tokens_total", legend="{{server}} generated"),
                     _rate("prompt_tokens_total", legend="{{server}} prompt"),
                 ),  # fmt: skip
-                unit="tokens/s",
+                unit=TOKENS_PER_S,
             ),
             Panel(
                 "Request outcomes",
@@ -199,24 +203,33 @@ ROWS: tuple[Row, ...] = (
                 "CPU",
                 (
                     Query(
-                        'sum by (server, role) (rate(process_cpu_seconds_total{fleet=~"$fleet"}'
-                        + RATE
-                        + "))",
-                        "{{role}} {{server}}",
+                        f"sum by (server, process) (rate(tokenspeed:server_process_cpu_seconds_total{{{SERVERS}}}{RATE}))",
+                        "{{server}} {{process}}",
+                    ),
+                    Query(
+                        f'sum by (fleet) (rate(process_cpu_seconds_total{{fleet=~"$fleet", role="supervisor"}}{RATE}))',
+                        "supervisor {{fleet}}",
                     ),
                 ),
                 unit="percentunit",
-                description="Front-end and supervisor processes (schedulers are their children).",
+                description="CPU of every process of each server (front end, schedulers, DP controller; "
+                "100% is one core), and of the supervisor.",
             ),
             Panel(
                 "Resident memory",
                 (
                     Query(
-                        'sum by (server, role) (process_resident_memory_bytes{fleet=~"$fleet"})',
-                        "{{role}} {{server}}",
+                        f"sum by (server, process) (tokenspeed:server_process_resident_memory_bytes{{{SERVERS}}})",
+                        "{{server}} {{process}}",
+                    ),
+                    Query(
+                        f'sum by (fleet) (process_resident_memory_bytes{{fleet=~"$fleet", role="supervisor"}})',
+                        "supervisor {{fleet}}",
                     ),
                 ),
                 unit="bytes",
+                description="Resident memory of every process of each server (the schedulers hold the model "
+                "and KV pool), and of the supervisor.",
             ),
         ),
     ),

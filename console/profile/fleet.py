@@ -12,6 +12,8 @@ process through CUDA_VISIBLE_DEVICES (a run of `world_size / nnodes` ids from `[
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,9 @@ from console.profile.server import resolve_server, server_fields
 from console.profile.thresholds import parse_thresholds
 from console.profile.toml import ProfileError, RawProfile, did_you_mean, read_profile
 from console.supervisor.load import parse_load
-from tokenspeed.config.api_key import API_KEY_ENV
+from tokenspeed.config.api_key import API_KEY_ENV, others_can_read
+
+log = logging.getLogger("tokenspeed.profile")
 
 __all__ = ["ProfileError", "ResolvedFleet", "load_profile", "resolve_profile", "load_and_resolve"]
 
@@ -189,6 +193,7 @@ def _place(
 def resolve_profile(profile: Profile, platform: Any = None) -> ResolvedFleet:
     """Every server of the fleet, each checked by resolving its ServerArgs like `tokenspeed serve` does."""
     raw = read_profile(profile.path)
+    warn_readable_keys(raw)
     if raw.data.get("groups"):
         return resolve_groups(profile, raw, platform)
     return resolve_servers(profile, raw, profile.fleet, platform)
@@ -270,6 +275,27 @@ def _api_key_env(raw: RawProfile, profile: Profile) -> dict[str, str]:
     elif not isinstance(key, str) or not key:
         raise raw.error("server", "api_key", f"expects a non-empty string, got {key!r}")
     return {API_KEY_ENV: key} if key else {}
+
+
+def warn_readable_keys(raw: RawProfile) -> None:
+    """A key in a profile file others can read is theirs too: said, once per file, not refused (a profile
+    is also shared for its other settings; a key *file* others can read is refused everywhere)."""
+    keyed: dict[Path, str] = {}
+    for (table, key), path in raw.origin.items():
+        if key in ("api_key", API_KEY_ENV):
+            keyed.setdefault(Path(path), f"[{table}] {key}")
+    for path, label in keyed.items():
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        if not others_can_read(mode):
+            continue
+        log.warning(
+            "warning: %s sets %s and is readable by group or others (mode %04o): they can read the API key; "
+            "chmod 600 %s, or keep the key out of the profile (%s in the supervisor's environment)",
+            path, label, mode & 0o777, path, API_KEY_ENV,
+        )  # fmt: skip
 
 
 def load_and_resolve(path: str | Path, platform: Any = None) -> ResolvedFleet:

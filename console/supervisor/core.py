@@ -76,7 +76,10 @@ class Supervisor:
         # The profile's [load] generator, when it has one (set by the daemon, which runs it).
         self.load: LoadGenerator | None = None
         # Prometheus: file_sd targets rewritten on every saved change, and the supervisor's own metrics.
-        self.monitor = FleetMonitor(resolved, paths.root, self.units)
+        # Its server_state is the state `tokenspeed status` shows (STALLED included).
+        self.monitor = FleetMonitor(
+            resolved, paths.root, self.units, lambda unit: views.display_state(self, unit, time.time())
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -130,6 +133,9 @@ class Supervisor:
         previous = statefile.load(self.paths.state_file) or {}
         # After a clean shutdown there is nothing to re-adopt: `up` means every server starts.
         records = {} if previous.get("clean_exit") else {r["name"]: r for r in previous.get("servers", [])}
+        if not previous.get("clean_exit"):
+            # Restart counts by reason go on from the previous supervisor's, as each server's `restarts` do.
+            self.monitor.metrics.restore_restarts(previous.get("restart_counts"))
         for name, record in records.items():
             if name not in self.units:
                 self._kill_leftover(record)
@@ -214,6 +220,9 @@ class Supervisor:
                 "profile_path": str(self.resolved.profile.path),
                 "started_at": self.started_at,
                 "clean_exit": clean_exit,
+                # Its servers want an API key: `tokenspeed prometheus` then needs --api-key-file.
+                "keyed": bool(self.monitor.keys),
+                "restart_counts": self.monitor.metrics.saved_restarts(),
                 "servers": [u.to_record() for u in self.units.values()],
             },
         )
@@ -291,12 +300,13 @@ class Supervisor:
         """Events a scrape reveals: a stall beginning or ending, an expert rebalance."""
         scraped = self.scraped[unit.spec.name]
         stalled = views.stalled_for(self, unit, now)
+        unit.stall_result(stalled, now)  # a stall lasting unhealthy_restart_after_s restarts the server
         if (stalled is not None) != scraped.stall_noted:
             scraped.stall_noted = stalled is not None
             if stalled is not None:
                 in_flight = (scraped.summary or {}).get("in_flight") or 0
-                unit.note(f"STALLED: no scheduler step for {stalled:.0f}s with {in_flight:.0f} request(s) in flight",
-                          "stall")  # fmt: skip
+                unit.note(f"STALLED: no scheduler step or heartbeat for {stalled:.0f}s, {in_flight:.0f} request(s) "
+                          "in flight", "stall")  # fmt: skip
             else:
                 unit.note("the scheduler steps again", "stall")
         after = scraped.rebalances

@@ -2,8 +2,10 @@
 scheduler is making progress.
 
 A server is *stalled* when it has requests in flight but its scheduler has run no step
-(`tokenspeed:scheduler_steps_total` stands still) for `stall_after_s`: its HTTP front end still answers
-/health and /metrics, so nothing else would show it. Progress is judged on the supervisor's clock, at
+(`tokenspeed:scheduler_steps_total` stands still) for `stall_after_s`, or when a scheduler rank has not
+reported to its front end for that long (`tokenspeed:scheduler_heartbeat_age_seconds`; a running rank
+reports every second even when idle): its HTTP front end still answers /metrics, so nothing else would
+show it that soon. Progress is judged on the supervisor's clock, at
 each scrape: the step count changed, or there was nothing to do.
 """
 
@@ -50,10 +52,17 @@ class ServerScrapes:
         return summary
 
     def stalled_for(self, now: float, stall_after_s: float) -> float | None:
-        """Seconds without a scheduler step while requests wait, once past `stall_after_s`; else None."""
-        if stall_after_s <= 0 or self.progress_at is None or self.summary is None:
+        """Seconds the scheduler has been quiet, once past `stall_after_s`; else None. Quiet is no step
+        while requests wait, or (idle or not) no word from a scheduler rank to its front end, which every
+        rank sends at least each second (`tokenspeed:scheduler_heartbeat_age_seconds`)."""
+        if stall_after_s <= 0 or self.summary is None:
             return None
-        if self.summary.get("steps_total") is None or not (self.summary.get("in_flight") or 0) > 0:
-            return None
-        quiet = now - self.progress_at
-        return quiet if quiet >= stall_after_s else None
+        quiet: list[float] = []
+        busy = (self.summary.get("in_flight") or 0) > 0
+        if self.progress_at is not None and self.summary.get("steps_total") is not None and busy:
+            quiet.append(now - self.progress_at)
+        age = self.summary.get("heartbeat_age")
+        if age is not None and self.scraped_at is not None:
+            quiet.append(age + max(now - self.scraped_at, 0.0))
+        longest = max(quiet, default=0.0)
+        return longest if longest >= stall_after_s else None

@@ -1,7 +1,8 @@
 """The life of one supervised server, and what is recorded when its process ends.
 
 STARTING ──health ok──► READY ◄──health ok── UNHEALTHY
-   │                      │  └─health fails─────┘
+   │                      │  └─health fails─────┘   (either, STALLED for unhealthy_restart_after_s:
+   │                      │                          stopped and restarted, reason "stalled")
    │ exits / start timeout│ exits
    ▼                      ▼
 BACKOFF ──delay over──► STARTING            (restart policy allows)
@@ -32,6 +33,7 @@ class State(str, enum.Enum):  # noqa: UP042 - str() keeps the Enum form the stat
 
 # Why the supervisor ended a server itself, or what it knows of an end it did not see.
 REASON_UNHEALTHY = "unhealthy"
+REASON_STALLED = "stalled"  # its scheduler ran no step and sent no heartbeat (console/supervisor/scrapes.py)
 REASON_UNSUPERVISED = "exited while unsupervised; status unknown"
 REASON_ADOPTED = "exit status unknown (started by an earlier supervisor, so not this one's child)"
 
@@ -62,8 +64,8 @@ class ExitInfo:
     @property
     def failed(self) -> bool:
         """Anything but a clean exit 0 counts as a failure for `restart = "on-failure"`; so does the
-        clean exit of a hung server the supervisor stopped."""
-        return self.code != 0 or self.reason == REASON_UNHEALTHY
+        clean exit of a hung or stalled server the supervisor stopped."""
+        return self.code != 0 or self.reason in (REASON_UNHEALTHY, REASON_STALLED)
 
     def to_dict(self) -> dict:
         return asdict(self)

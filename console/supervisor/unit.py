@@ -19,7 +19,7 @@ from console.profile.schema import FleetSpec, ProcessSpec, ServerSpec, Superviso
 from console.supervisor.logfile import supervisor_note
 from console.supervisor.planning import PlanRefused
 from console.supervisor.policy import RestartPolicy
-from console.supervisor.states import REASON_UNHEALTHY, REASON_UNSUPERVISED, ExitInfo, State
+from console.supervisor.states import REASON_STALLED, REASON_UNHEALTHY, REASON_UNSUPERVISED, ExitInfo, State
 
 log = logging.getLogger("tokenspeed.supervisor")
 
@@ -96,6 +96,8 @@ class ServerUnit:
         self.starting_since: float | None = None  # when the current wait for a first healthy answer began
         self.ready_since: float | None = None
         self.unhealthy_since: float | None = None
+        # When its scheduler last made progress, while the scrapes say it is stalled (None: it is not).
+        self.stalled_since: float | None = None
         self.error: str | None = None
         self.health_failures = 0
         self.health_in_flight = False
@@ -163,22 +165,35 @@ class ServerUnit:
             for handle in self.handles:
                 handle.signal_group(signal.SIGKILL)
             self.starting_since = now  # one kill; the exit that follows goes through the restart policy
-        elif self.state == State.READY and self.ready_since is not None:
-            self.policy.note_healthy_since(self.ready_since, now)
-        elif self.state == State.UNHEALTHY and self._hung_too_long(now):
+        elif self.state in (State.READY, State.UNHEALTHY) and (reason := self._hung_reason(now)):
+            since = self.stalled_since if reason == REASON_STALLED else self.unhealthy_since
             limit = self.supervisor.unhealthy_restart_after_s
-            message = f"UNHEALTHY for {now - self.unhealthy_since:.0f}s (unhealthy_restart_after_s={limit:g})"
-            self.note(f"{message}: restarting, reason {REASON_UNHEALTHY}")
+            message = f"{reason.upper()} for {now - since:.0f}s (unhealthy_restart_after_s={limit:g})"
+            self.note(f"{message}: restarting, reason {reason}")
             log.warning("%s: %s: restarting", self.spec.name, message)
-            self._terminate(now, reason=REASON_UNHEALTHY)
+            self._terminate(now, reason=reason)
+        elif self.state == State.READY and self.ready_since is not None and self.stalled_since is None:
+            self.policy.note_healthy_since(self.ready_since, now)
 
-    def _hung_too_long(self, now: float) -> bool:
-        """An UNHEALTHY server past `[supervisor] unhealthy_restart_after_s` (0: never) is healed by a
-        restart, unless the restart policy is "no" (then the operator decides)."""
+    def _hung_reason(self, now: float) -> str | None:
+        """A server STALLED or UNHEALTHY past `[supervisor] unhealthy_restart_after_s` (0: never) is healed
+        by a restart, unless the restart policy is "no" (then the operator decides); "stalled" when the
+        scrapes showed it, as the more precise of the two."""
         limit = self.supervisor.unhealthy_restart_after_s
-        if limit <= 0 or self.unhealthy_since is None or self.policy.policy == "no" or not self.want_running:
-            return False
-        return now - self.unhealthy_since >= limit
+        if limit <= 0 or self.policy.policy == "no" or not self.want_running:
+            return None
+        if self.stalled_since is not None and now - self.stalled_since >= limit:
+            return REASON_STALLED
+        if self.unhealthy_since is not None and now - self.unhealthy_since >= limit:
+            return REASON_UNHEALTHY
+        return None
+
+    def stall_result(self, stalled_s: float | None, now: float) -> None:
+        """What the latest scrape says: quiet for `stalled_s` seconds past the bound, or None (progress)."""
+        if stalled_s is None:
+            self.stalled_since = None
+        elif self.stalled_since is None:
+            self.stalled_since = now - stalled_s
 
     def health_due(self, now: float) -> bool:
         if self.health_in_flight or self.state not in (State.STARTING, State.READY, State.UNHEALTHY):
@@ -255,7 +270,7 @@ class ServerUnit:
             self._after_failure(now, ExitInfo(None, None, now))
             return
         self.started_at = self.starting_since = now
-        self.ready_since = self.unhealthy_since = None
+        self.ready_since = self.unhealthy_since = self.stalled_since = None
         self.health_failures = 0
         self.timers = Timers(next_health_at=now + 0.2)
         pids = ", ".join(str(h.pid) for h in self.handles)

@@ -1,8 +1,9 @@
 """What the control API says about the fleet and each server (the JSON of GET /fleet and /servers/NAME).
 
-A server's `state` is its unit's state, except that a READY server whose scheduler has run no step for
-`[supervisor] stall_after_s` while requests are in flight reads STALLED (its HTTP front end still answers
-health checks, so the state machine alone would say READY). Metrics are only those of the running
+A server's `state` is its unit's state, except that a READY or UNHEALTHY server whose scheduler has run
+no step while requests are in flight, or sent no heartbeat, for `[supervisor] stall_after_s` reads STALLED
+(its HTTP front end still answers, so the state machine alone would say READY). A STALLED server is
+restarted after `unhealthy_restart_after_s` (unit.py). Metrics are only those of the running
 process: a scrape older than the process's start is not shown as its values.
 """
 
@@ -28,7 +29,8 @@ def _current(sup, unit) -> bool:
 
 
 def stalled_for(sup, unit, now: float) -> float | None:
-    if unit.state != State.READY or not _current(sup, unit):
+    # UNHEALTHY too: a stalled server's own /health fails after a while, and STALLED says more.
+    if unit.state not in (State.READY, State.UNHEALTHY) or not _current(sup, unit):
         return None
     return sup.scraped[unit.spec.name].stalled_for(now, sup.resolved.profile.supervisor.stall_after_s)
 

@@ -50,6 +50,7 @@ class Metrics:
     preemptions: float | None = None  # over the window
     in_flight: float | None = None
     steps_total: float | None = None
+    heartbeat_age: float | None = None  # seconds since the least recently heard scheduler rank reported
     balancedness: float | None = None  # EPLB, the least balanced MoE layer (None: no MoE)
 
     @classmethod

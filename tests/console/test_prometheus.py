@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from console.monitoring.targets import TargetFiles
@@ -29,6 +30,7 @@ PROMETHEUS = shutil.which("prometheus")
 DENSE, MOE = "prom-dense-0", "prom-moe-0"
 # What Grafana puts in place of the dashboard's variables ("All" is `.*`).
 RATE_WINDOW = "30s"
+SCRAPE_INTERVAL_S = 1.0
 
 needs_prometheus = pytest.mark.skipif(
     PROMETHEUS is None,
@@ -36,12 +38,21 @@ needs_prometheus = pytest.mark.skipif(
 )
 
 
-def substitute(expr: str, fleet: str) -> str:
+# Grafana's unit ids (packages/grafana-data/src/valueFormats/categories.ts) that a dashboard of this kind
+# may use; custom units are spelled `suffix:<text>` (Grafana's documented form).
+GRAFANA_UNITS = {
+    "short", "none", "percent", "percentunit", "s", "ms", "µs", "ns", "m", "h", "d", "bytes", "decbytes",
+    "bits", "Bps", "binBps", "bps", "reqps", "ops", "cps", "rps", "wps", "iops", "eps", "mps", "recps",
+    "rowsps", "hertz", "locale", "dtdurations", "dthms", "dateTimeAsIso", "dateTimeFromNow",
+}  # fmt: skip
+
+
+def substitute(expr: str, fleet: str, server: str = ".*", model: str = ".*") -> str:
     return (
         expr.replace("$__rate_interval", RATE_WINDOW)
         .replace("$fleet", fleet)
-        .replace("$server", ".*")
-        .replace("$model", ".*")
+        .replace("$server", server)
+        .replace("$model", model)
     )
 
 
@@ -114,7 +125,7 @@ def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_an
     print(f"fleet READY {time.monotonic() - started:.1f}s")
 
     # The scrape config as an operator gets it, at 1 s so the test sees enough samples quickly.
-    config = tokenspeed("prometheus", "--state-dir", str(state_dir), "--scrape-interval", "1s")
+    config = tokenspeed("prometheus", "--state-dir", str(state_dir), "--scrape-interval", f"{SCRAPE_INTERVAL_S:g}s")
     assert config.returncode == 0, config.stderr
     (tmp / "prometheus.yml").write_text(config.stdout)
     port = free_port()
@@ -175,6 +186,29 @@ def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_an
     assert counted["signal"] == 1.0 and counted["operator"] == 0.0, counted  # the one kill -9, by its reason
     print(f"restarted process scraped {time.time() - killed_at:.1f}s after kill -9")
 
+    # The supervisor dies and a new one re-adopts the fleet: its restart counts go on from the old one's
+    # (the dashboard's "Restarts by reason" still says 1, as `tokenspeed status` does).
+    old_supervisor = json.loads((state_dir / "supervisor.pid").read_text())["pid"]
+    old_address = json.loads(files.supervisor.read_text())[0]["targets"][0]
+    psutil.Process(old_supervisor).kill()
+    psutil.Process(old_supervisor).wait(10)
+    again = tokenspeed("up", "-d", str(profile), "--state-dir", str(state_dir), "--timeout", "150", timeout=170)
+    assert again.returncode == 0, again.stdout + again.stderr
+    new_address = wait_until(
+        lambda: (g := json.loads(files.supervisor.read_text())) and g[0]["targets"][0] != old_address
+        and g[0]["targets"][0], 30, "the new supervisor's target",
+    )  # fmt: skip
+
+    def counted_by_new_supervisor() -> dict | None:
+        rows = prom.query(f'tokenspeed_fleet:server_restarts_total{{fleet="prom", server="{DENSE}"}}')
+        mine = {r["metric"]["reason"]: float(r["value"][1]) for r in rows if r["metric"]["instance"] == new_address}
+        return mine or None
+
+    counted = wait_until(counted_by_new_supervisor, 30, "a scrape of the new supervisor")
+    assert counted["signal"] == 1.0, counted
+    status = json.loads(tokenspeed("status", "--json", "--state-dir", str(state_dir)).stdout)
+    assert next(s["restarts"] for s in status["servers"] if s["name"] == DENSE) == 1
+
     # Every query of the shipped dashboard answers with at least one number over this fleet.
     board = json.loads(tokenspeed("grafana").stdout)
     from console.monitoring.grafana import panel_queries
@@ -214,6 +248,46 @@ def test_prometheus_follows_the_fleet_and_answers_every_dashboard_query(fleet_an
     )
     assert check.returncode == 0 and "NO DATA" not in check.stdout, check.stdout + check.stderr
     assert f"{DENSE} READY=1" in check.stdout, check.stdout
+
+    # The CPU and memory panels count every process of a server (its scheduler holds the model), per
+    # server, and follow the $server and $model filters.
+    by_title: dict[str, str] = {}
+    for title, expr in queries:
+        by_title.setdefault(title, expr)  # the servers' query; the supervisor's own comes second
+    memory = prom.query(substitute(by_title["Resident memory"], "prom", server=DENSE))
+    kinds = {r["metric"].get("process"): float(r["value"][1]) for r in memory if "server" in r["metric"]}
+    assert {r["metric"].get("server") for r in memory if "server" in r["metric"]} == {DENSE}, memory
+    assert kinds.get("scheduler", 0) > 50e6 and kinds.get("front_end", 0) > 50e6, kinds
+    dense_pid = next(s["pid"] for s in status["servers"] if s["name"] == DENSE)
+    tree = [psutil.Process(dense_pid), *psutil.Process(dense_pid).children(recursive=True)]
+    actual = sum(p.memory_info().rss for p in tree)
+    assert 0.7 * actual < sum(kinds.values()) < 1.3 * actual, (kinds, actual)
+    for title in ("CPU", "Resident memory"):
+        only_moe = prom.query(substitute(by_title[title], "prom", model="demo-moe"))
+        assert {r["metric"]["server"] for r in only_moe if "server" in r["metric"]} == {MOE}, (title, only_moe)
+
+    # A stopped scheduler: the supervisor says STALLED, and Prometheus has it within one scrape interval.
+    from console.client import SupervisorClient
+
+    dense_url = next(s["url"] for s in status["servers"] if s["name"] == DENSE)
+    scheduler = next(iter(httpx.get(dense_url + "/get_server_info", timeout=10).json()["child_pids"].values()))
+    stalled_query = f'tokenspeed_fleet:server_state{{fleet="prom", server="{DENSE}", state="STALLED"}}'
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        with SupervisorClient(state_dir) as client:
+
+            def supervisor_says_stalled() -> bool:
+                return any(s["name"] == DENSE and s["state"] == "STALLED" for s in client.fleet()["servers"])
+
+            wait_until(supervisor_says_stalled, 30, "the supervisor to say STALLED", poll=0.1)
+        said = time.monotonic()
+        wait_until(lambda: 1.0 in prom.values(stalled_query), 10, "STALLED in Prometheus", poll=0.1)
+        lag = time.monotonic() - said
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    print(f"STALLED in Prometheus {lag:.2f}s after the supervisor said it")
+    assert lag <= SCRAPE_INTERVAL_S + 0.5, lag  # one scrape, and the polling of this test
+    wait_until(lambda: 1.0 in prom.values(ready_query), 30, "READY again once the scheduler runs")
     # A stopped server leaves the targets file, and Prometheus stops scraping it.
     from console.client import SupervisorClient
 
@@ -236,7 +310,16 @@ def test_grafana_and_prometheus_commands(tmp_path):
     assert {p["type"] for p in panels} >= {"timeseries", "heatmap", "state-timeline"}
     for panel in panels:
         assert panel["targets"] and all("$fleet" in t["expr"] for t in panel["targets"]), panel["title"]
+        unit = panel["fieldConfig"]["defaults"]["unit"]
+        assert unit in GRAFANA_UNITS or unit.startswith("suffix:"), (panel["title"], unit)
+    # STALLED is a state the state panel can show; the process panels filter on server and model.
+    assert "STALLED" in next(p for p in panels if p["title"] == "Server state")["description"]
+    for title in ("CPU", "Resident memory"):
+        exprs = [t["expr"] for t in next(p for p in panels if p["title"] == title)["targets"]]
+        assert any("$server" in e and "$model" in e and "server_process_" in e for e in exprs), exprs
     state_dir = tmp_path / "fleet-x"
+    (tmp_path / "key").write_text("secret\n")
+    (tmp_path / "key").chmod(0o600)
     out = tokenspeed("prometheus", "--state-dir", str(state_dir), "--api-key-file", str(tmp_path / "key"))
     assert out.returncode == 0, out.stderr
     assert str(state_dir / "prometheus" / "servers.json") in out.stdout
@@ -244,7 +327,6 @@ def test_grafana_and_prometheus_commands(tmp_path):
     assert "credentials_file" in out.stdout
     promtool = shutil.which("promtool")
     if promtool:
-        (tmp_path / "key").write_text("secret\n")
         (tmp_path / "p.yml").write_text(out.stdout)
         check = subprocess.run(
             [promtool, "check", "config", str(tmp_path / "p.yml")], capture_output=True, text=True

@@ -15,10 +15,27 @@ import stat
 from collections.abc import Mapping
 
 API_KEY_ENV = "TOKENSPEED_API_KEY"
+BEARER = "bearer"
+
+
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, None for any other scheme. The scheme is
+    case-insensitive (RFC 7235 2.1), so `bearer`, `Bearer` and `BEARER` are the same; spaces around the
+    token are not part of it."""
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != BEARER:
+        return None
+    return token.strip() or None
+
+
+def others_can_read(mode: int) -> bool:
+    """A file whose group or others bits are set is not private to its owner."""
+    return bool(mode & 0o077)
 
 
 def read_api_key_file(path: str) -> str:
-    """The key in `path` (one line; surrounding whitespace dropped); ValueError names the fix."""
+    """The key in `path` (one line; surrounding whitespace dropped); ValueError names the fix. Every command
+    that takes --api-key-file reads it here, so a file others can read is refused by each of them."""
     flag = f"--api-key-file {path}"
     try:
         info = os.stat(path)
@@ -28,7 +45,7 @@ def read_api_key_file(path: str) -> str:
         raise ValueError(f"{flag}: cannot be read: {exc.strerror}") from None
     if not stat.S_ISREG(info.st_mode):
         raise ValueError(f"{flag}: not a regular file")
-    if info.st_mode & 0o077:
+    if others_can_read(info.st_mode):
         raise ValueError(
             f"{flag}: mode {stat.S_IMODE(info.st_mode):04o} lets group or others read it; "
             f"a key file must be private to its owner: chmod 600 {path}"

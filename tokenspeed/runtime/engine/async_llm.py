@@ -46,6 +46,7 @@ from tokenspeed.runtime.engine.request_state import (
     TrackedRequest,
 )
 from tokenspeed.runtime.engine.scheduler_client import SchedulerClient
+from tokenspeed.runtime.engine.scheduler_liveness import CHECK_S, SchedulerLiveness, scheduler_timeout
 from tokenspeed.runtime.metrics.collector import FinishedRequestStats, ServerMetrics
 from tokenspeed.sampling_params import SamplingParams
 
@@ -83,6 +84,9 @@ class AsyncLLM:
         self._log = RequestLogger.from_server_args(server_args, tokenizer)
         self._client = SchedulerClient(endpoints, check_alive, asynchronous=True)
         self._recv_task: asyncio.Task | None = None
+        # Which ranks are heard from: a silent one stalls the server (scheduler_liveness.py).
+        self.liveness = SchedulerLiveness(scheduler_timeout())
+        self._watch_task: asyncio.Task | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -93,19 +97,24 @@ class AsyncLLM:
         scheduler process dies meanwhile."""
         self.limits = await self._client.await_ready(expected)
         self.prompts.max_model_len = self.limits.max_model_len
+        self.liveness.start(self.dp_size)
         if self.metrics is not None:
             for g in range(self.dp_size):
                 self.metrics.init_rank(g)
         return self.limits
 
     def start(self) -> None:
-        self._recv_task = asyncio.get_running_loop().create_task(self._recv_loop(), name="async-llm-recv")
+        loop = asyncio.get_running_loop()
+        self._recv_task = loop.create_task(self._recv_loop(), name="async-llm-recv")
+        self._watch_task = loop.create_task(self._watch_ranks(), name="async-llm-liveness")
 
     async def close(self) -> None:
-        if self._recv_task is not None:
-            self._recv_task.cancel()
+        for task in (self._watch_task, self._recv_task):
+            if task is None:
+                continue
+            task.cancel()
             try:
-                await self._recv_task
+                await task
             except (asyncio.CancelledError, Exception):
                 pass
         self._client.close()
@@ -165,6 +174,8 @@ class AsyncLLM:
         (warm-up) run before the server accepts traffic."""
         if not (self.accepting or internal):
             raise ServerUnavailable("the server is not accepting requests (starting up or shutting down)")
+        if self.liveness.stalled is not None:
+            raise ServerUnavailable(self.liveness.stalled)
         self.check_prompt(input_ids, sampling)
         rid = rid or uuid.uuid4().hex
         if rid in self._requests:
@@ -239,6 +250,19 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------ receiving
 
+    async def _watch_ranks(self) -> None:
+        """A rank silent past the timeout stalls the server: what is in flight ends with an error."""
+        while True:
+            await asyncio.sleep(CHECK_S)
+            stalled, changed = self.liveness.check()
+            if not changed:
+                continue
+            if stalled is None:
+                logger.warning("the scheduler responds again: the server is no longer stalled")
+                continue
+            logger.error("%s; failing %d request(s) in flight", stalled, len(self._requests))
+            self.abort_all(RequestFailure(503, "scheduler_stalled", stalled))
+
     async def _recv_loop(self) -> None:
         while True:
             msg = await self._client.areceive()
@@ -247,7 +271,10 @@ class AsyncLLM:
                     now = time.time()
                     for o in msg.outputs:
                         self._on_output(o, now)
+                    if msg.outputs:
+                        self.liveness.heard(msg.outputs[0].dp_rank)
                 elif isinstance(msg, StatsSnapshot):
+                    self.liveness.heard(msg.dp_rank)
                     self.rank_stats[msg.dp_rank] = msg
                     if self.metrics is not None:
                         self.metrics.observe_stats(msg)

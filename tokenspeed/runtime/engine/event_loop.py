@@ -37,6 +37,7 @@ from tokenspeed.runtime.engine.io_struct import (
 )
 from tokenspeed.runtime.engine.process_watchdog import StopFlag, die_with_parent, parent_alive
 from tokenspeed.runtime.engine.rank_info import RankInfo, configure_child_logging
+from tokenspeed.runtime.engine.scheduler_liveness import HEARTBEAT_S
 from tokenspeed.runtime.parallel.rank_engine import PeerEngine, build_rank_engine, needs_group_peers
 
 logger = logging.getLogger("tokenspeed.scheduler")
@@ -241,8 +242,9 @@ def _send_stats(engine: EngineProtocol, info: RankInfo, out: zmq.Socket, load: z
     if due_front:
         key = (snap.num_running, snap.num_waiting, snap.kv_pages_used, snap.prefix_cache_queries,
                snap.num_preemptions, snap.gen_throughput, snap.eplb_rebalances)  # fmt: skip
-        # While idle and unchanged there is nothing new to say; a change (like KV freed) goes out at once.
-        if key != pacer.last_key or pacer.iteration_tokens:
+        # While idle and unchanged there is nothing new to say but "alive" (the front end's heartbeat,
+        # scheduler_liveness.py); a change (like KV freed) goes out at once.
+        if key != pacer.last_key or pacer.iteration_tokens or now - pacer.last_frontend >= HEARTBEAT_S:
             pacer.last_frontend = now
             pacer.last_key = key
             snap.iteration_tokens = pacer.iteration_tokens

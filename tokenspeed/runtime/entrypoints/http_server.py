@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tokenspeed.config.api_key import bearer_token
 from tokenspeed.config.support_check import assess
 from tokenspeed.runtime.entrypoints.http_outcomes import ResponseOutcomes
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
@@ -37,14 +38,15 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in _OPEN_PATHS:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
-        given = headers.get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
+        # The scheme in any case (RFC 7235), as the supervisor's own metrics route accepts it.
+        token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
+        if token is None or not hmac.compare_digest(token.encode("latin-1"), self.expected):
             response = APIError(401, "invalid or missing API key: send Authorization: Bearer <key>",
                                 code="invalid_api_key").response()  # fmt: skip
             return await response(scope, receive, send)

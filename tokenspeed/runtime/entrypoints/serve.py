@@ -237,6 +237,8 @@ async def _run_head(server_args: ServerArgs) -> int:
     try:
         procs.start()
         state.child_pids = procs.pids()
+        if metrics is not None:
+            metrics.watch_process_tree(lambda: {pid: name for name, pid in state.child_pids.items()})
         try:
             await llm.wait_ready(server_args.mapping.world_size)
         except ChildDied as exc:

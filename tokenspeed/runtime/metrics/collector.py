@@ -7,6 +7,7 @@ prefix; labels are `model_name` and `dp_rank`, plus `app_key` when `--app-key` i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -150,6 +151,11 @@ class ServerMetrics:
         # Scheduler steps run (rank 0 of each DP rank): a server with requests whose count stands still is
         # stalled, whatever its other gauges say.
         self.scheduler_steps = counter("scheduler_steps", "Scheduler steps run (batches computed).")
+        # Seconds since the rank last reported (it reports at least every second, idle or busy): a stopped
+        # or hung scheduler shows here even with nothing in flight (scheduler_liveness.py).
+        self.heartbeat_age = gauge(
+            "scheduler_heartbeat_age_seconds", "Seconds since the scheduler rank last reported to the front end."
+        )
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
         self.tpot = histogram(
@@ -199,7 +205,7 @@ class ServerMetrics:
                        self.cached_tokens, self.num_requests, self.num_requests_running,
                        self.num_requests_waiting, self.gen_throughput, self.kv_cache_usage,
                        self.kv_cache_total_tokens, self.kv_cache_used_tokens, self.num_requests_inflight,
-                       self.scheduler_steps,
+                       self.scheduler_steps, self.heartbeat_age,
                        self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e, self.queue_time,
                        self.prefill_time, self.decode_time, self.inference_time, self.request_prompt_tokens,
                        self.request_generation_tokens):  # fmt: skip
@@ -237,6 +243,18 @@ class ServerMetrics:
 
     def on_request_received(self, dp_rank: int = 0) -> None:
         self.num_requests.labels(**self._labels(dp_rank)).inc()
+
+    def watch_process_tree(self, child_names: Callable[[], dict[int, str]]) -> None:
+        """Export the CPU and memory of every process of the server, the schedulers included (process_*
+        is the front end's alone); `child_names` gives {pid: name} of the front end's children."""
+        from tokenspeed.runtime.metrics.process_tree import ProcessTreeCollector
+
+        labels = {"model_name": self.model_name, **({"app_key": self.app_key} if self.app_key else {})}
+        self.registry.register(ProcessTreeCollector(PREFIX, labels, child_names))
+
+    def set_heartbeat_ages(self, ages: dict[int, float]) -> None:
+        for dp_rank, age in ages.items():
+            self.heartbeat_age.labels(**self._labels(dp_rank)).set(age)
 
     def set_inflight(self, n: int, dp_rank: int = 0) -> None:
         self.num_requests_inflight.labels(**self._labels(dp_rank)).set(n)

@@ -24,6 +24,11 @@ router = new_router()
 async def health(state: Server) -> Response:
     if not state.ready:
         return JSONResponse({"status": state.status}, status_code=503)
+    # A hung scheduler leaves this process answering: without this the server would look healthy while
+    # every request waits for ever (tokenspeed/runtime/engine/scheduler_liveness.py).
+    stalled = state.llm.liveness.stalled
+    if stalled is not None:
+        return JSONResponse({"status": "stalled", "message": stalled}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
@@ -73,6 +78,7 @@ async def metrics(state: Server) -> Response:
 
     # Read at scrape time: requests held by the front end, wherever they are (queued, running, streaming).
     state.metrics.set_inflight(state.llm.num_inflight)
+    state.metrics.set_heartbeat_ages(state.llm.liveness.ages())
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 
@@ -105,6 +111,7 @@ def server_info(state: ServerState) -> dict[str, Any]:
         "max_req_input_len": limits.max_req_input_len if limits else None,
         "max_model_len": limits.max_model_len if limits else None,
         "num_inflight_requests": state.llm.num_inflight,
+        "scheduler_stalled": state.llm.liveness.stalled,
         "internal_states": ranks,
     }
 
