@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
-from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
+from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, field_of
 from tokenspeed.runtime.entrypoints.openai.logprob_format import input_logprobs
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
@@ -132,7 +132,7 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
         raise bad_request(
             "sampling_params must be an object or one object per prompt", param="sampling_params"
         )
-    want_logprobs = bool(body.get("return_logprob", False))
+    want_logprobs = _flag(body, "return_logprob")
     check_logprobs(state, want_logprobs)
     out = []
     for r in raws:
@@ -156,10 +156,25 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
             p.verify()
             if p.n > _MAX_N:
                 raise ValueError(f"n must be between 1 and {_MAX_N}, got {p.n}")
+            if p.max_new_tokens is not None and p.min_new_tokens > p.max_new_tokens:
+                raise ValueError(
+                    f"min_new_tokens ({p.min_new_tokens}) is more than max_new_tokens ({p.max_new_tokens})"
+                )
         except (TypeError, ValueError) as exc:
-            raise bad_request(f"sampling_params: {exc}", param="sampling_params") from exc
+            field = field_of(str(exc))
+            raise bad_request(
+                f"sampling_params: {exc}", param=f"sampling_params.{field}" if field else "sampling_params"
+            ) from exc
         out.append(p)
     return out
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    """A true/false field, strictly: `"yes"` or 1 is a 400, not a guess."""
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false, got {value!r}", param=name)
+    return value
 
 
 # What /generate reads; SGLang's other fields (lora_path, return_text_in_logprobs, image_data,
@@ -181,8 +196,11 @@ async def generate(state: ServerState, body: dict[str, Any], request: Request) -
         )
     # Parameters first: a mistake there is answered before any prompt is tokenized.
     params = _params(state, body, _prompt_count(body))
-    prompts, batched = await _prompts(state, body)
-    stream = bool(body.get("stream", False))
+    try:
+        prompts, batched = await _prompts(state, body)
+    except ValueError as exc:  # text or ids the context cannot hold, invalid text: a 400 naming the field
+        raise translate_errors(exc) from exc
+    stream = _flag(body, "stream")
     rids = body.get("rid")
     if rids is not None and not (
         isinstance(rids, str) or (isinstance(rids, list) and all(isinstance(r, str) and r for r in rids))

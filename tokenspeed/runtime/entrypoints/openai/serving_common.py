@@ -17,7 +17,13 @@ from tokenspeed.runtime.engine.async_llm import SequenceOutput, ServerUnavailabl
 from tokenspeed.runtime.engine.prompt_check import PromptTooLong
 from tokenspeed.runtime.engine.prompt_encoder import InvalidText, TextTooLong
 from tokenspeed.runtime.engine.request_state import RequestFailure
-from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, model_not_found, unavailable
+from tokenspeed.runtime.entrypoints.openai.errors import (
+    APIError,
+    bad_request,
+    field_of,
+    model_not_found,
+    unavailable,
+)
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 from tokenspeed.sampling_params import SamplingParams
 
@@ -86,7 +92,7 @@ def translate_errors(exc: BaseException) -> APIError:
     if isinstance(exc, InvalidText):
         return bad_request(str(exc), param=exc.param)
     if isinstance(exc, ValueError):
-        return bad_request(str(exc))
+        return bad_request(str(exc), param=getattr(exc, "param", None) or field_of(str(exc)))
     logger.exception("request failed", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
