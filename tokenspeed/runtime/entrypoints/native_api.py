@@ -158,7 +158,7 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
                 raise ValueError(f"n must be between 1 and {_MAX_N}, got {p.n}")
             if p.max_new_tokens is not None and p.min_new_tokens > p.max_new_tokens:
                 raise ValueError(
-                    f"min_new_tokens ({p.min_new_tokens}) is more than max_new_tokens ({p.max_new_tokens})"
+                    f"min_new_tokens must be at most max_new_tokens ({p.max_new_tokens}), got {p.min_new_tokens}"
                 )
         except (TypeError, ValueError) as exc:
             field = field_of(str(exc))
