@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
+from tokenspeed.runtime.entrypoints.admission import admit
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, field_of
 from tokenspeed.runtime.entrypoints.openai.logprob_format import input_logprobs
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
@@ -29,6 +30,7 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     sse,
     start_sequences,
     tokenize,
+    tokenize_all,
     translate_errors,
     unless_disconnected,
 )
@@ -116,12 +118,12 @@ async def _prompts(state: ServerState, body: dict[str, Any]) -> tuple[list[list[
         if isinstance(text, str):
             return [await tokenize(state, text, "text")], False
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            return [await tokenize(state, t, "text") for t in text], True
+            return await tokenize_all(state, text, "text"), True
         raise bad_request("text must be a string or a non-empty list of strings", param="text")
     if isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids):
         return [await tokenize(state, list(input_ids), "input_ids")], False
     if isinstance(input_ids, list) and input_ids and all(isinstance(t, list) for t in input_ids):
-        return [await tokenize(state, list(t), "input_ids") for t in input_ids], True
+        return await tokenize_all(state, [list(t) for t in input_ids], "input_ids"), True
     raise bad_request("input_ids must be a list of token ids or a list of such lists", param="input_ids")
 
 
@@ -207,6 +209,7 @@ async def generate(state: ServerState, body: dict[str, Any], request: Request) -
     ):
         raise bad_request("rid must be a string or a list of strings", param="rid")
     base_rid = rids if isinstance(rids, str) else new_id("gen")
+    admit(state, sum(p.n for p in params), sum(len(ids) * p.n for ids, p in zip(prompts, params, strict=True)))
     gens = []
     gen_prompts: list[tuple[list[int], int]] = []  # per sequence, its prompt's token ids, logprob_start_len
     try:
