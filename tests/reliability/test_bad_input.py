@@ -79,7 +79,7 @@ OUT_OF_RANGE = [
     ("/v1/chat/completions", _chat(stop_token_ids=[-3]), "stop_token_ids"),
     ("/generate", _generate({"top_k": 2**70}), "top_k"),
     ("/generate", _generate({"max_new_tokens": "many"}), "max_new_tokens"),
-    ("/generate", _generate({"n": 10**6}), "n must be"),
+    ("/generate", _generate({"n": 10**6}), "sampling_params.n"),
 ]
 
 

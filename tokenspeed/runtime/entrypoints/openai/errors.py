@@ -51,7 +51,7 @@ class APIError(Exception):
 # A message that starts with a field path ("stop: ...", "n must be ...", "tools[0].function.name: ...").
 _LEADING_FIELD = re.compile(r"([a-z_]+)((?:\[\d+\]|\.[A-Za-z_]\w*)*)(?::| must | is | and )")
 # The request fields (OpenAI's, vLLM's and SGLang's spellings) a message may start with; anything else
-# ("the prompt is empty: ...") names no field.
+# ("the server is ...") names no field.
 _REQUEST_FIELDS = frozenset(
     {
         "model", "prompt", "messages", "n", "best_of", "suffix", "echo", "stream", "stream_options",
