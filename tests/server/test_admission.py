@@ -21,7 +21,7 @@ from tests.server.conftest import SERVED_NAME
 from tests.server.server_proc import served
 
 MAX_SEQS = 8
-MAX_QUEUED = 6
+MAX_QUEUED = 10
 # A loaded two-core CI machine: far below the 1 to 2.6 s these bodies used to stall a stream.
 MAX_GAP_S = 0.6
 
@@ -89,25 +89,27 @@ def test_at_the_limit_is_served(limited):
 
 
 def test_past_the_admission_limit_is_503_with_retry_after(limited):
-    hold = {"model": SERVED_NAME, "prompt": "Once", "n": 4, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    hold = {"model": SERVED_NAME, "prompt": "Once", "n": MAX_SEQS, "max_tokens": 500, "ignore_eos": True}
     more = {"model": SERVED_NAME, "prompt": "Hi", "n": 3, "max_tokens": 2}
+    holder = threading.Thread(target=_post, args=(limited, "/v1/completions", hold), daemon=True)
+    holder.start()
     with httpx.Client(base_url=limited.url, headers=limited.headers, timeout=120) as c:
-        with c.stream("POST", "/v1/completions", json=hold) as stream:
-            assert stream.status_code == 200
-            next(stream.iter_lines())  # its 4 sequences are held now
-            started = time.monotonic()
-            r = c.post("/v1/completions", json=more)
-            assert time.monotonic() - started < 5
-            assert r.status_code == 503, r.text
-            assert r.headers.get("retry-after"), r.headers
-            error = r.json()["error"]
-            assert error["code"] == "server_overloaded" and "--max-queued-requests" in error["message"], error
-            # what still fits is served meanwhile
-            assert c.post("/v1/completions", json={**more, "n": 2}).status_code == 200
-    # the stream is gone (closed by the client): the same request is admitted again
-    deadline = time.monotonic() + 30
-    while (r := _post(limited, "/v1/completions", more)).status_code == 503 and time.monotonic() < deadline:
-        time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while c.get("/get_server_info").json()["num_inflight_requests"] < MAX_SEQS:
+            assert time.monotonic() < deadline, "the holding request never started"
+            time.sleep(0.02)
+        # its 8 sequences are held now: 3 more do not fit, 2 do
+        started = time.monotonic()
+        r = c.post("/v1/completions", json=more)
+        assert time.monotonic() - started < 5
+        assert r.status_code == 503, r.text
+        assert r.headers.get("retry-after"), r.headers
+        error = r.json()["error"]
+        assert error["code"] == "server_overloaded" and "--max-queued-requests" in error["message"], error
+        assert c.post("/v1/completions", json={**more, "n": 2}).status_code == 200
+    holder.join(timeout=120)
+    # the holding request is done: the same request is admitted
+    r = _post(limited, "/v1/completions", more)
     assert r.status_code == 200, r.text
 
 

@@ -27,6 +27,13 @@ def admit(state: ServerState, sequences: int, tokens: int) -> None:
     its admission limits: 503 (retry later) or, for a request too large even for an idle server, 400."""
     max_seqs = state.server_args.max_queued_requests
     max_tokens = queued_token_limit(state)
+    if sequences > max_seqs:
+        raise bad_request(
+            f"the request asks for {sequences} sequences (prompts x n); this server holds at most {max_seqs} "
+            "at once (--max-queued-requests): split the request",
+            param="n",
+            code="too_many_prompts",
+        )
     if max_tokens is not None and tokens > max_tokens:
         raise bad_request(
             f"the request's prompts hold {tokens} tokens (x n); this server holds at most {max_tokens} "
