@@ -118,7 +118,7 @@ def _window(args, base_url: str, headers: dict, load: str | None) -> dict:
     victim.join(timeout=60)
     gaps = _gaps(times, since, until)
     by_shape = {}
-    for kind in dict.fromkeys(a["kind"] for a in answers):
+    for kind in dict.fromkeys(a["kind"] for a in answers if load == "shapes"):
         mine = [a for a in answers if a["kind"] == kind]
         spans = [g for a in mine for g in _gaps(times, a.pop("_since"), a.pop("_until"))]
         by_shape[kind] = {"max_gap_ms": round(max(spans) * 1000, 1) if spans else None, "answers": mine}

@@ -61,6 +61,9 @@ class BodyParser:
             return tuple(msgpack.unpackb(payload, raw=False, strict_map_key=False))  # type: ignore[return-value]
         raise AssertionError("unreachable")
 
+    async def start(self) -> None:
+        await self._process()
+
     async def _process(self) -> asyncio.subprocess.Process:
         if self._proc is None or self._proc.returncode is not None:
             self._proc = await asyncio.create_subprocess_exec(
