@@ -74,12 +74,12 @@ OUT_OF_RANGE = [
     ("/generate", _generate({"seed": 2**80}), "seed"),
     ("/v1/completions", _completion(seed=-(2**64)), "seed"),
     ("/v1/completions", _completion(top_k=2**70), "top_k"),
-    ("/v1/completions", _completion(min_tokens=2**70), "min_new_tokens"),
+    ("/v1/completions", _completion(min_tokens=2**70), "min_tokens"),
     ("/v1/completions", _completion(stop_token_ids=[2**70]), "stop_token_ids"),
     ("/v1/chat/completions", _chat(stop_token_ids=[-3]), "stop_token_ids"),
     ("/generate", _generate({"top_k": 2**70}), "top_k"),
     ("/generate", _generate({"max_new_tokens": "many"}), "max_new_tokens"),
-    ("/generate", _generate({"n": 10**6}), "n must be"),
+    ("/generate", _generate({"n": 10**6}), "sampling_params.n"),
 ]
 
 

@@ -232,6 +232,24 @@ _LOGGING_FLAGS: tuple[FlagRow, ...] = (
         "Largest HTTP request body accepted, in bytes (default 4 MiB); a larger one is answered 413 before "
         "it is read. A TokenSpeed flag, not in the upstream set.",
     ),
+    Opt(
+        "--max-sequences-per-request",
+        int,
+        "Most sequences (prompts x n) one request may ask for (default 1024); a larger request is answered "
+        "400 naming the field, before any prompt is tokenized. A TokenSpeed flag, not in the upstream set.",
+    ),
+    Opt(
+        "--max-queued-requests",
+        int,
+        "Most sequences the server holds at once, waiting or running (default 4096); a request past it is "
+        "answered 503 with Retry-After. A TokenSpeed flag, not in the upstream set.",
+    ),
+    Opt(
+        "--max-queued-tokens",
+        int,
+        "Most prompt tokens the server holds at once (default 8x the KV cache); a request past it is "
+        "answered 503 with Retry-After. A TokenSpeed flag, not in the upstream set.",
+    ),
     Switch("--enable-cache-report", "Report cached prompt tokens in usage.prompt_tokens_details."),
     Opt(
         "--kv-events-config",

@@ -103,6 +103,11 @@ class ServerArgs:
     api_key: str | None = None
     # Largest HTTP request body accepted (TokenSpeed's own flag): bigger ones get 413 before being read.
     max_request_bytes: int = 4 * 1024 * 1024
+    # TokenSpeed's own admission bounds: sequences (prompts x n) one request may ask for, and what the
+    # server holds at once (sequences, prompt tokens; None: 8x the KV cache) before answering 503.
+    max_sequences_per_request: int = 1024
+    max_queued_requests: int = 4096
+    max_queued_tokens: int | None = None
     enable_cache_report: bool = False
     kv_events_config: str | None = None
 

@@ -158,6 +158,9 @@ SUPPORT: dict[str, Support] = {
     # API
     "api_key": _impl("server/test_openai_api.py"),
     "max_request_bytes": _impl("reliability/test_stalls.py"),
+    "max_sequences_per_request": _impl("server/test_admission.py"),
+    "max_queued_requests": _impl("server/test_admission.py"),
+    "max_queued_tokens": _impl("server/test_admission.py"),
     "enable_cache_report": _impl("server/test_openai_api.py"),
     "kv_events_config": _refused("KV cache events are not published by this build", "drop --kv-events-config"),
     # Data parallelism

@@ -39,6 +39,9 @@ _POSITIVE_FIELDS = (
     "max_model_len",
     "weight_loader_prefetch_num_threads",
     "max_request_bytes",
+    "max_sequences_per_request",
+    "max_queued_requests",
+    "max_queued_tokens",
 )
 
 

@@ -81,6 +81,7 @@ class AsyncLLM:
         self.rank_stats: dict[int, StatsSnapshot] = {}
         self.accepting = False
         self._requests: dict[str, TrackedRequest] = {}
+        self.inflight_tokens = 0  # prompt tokens of the requests in flight (the HTTP admission limit)
         self._log = RequestLogger.from_server_args(server_args, tokenizer)
         self._client = SchedulerClient(endpoints, check_alive, asynchronous=True)
         self._recv_task: asyncio.Task | None = None
@@ -193,6 +194,7 @@ class AsyncLLM:
         # Registered from here on: whatever happens next, the `finally` below removes the request (a
         # failure to send it included), so nothing is left in flight for ever.
         self._requests[rid] = req
+        self.inflight_tokens += len(input_ids)
         self._idle.clear()
         failure: RequestFailure | None = None
         try:
@@ -238,7 +240,9 @@ class AsyncLLM:
         return True
 
     def _forget(self, rid: str) -> None:
-        self._requests.pop(rid, None)
+        req = self._requests.pop(rid, None)
+        if req is not None:
+            self.inflight_tokens -= len(req.input_ids)
         if not self._requests:
             self._idle.set()
 

@@ -38,7 +38,7 @@ def limits_from_ready(ready: Sequence[ReadyMessage]) -> ModelLimits:
 
 def check_not_empty(ids: list[int]) -> None:
     if not ids:
-        raise ValueError("the prompt is empty: send at least one token")
+        raise ValueError("prompt: it is empty; send at least one token")
 
 
 def check_fits(num_tokens: int, limits: ModelLimits) -> None:

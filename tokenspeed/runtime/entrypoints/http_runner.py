@@ -179,6 +179,9 @@ async def _warm_up(server: DrainingServer, state: ServerState, warmups: list[str
         return
     if state.status == DRAINING:
         return
+    # Forking a process that has grown to its serving size takes a while: done before traffic, not with the
+    # first large body (the streams of that moment would pause for it).
+    await state.bodies.start()
     state.status = READY
     state.llm.accepting = True
     logger.info(

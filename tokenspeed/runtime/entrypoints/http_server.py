@@ -8,6 +8,7 @@ schema of every route, included). Errors are OpenAI-style bodies (`openai.errors
 from __future__ import annotations
 
 import hmac
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +32,24 @@ from tokenspeed.runtime.entrypoints.routes import (
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 
 _OPEN_PATHS = ("/health",)
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|[a-z-]+\[.*\])$")
+
+
+def field_path(loc: tuple) -> str:
+    """A validation error's location as the client writes it: `messages[0].role`."""
+    path = ""
+    for part in loc:
+        if part == "body" and not path:
+            continue
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not path:
+            path = str(part)
+        elif _UNION_MEMBER.match(str(part)):
+            continue  # pydantic's name of a union member it tried, not a field of the body
+        else:
+            path += f".{part}"
+    return path
 
 
 class ApiKeyMiddleware:
@@ -95,10 +114,12 @@ def build_app(state: ServerState) -> FastAPI:
             return bad_request(
                 f"the body is not valid JSON: {reason}: character {where}", code="invalid_json"
             ).response()
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return bad_request(
-            f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(exc), param=loc or None
-        ).response()
+        loc = field_path(first.get("loc", ()))
+        if not loc:
+            # the body as a whole: never str(exc), which carries the handler's source file and line
+            what = "is empty" if first.get("type") == "missing" else "must be a JSON object"
+            return bad_request(f"the body {what}: send the request's fields as a JSON object").response()
+        return bad_request(f"{loc}: {first.get('msg', 'invalid request')}", param=loc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -17,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
-from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request
+from tokenspeed.runtime.entrypoints.admission import admit
+from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, field_of
 from tokenspeed.runtime.entrypoints.openai.logprob_format import input_logprobs
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
@@ -29,6 +30,7 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     sse,
     start_sequences,
     tokenize,
+    tokenize_all,
     translate_errors,
     unless_disconnected,
 )
@@ -116,12 +118,12 @@ async def _prompts(state: ServerState, body: dict[str, Any]) -> tuple[list[list[
         if isinstance(text, str):
             return [await tokenize(state, text, "text")], False
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-            return [await tokenize(state, t, "text") for t in text], True
+            return await tokenize_all(state, text, "text"), True
         raise bad_request("text must be a string or a non-empty list of strings", param="text")
     if isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids):
         return [await tokenize(state, list(input_ids), "input_ids")], False
     if isinstance(input_ids, list) and input_ids and all(isinstance(t, list) for t in input_ids):
-        return [await tokenize(state, list(t), "input_ids") for t in input_ids], True
+        return await tokenize_all(state, [list(t) for t in input_ids], "input_ids"), True
     raise bad_request("input_ids must be a list of token ids or a list of such lists", param="input_ids")
 
 
@@ -132,7 +134,7 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
         raise bad_request(
             "sampling_params must be an object or one object per prompt", param="sampling_params"
         )
-    want_logprobs = bool(body.get("return_logprob", False))
+    want_logprobs = _flag(body, "return_logprob")
     check_logprobs(state, want_logprobs)
     out = []
     for r in raws:
@@ -156,10 +158,25 @@ def _params(state: ServerState, body: dict[str, Any], count: int) -> list[Sampli
             p.verify()
             if p.n > _MAX_N:
                 raise ValueError(f"n must be between 1 and {_MAX_N}, got {p.n}")
+            if p.max_new_tokens is not None and p.min_new_tokens > p.max_new_tokens:
+                raise ValueError(
+                    f"min_new_tokens must be at most max_new_tokens ({p.max_new_tokens}), got {p.min_new_tokens}"
+                )
         except (TypeError, ValueError) as exc:
-            raise bad_request(f"sampling_params: {exc}", param="sampling_params") from exc
+            field = field_of(str(exc))
+            raise bad_request(
+                f"sampling_params: {exc}", param=f"sampling_params.{field}" if field else "sampling_params"
+            ) from exc
         out.append(p)
     return out
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    """A true/false field, strictly: `"yes"` or 1 is a 400, not a guess."""
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false, got {value!r}", param=name)
+    return value
 
 
 # What /generate reads; SGLang's other fields (lora_path, return_text_in_logprobs, image_data,
@@ -181,14 +198,18 @@ async def generate(state: ServerState, body: dict[str, Any], request: Request) -
         )
     # Parameters first: a mistake there is answered before any prompt is tokenized.
     params = _params(state, body, _prompt_count(body))
-    prompts, batched = await _prompts(state, body)
-    stream = bool(body.get("stream", False))
+    try:
+        prompts, batched = await _prompts(state, body)
+    except ValueError as exc:  # text or ids the context cannot hold, invalid text: a 400 naming the field
+        raise translate_errors(exc) from exc
+    stream = _flag(body, "stream")
     rids = body.get("rid")
     if rids is not None and not (
         isinstance(rids, str) or (isinstance(rids, list) and all(isinstance(r, str) and r for r in rids))
     ):
         raise bad_request("rid must be a string or a list of strings", param="rid")
     base_rid = rids if isinstance(rids, str) else new_id("gen")
+    admit(state, sum(p.n for p in params), sum(len(ids) * p.n for ids, p in zip(prompts, params, strict=True)))
     gens = []
     gen_prompts: list[tuple[list[int], int]] = []  # per sequence, its prompt's token ids, logprob_start_len
     try:

@@ -1,15 +1,15 @@
-"""What a request body must be before any handler sees it: at most `--max-request-bytes`, and JSON whose
-text is valid Unicode.
+"""What a request body must be before any handler sees it: at most `--max-request-bytes`, JSON whose text
+is valid Unicode, and a shape the server can serve (`request_shape`: prompt and message counts, nesting).
 
 The size is checked as the body arrives: a declared `Content-Length` over the limit is answered 413 at
 once, without reading the body; a body without one is cut off once it passes the limit. A body that
-parses is walked once for lone surrogates (`"\\ud800"` is valid JSON but not text any tokenizer or
-response can carry), so the client is told which field is wrong instead of getting a 500 later.
+parses (off the event loop when large: `body_parser`) is checked for lone surrogates (`"\\ud800"` is valid
+JSON but not text any tokenizer or response can carry), so the client is told which field is wrong instead
+of getting a 500 later.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi.routing import APIRoute
@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenspeed.runtime.engine.prompt_encoder import InvalidText, check_unicode
 from tokenspeed.runtime.entrypoints.openai.errors import APIError
+from tokenspeed.runtime.entrypoints.request_shape import ShapeError
 
 # A body declared this much over the limit is not read at all (the connection is closed after the 413);
 # a smaller one is read and dropped, so that a client still sending it gets to read the 413.
@@ -93,37 +93,21 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def parse_json(body: bytes) -> Any:
-    """The body as JSON; BodyRefused (400) for text that is not UTF-8 or not valid Unicode.
-    A syntax error is left as json.JSONDecodeError, which FastAPI reports with its position."""
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
-        raise
-    except UnicodeDecodeError as exc:
-        raise BodyRefused(400, f"the body is not UTF-8 text: {exc}", code="invalid_json") from exc
-    except (ValueError, RecursionError) as exc:
-        raise BodyRefused(
-            400, f"the body is not JSON this server can read: {exc}", code="invalid_json"
-        ) from exc
-    try:
-        check_unicode(value, "")
-    except InvalidText as exc:
-        raise BodyRefused(400, str(exc), code="invalid_text", param=exc.param) from exc
-    except RecursionError as exc:
-        raise BodyRefused(400, "the body is nested too deeply", code="invalid_json") from exc
-    return value
-
-
 class CheckedRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = parse_json(await self.body())
+            body = await self.body()
+            state = self.scope["app"].state.server
+            try:
+                self._json = await state.bodies.parse(self.scope["path"], body, state.shape_limits())
+            except ShapeError as exc:
+                raise BodyRefused(exc.status, str(exc), code=exc.code, param=exc.param) from None
         return self._json
 
 
 class CheckedRoute(APIRoute):
-    """Routes whose handlers (and FastAPI's own body parsing) read JSON through `parse_json`."""
+    """Routes whose handlers (and FastAPI's own body parsing) read JSON through `body_parser`: syntax,
+    shape (`request_shape`) and valid text checked before any handler sees it."""
 
     def get_route_handler(self):
         handler = super().get_route_handler()

@@ -9,6 +9,8 @@ from typing import Any
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.async_llm import AsyncLLM
+from tokenspeed.runtime.entrypoints.body_parser import BodyParser
+from tokenspeed.runtime.entrypoints.request_shape import ShapeLimits
 from tokenspeed.runtime.metrics.collector import ServerMetrics
 
 STARTING, READY, DRAINING = "starting", "ready", "draining"
@@ -26,6 +28,7 @@ class ServerState:
     started_at: float = field(default_factory=time.time)
     child_pids: dict[str, int] = field(default_factory=dict)
     grammar: Any = None  # the GrammarBackend that checks constraints, built on the first that needs it
+    bodies: BodyParser = field(default_factory=BodyParser)  # request bodies parsed off the event loop
 
     @property
     def model_name(self) -> str:
@@ -34,6 +37,13 @@ class ServerState:
     @property
     def ready(self) -> bool:
         return self.status == READY
+
+    def shape_limits(self) -> ShapeLimits:
+        limits = self.llm.limits
+        return ShapeLimits(
+            max_sequences=self.server_args.max_sequences_per_request,
+            max_prompt_tokens=limits.max_req_input_len if limits is not None else None,
+        )
 
     def accepts_model(self, name: str | None) -> bool:
         # An empty model field means "whatever is served"; the model path is accepted as an alias.

@@ -11,12 +11,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tokenspeed.runtime.entrypoints.openai.errors import FieldError
+
 from tokenspeed.runtime.grammar.spec import from_request
 from tokenspeed.sampling_params import SamplingParams
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -36,7 +38,9 @@ class _SamplingFields(BaseModel):
     # NaN and Infinity are valid Python JSON but no sampler can use them: refused with a 400 naming the field.
     # A field this server does not know is a 400 naming it (vLLM's extra="forbid"), never silently dropped;
     # OpenAI's informational fields (user, metadata, store) are accepted below and change nothing.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Strict types: `stream: "yes"`, `max_tokens: true` or `temperature: "0.5"` is a 400 naming the field,
+    # not a guess at what the client meant (an integer is still a number).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     # max_tokens when neither the request nor --preferred-sampling-params sets it (None: up to the context)
     default_max_tokens: ClassVar[int | None] = None
 
@@ -82,6 +86,11 @@ class _SamplingFields(BaseModel):
             raise ValueError(
                 "prompt_logprobs: not available with stream true; drop stream or prompt_logprobs"
             )
+
+    def check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            # as vLLM: options of a stream that is not sent would be silently ignored
+            raise FieldError("stream_options", "stream_options: only with stream true; set stream or drop it")
 
     def constraint_fields(self) -> dict[str, Any]:
         return {
@@ -141,8 +150,31 @@ class _SamplingFields(BaseModel):
         if constraint is not None:
             values[constraint.kind] = constraint.text
         params = SamplingParams.from_dict(values)
-        params.verify()
+        try:
+            params.verify()
+        except ValueError as exc:
+            raise self._in_client_terms(exc) from exc
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise FieldError(
+                "min_tokens",
+                f"min_tokens ({self.min_tokens}) is more than {self.max_tokens_field()} ({max_tokens}); "
+                "lower min_tokens or raise the maximum",
+            )
         return params
+
+    def max_tokens_field(self) -> str:
+        """The name the client gave its token maximum by."""
+        return "max_tokens"
+
+    def _in_client_terms(self, exc: ValueError) -> FieldError:
+        """SamplingParams' complaint, naming the field the client sent rather than the engine's own."""
+        message = str(exc)
+        names = {"max_new_tokens": self.max_tokens_field(), "min_new_tokens": "min_tokens"}
+        field = message.split(" ", 1)[0].rstrip(":")
+        for engine_name, client_name in names.items():
+            if message.startswith(engine_name):
+                message, field = client_name + message[len(engine_name) :], client_name
+        return FieldError(field, message)
 
     def check_n(self) -> None:
         if not 1 <= self.n <= 128:
@@ -150,11 +182,12 @@ class _SamplingFields(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -172,6 +205,23 @@ class ChatCompletionRequest(_SamplingFields):
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def max_tokens_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def check_messages(self) -> None:
+        """What the chat template would render silently wrong: content missing where only an assistant
+        turn that calls tools may go without, a tool result that says not which call it answers."""
+        for i, m in enumerate(self.messages):
+            if m.content is None and not (m.role == "assistant" and (m.model_extra or {}).get("tool_calls")):
+                raise FieldError(
+                    f"messages[{i}].content", f"messages[{i}].content: a {m.role} message needs content"
+                )
+            if m.role == "tool" and not m.tool_call_id:
+                raise FieldError(
+                    f"messages[{i}].tool_call_id",
+                    f"messages[{i}].tool_call_id: a tool message names the call it answers (tool_call_id)",
+                )
 
     def template_messages(self) -> list[dict[str, Any]]:
         out = []
@@ -194,6 +244,8 @@ class ChatCompletionRequest(_SamplingFields):
     def check_supported(self) -> None:
         self.check_n()
         self.check_prompt_logprobs()
+        self.check_stream_options()
+        self.check_messages()
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
         if self.top_logprobs and not self.logprobs:
@@ -219,6 +271,7 @@ class CompletionRequest(_SamplingFields):
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be between 0 and 20, got {self.logprobs}")
         self.check_prompt_logprobs()
+        self.check_stream_options()
 
     def prompt_logprobs_wanted(self) -> int | None:
         """Alternatives per prompt token to compute: vLLM's prompt_logprobs, and with echo and logprobs the

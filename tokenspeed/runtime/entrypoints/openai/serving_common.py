@@ -17,13 +17,22 @@ from tokenspeed.runtime.engine.async_llm import SequenceOutput, ServerUnavailabl
 from tokenspeed.runtime.engine.prompt_check import PromptTooLong
 from tokenspeed.runtime.engine.prompt_encoder import InvalidText, TextTooLong
 from tokenspeed.runtime.engine.request_state import RequestFailure
-from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, model_not_found, unavailable
+from tokenspeed.runtime.entrypoints.openai.errors import (
+    APIError,
+    bad_request,
+    field_of,
+    model_not_found,
+    unavailable,
+)
 from tokenspeed.runtime.entrypoints.server_state import ServerState
 from tokenspeed.sampling_params import SamplingParams
 
 logger = logging.getLogger("tokenspeed.http")
 
 _DISCONNECT_POLL_S = 0.5
+# Prompts prepared between two turns of the event loop: a request with many of them lets the loop serve
+# other clients' streams every few milliseconds instead of once its whole batch is tokenized and sent.
+_ITEMS_PER_TURN = 16
 
 
 def new_id(prefix: str) -> str:
@@ -73,6 +82,18 @@ async def tokenize(state: ServerState, prompt: str | list[int], param: str = "pr
     return await state.llm.prompts.encode(prompt, param)
 
 
+async def tokenize_all(
+    state: ServerState, prompts: list[str | list[int]], param: str = "prompt"
+) -> list[list[int]]:
+    """Every prompt's token ids, handing the event loop back between batches of them."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        out.append(await tokenize(state, prompt, param))
+        if i % _ITEMS_PER_TURN == _ITEMS_PER_TURN - 1:
+            await asyncio.sleep(0)
+    return out
+
+
 def translate_errors(exc: BaseException) -> APIError:
     """Map what AsyncLLM and SamplingParams raise to an HTTP error."""
     if isinstance(exc, APIError):
@@ -86,7 +107,7 @@ def translate_errors(exc: BaseException) -> APIError:
     if isinstance(exc, InvalidText):
         return bad_request(str(exc), param=exc.param)
     if isinstance(exc, ValueError):
-        return bad_request(str(exc))
+        return bad_request(str(exc), param=getattr(exc, "param", None) or field_of(str(exc)))
     logger.exception("request failed", exc_info=exc)
     return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
 
@@ -131,6 +152,8 @@ async def start_sequences(
                 # Run the generator to its first await: validation happens now, the request is sent now.
                 first = asyncio.ensure_future(gen.__anext__())
                 gens.append(_Primed(gen, first))
+                if index % _ITEMS_PER_TURN == _ITEMS_PER_TURN - 1:
+                    await asyncio.sleep(0)  # the sequences started so far are submitted meanwhile
         for g in gens:
             await g.ready()
     except BaseException:

@@ -28,7 +28,7 @@ from tokenspeed.runtime.entrypoints.openai.serving_common import (
     failure_error,
     merge,
     new_id,
-    tokenize,
+    tokenize_all,
     translate_errors,
 )
 from tokenspeed.runtime.entrypoints.openai.serving_flow import (
@@ -80,7 +80,7 @@ class CompletionPipeline(Pipeline):
                 top_logprobs=req.logprobs or 0,
                 prompt_logprobs=req.prompt_logprobs_wanted(),
             )
-            prompt_ids = [await tokenize(state, p) for p in prompts]
+            prompt_ids = await tokenize_all(state, prompts)
         except APIError:
             raise
         except (ValueError, TypeError) as exc:

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
+from tokenspeed.runtime.entrypoints.admission import admit
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
     failure_error,
@@ -150,6 +151,7 @@ async def serve_pipeline(state: ServerState, request: Request, pipeline: Pipelin
     sequences are aborted whichever way the response ends, the client leaving included.
     """
     p = pipeline
+    admit(state, len(p.prompts) * p.n, sum(len(ids) for ids in p.prompts) * p.n)
     try:
         gens = await start_sequences(state, p.prompts, p.params, p.n, p.rid, p.stream)
     except Exception as exc:

@@ -53,8 +53,22 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         params = fn.get("parameters", {"type": "object"})
         if not isinstance(params, dict):
             raise ValueError(f"tools[{i}].function.parameters: give a JSON schema object")
+        _check_schema(params, f"tools[{i}].function.parameters")
         out[name] = params or {"type": "object"}
     return out
+
+
+def _check_schema(schema: dict[str, Any], param: str) -> None:
+    """ValueError naming `param` when `schema` is not a JSON schema (`{"type": "nope"}`): the template
+    would show it to the model as is, and a grammar built from it would fail later or hold nothing."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in exc.path)
+        raise ValueError(f"{param}{where}: not a valid JSON schema: {exc.message}") from None
 
 
 def plan_tools(
