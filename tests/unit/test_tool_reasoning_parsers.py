@@ -33,10 +33,21 @@ def test_hermes_streamed_equals_whole(seed):
     ]
     p = create_tool_parser("hermes")
     parts = [p.feed(piece) for piece in _splits(HERMES, seed)] + [p.finish()]
-    assert "".join(x.content for x in parts).strip() == whole.content
+    # no stray whitespace: not the space before the first call, not the newline between the calls
+    assert "".join(x.content for x in parts) == whole.content
     assert [(c.name, c.arguments) for x in parts for c in x.calls] == [
         (c.name, c.arguments) for c in whole.calls
     ]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_hermes_content_around_calls_is_the_same_streamed(seed):
+    text = '  Hi there <tool_call>{"name": "f", "arguments": {}}</tool_call>\n\n then more  \n'
+    whole = create_tool_parser("hermes").parse(text)
+    assert whole.content == "  Hi there then more" and [c.name for c in whole.calls] == ["f"]
+    p = create_tool_parser("hermes")
+    parts = [p.feed(piece) for piece in _splits(text, seed)] + [p.finish()]
+    assert "".join(x.content for x in parts) == whole.content
 
 
 def test_hermes_leaves_text_without_valid_calls_alone():
