@@ -129,8 +129,10 @@ def test_start_up_refuses_unknown_parsers_and_a_missing_xgrammar(monkeypatch):
     from tokenspeed.config.server_args import ServerArgs
     from tokenspeed.config.support_check import assess
 
-    report = assess(ServerArgs(model="demo", reasoning_parser="minimax", tool_call_parser="mistral"))
-    assert "qwen3, deepseek-r1" in str(report.refused["reasoning_parser"])
+    # --reasoning-parser's choices are the parsers that exist: anything else is refused naming them
+    with pytest.raises(ValueError, match="--reasoning-parser 'minimax' is not supported; choose one of qwen3"):
+        ServerArgs(model="demo", reasoning_parser="minimax")
+    report = assess(ServerArgs(model="demo", tool_call_parser="mistral"))
     assert "hermes" in str(report.refused["tool_call_parser"])
     assert not assess(ServerArgs(model="demo", grammar_backend="xgrammar", reasoning_parser="qwen3")).refused
     real = importlib.util.find_spec
