@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from tokenspeed.config.flag_table import FlagRow, Opt, OptionalBool, Switch, SwitchPair
 
-
 KERNEL_FLAGS: tuple[FlagRow, ...] = (
     Opt("--attention-backend", str, "Attention kernels; chosen from hardware and model when unset."),
     Opt(
