@@ -35,7 +35,7 @@ _INT_FIELDS = (
     "prompt_logprobs",
     "logprob_start_len",
 )
-_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "logprobs")
+_BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "logprobs", "include_stop_str_in_output")
 # OpenAI clamps logit_bias to this range; chat top_logprobs and completions logprobs=N go up to 20.
 LOGIT_BIAS_LIMIT = 100.0
 TOP_LOGPROBS_MAX = 20
@@ -57,6 +57,8 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1
     stop: list[str] = field(default_factory=list)
+    # vLLM's include_stop_str_in_output: the matched stop string stays at the end of the text
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True

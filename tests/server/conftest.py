@@ -33,6 +33,8 @@ def server(tiny_model, tmp_path_factory) -> ServerProc:
         "--enable-metrics",
         "--enable-cache-report",
         "--enable-output-logprobs",
+        # structured output is on by default: off here, so its 400s are checked (test_api_support.py)
+        "--grammar-backend", "none",
         "--enable-log-request-stats",
         "--enable-log-requests",
         "--log-requests-level", "1",

@@ -96,7 +96,7 @@ def test_tools_with_tool_choice_none_are_served(server):
     ids=lambda e: next(iter(e)),
 )
 def test_output_constraints_need_the_grammar_backend(server, extra):
-    # the session server runs without --grammar-backend xgrammar: a constraint is a 400, never ignored
+    # the session server runs with --grammar-backend none: a constraint is a 400, never ignored
     r = _post(server, "/v1/chat/completions", _chat(**extra))
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]

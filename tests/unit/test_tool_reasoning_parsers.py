@@ -33,10 +33,21 @@ def test_hermes_streamed_equals_whole(seed):
     ]
     p = create_tool_parser("hermes")
     parts = [p.feed(piece) for piece in _splits(HERMES, seed)] + [p.finish()]
-    assert "".join(x.content for x in parts).strip() == whole.content
+    # no stray whitespace: not the space before the first call, not the newline between the calls
+    assert "".join(x.content for x in parts) == whole.content
     assert [(c.name, c.arguments) for x in parts for c in x.calls] == [
         (c.name, c.arguments) for c in whole.calls
     ]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_hermes_content_around_calls_is_the_same_streamed(seed):
+    text = '  Hi there <tool_call>{"name": "f", "arguments": {}}</tool_call>\n\n then more  \n'
+    whole = create_tool_parser("hermes").parse(text)
+    assert whole.content == "  Hi there then more" and [c.name for c in whole.calls] == ["f"]
+    p = create_tool_parser("hermes")
+    parts = [p.feed(piece) for piece in _splits(text, seed)] + [p.finish()]
+    assert "".join(x.content for x in parts) == whole.content
 
 
 def test_hermes_leaves_text_without_valid_calls_alone():
@@ -118,8 +129,10 @@ def test_start_up_refuses_unknown_parsers_and_a_missing_xgrammar(monkeypatch):
     from tokenspeed.config.server_args import ServerArgs
     from tokenspeed.config.support_check import assess
 
-    report = assess(ServerArgs(model="demo", reasoning_parser="minimax", tool_call_parser="mistral"))
-    assert "qwen3, deepseek-r1" in str(report.refused["reasoning_parser"])
+    # --reasoning-parser's choices are the parsers that exist: anything else is refused naming them
+    with pytest.raises(ValueError, match="--reasoning-parser 'minimax' is not supported; choose one of qwen3"):
+        ServerArgs(model="demo", reasoning_parser="minimax")
+    report = assess(ServerArgs(model="demo", tool_call_parser="mistral"))
     assert "hermes" in str(report.refused["tool_call_parser"])
     assert not assess(ServerArgs(model="demo", grammar_backend="xgrammar", reasoning_parser="qwen3")).refused
     real = importlib.util.find_spec

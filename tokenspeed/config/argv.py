@@ -16,7 +16,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenspeed.config.cli import CLI_ALIAS_DESTS, flag_rows
-from tokenspeed.config.flag_table import FlagRow, Opt, OptionalBool, Switch, Toggle, field_defaults
+from tokenspeed.config.flag_table import (
+    FlagRow,
+    Opt,
+    OptionalBool,
+    Switch,
+    SwitchPair,
+    Toggle,
+    field_defaults,
+)
 
 
 class NoFlag(ValueError):
@@ -49,8 +57,10 @@ def rows_by_field() -> dict[str, FlagRow]:
             dest = _dest((row.name,))
         elif isinstance(row, OptionalBool):
             dest = row.dest or _dest(row.names)
+        elif isinstance(row, SwitchPair):
+            dest = row.dest
         else:
-            continue  # the positional model (``--model`` spells it) and the prefix-caching pair (below)
+            continue  # the positional model (``--model`` spells it)
         field = CLI_ALIAS_DESTS.get(dest, dest)
         if field not in rows or dest == field:  # the field's own flag over an alias of it
             rows[field] = row
@@ -67,11 +77,11 @@ def _text(value: Any) -> str:
 
 def field_argv(name: str, value: Any) -> list[str]:
     """The flags that set field ``name`` to ``value``; NoFlag when none can."""
-    if name == "enable_prefix_caching":  # a mutually exclusive --x / --no-x pair
-        return ["--enable-prefix-caching" if value else "--no-enable-prefix-caching"]
     row = rows_by_field().get(name)
     if row is None:
         raise NoFlag("is a ServerArgs field without a command-line flag; it cannot be set")
+    if isinstance(row, SwitchPair):  # a mutually exclusive on / off pair
+        return [row.name if value else row.off]
     if isinstance(row, Toggle):
         return [row.name if value else "--no-" + row.name.removeprefix("--")]
     if isinstance(row, OptionalBool):

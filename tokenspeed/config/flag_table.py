@@ -118,6 +118,27 @@ class Toggle:
 
 
 @dataclasses.dataclass(frozen=True)
+class SwitchPair:
+    """An on flag and an off flag of one boolean field, which exclude each other (the seed's
+    ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``); the field's default stays in force
+    when neither is given."""
+
+    name: str
+    off: str
+    help: str
+    off_help: str
+
+    @property
+    def dest(self) -> str:
+        return _dest((self.name,), {})
+
+    def add(self, group: Any) -> None:
+        pair = group.add_mutually_exclusive_group()
+        switch(pair, self.name, help=self.help)
+        pair.add_argument(self.off, dest=self.dest, action="store_false", help=self.off_help)
+
+
+@dataclasses.dataclass(frozen=True)
 class OptionalBool:
     """A boolean taking an optional value: bare ``--name`` is true, ``--name false`` false."""
 

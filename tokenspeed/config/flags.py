@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tokenspeed.config.support import REASONING_PARSERS_IMPLEMENTED
+
 ATTENTION_BACKENDS = (
     "mha",
     "mla",
@@ -68,6 +70,8 @@ FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
     "sampling_backend": SAMPLING_BACKENDS,
     # llguidance: beyond the seed, the alternative backend vLLM and SGLang offer
     "grammar_backend": ("xgrammar", "llguidance", "none"),
+    # the parsers that exist (reasoning_parsers.REASONING_PARSERS), not the seed's open-ended names
+    "reasoning_parser": tuple(p for p in REASONING_PARSERS_IMPLEMENTED if p is not None),
     "speculative_algorithm": ("EAGLE3", "MTP", "DFLASH", "NGRAM"),
     "speculative_eagle_topk": (1,),
     "mm_attention_backend": ("fa3", "fa4", "triton_attn", "flashinfer_cudnn"),

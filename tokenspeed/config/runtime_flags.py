@@ -3,26 +3,7 @@ parallel sizes and disaggregation; ``config.cli`` places them after its own grou
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
-from tokenspeed.config.flag_table import FlagRow, Opt, OptionalBool, Switch, switch
-
-
-@dataclasses.dataclass(frozen=True)
-class _PrefixCachingPair:
-    """``--enable-prefix-caching`` and ``--no-enable-prefix-caching``, which exclude each other."""
-
-    def add(self, group: Any) -> None:
-        prefix = group.add_mutually_exclusive_group()
-        switch(prefix, "--enable-prefix-caching", help="Reuse KV of shared prompt prefixes (default on).")
-        prefix.add_argument(
-            "--no-enable-prefix-caching",
-            dest="enable_prefix_caching",
-            action="store_false",
-            help="Turn prefix caching off.",
-        )
-
+from tokenspeed.config.flag_table import FlagRow, Opt, OptionalBool, Switch, SwitchPair
 
 KERNEL_FLAGS: tuple[FlagRow, ...] = (
     Opt("--attention-backend", str, "Attention kernels; chosen from hardware and model when unset."),
@@ -69,11 +50,17 @@ KERNEL_FLAGS: tuple[FlagRow, ...] = (
         "MiB cap of the DeepSeek V4 sparse-indexer prefill logits workspace.",
     ),
     Opt("--deepseek-v4-prefill-chunk-size", int, "Requests per DeepSeek V4 prefill chunk."),
-    Opt("--grammar-backend", str, "Structured-output backend (xgrammar, llguidance); 'none' turns it off."),
+    Opt(
+        "--grammar-backend",
+        str,
+        "Structured output (response_format, guided_*, structured_outputs, tool_choice required or named): "
+        "xgrammar (default) or llguidance; 'none' turns it off and such requests get a 400.",
+    ),
     Opt(
         "--reasoning-parser",
         str,
-        "Reasoning parser (e.g. minimax, kimi_k25); JSON-schema grammars then start after reasoning.",
+        "Moves the model's <think>...</think> section to reasoning_content, and starts JSON-schema "
+        "grammars after it: qwen3 (the output opens <think>) or deepseek-r1 (the prompt opened it).",
     ),
     Opt(
         "--tool-call-parser",
@@ -130,9 +117,12 @@ SPECULATIVE_FLAGS: tuple[FlagRow, ...] = (
         int,
         "NGRAM: longest suffix matched; longer matches are tried first (a TokenSpeed flag).",
     ),
-    Switch(
+    SwitchPair(
         "--enable-output-logprobs",
-        "Compute sampled-token logprobs (more graph memory); without it requested logprobs are empty.",
+        "--disable-output-logprobs",
+        "Answer requests for sampled-token logprobs (chat logprobs, completions logprobs, /generate "
+        "return_logprob); on by default.",
+        "Refuse requests for logprobs with a 400 naming this flag.",
     ),
     Opt("--eagle3-layers-to-capture", str, "Comma-separated target layers EAGLE3 reads."),
 )
@@ -140,7 +130,12 @@ SPECULATIVE_FLAGS: tuple[FlagRow, ...] = (
 
 RUNTIME_OPTION_FLAGS: tuple[FlagRow, ...] = (
     Switch("--disable-pdl", "Do not use programmatic dependent launch."),
-    _PrefixCachingPair(),
+    SwitchPair(
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "Reuse KV of shared prompt prefixes (default on).",
+        "Turn prefix caching off.",
+    ),
     Switch(
         "--enforce-eager", "Run without CUDA graphs.", aliases=("--disable-cuda-graph",), dest="enforce_eager"
     ),

@@ -170,8 +170,8 @@ class ServerArgs:
     deepseek_v4_indexer_prefill_max_logits_mb: int = 512
     deepseek_v4_prefill_chunk_size: int = 4
 
-    # Structured output
-    grammar_backend: str = "none"
+    # Structured output: on by default, as clients of vLLM expect (the seed's default is "none")
+    grammar_backend: str = "xgrammar"
     # Lets json_schema grammars start after the model's reasoning section.
     reasoning_parser: str | None = None
     # How tool calls are read from the model's text (vLLM/SGLang's --tool-call-parser; TokenSpeed's own here).
@@ -197,9 +197,9 @@ class ServerArgs:
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
 
-    # Logprobs cost graph memory, so they are off unless asked for; requests for them on a server
-    # without the flag get empty logprobs.
-    enable_output_logprobs: bool = False
+    # On by default, as clients of vLLM expect (the seed's default is off): only the requests that ask
+    # for logprobs have them computed (logprobs_wanted in the sampler); off, asking is a 400.
+    enable_output_logprobs: bool = True
 
     # Runtime options
     disable_pdl: bool = False

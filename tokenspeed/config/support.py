@@ -245,7 +245,7 @@ SUPPORT: dict[str, Support] = {
     "speculative_ngram_min_match_window_size": _impl("unit/test_speculative_parts.py"),
     "speculative_ngram_max_match_window_size": _impl("unit/test_speculative_parts.py"),
     "eagle3_layers_to_capture": _impl("engine/test_speculative.py"),
-    "enable_output_logprobs": _impl("server/test_openai_api.py"),
+    "enable_output_logprobs": _impl("server/test_client_fields.py"),
     # Runtime options
     "disable_pdl": _inert("no kernel here is launched with programmatic dependent launch"),
     "enable_prefix_caching": _impl("engine/test_engine_correctness.py"),

@@ -7,7 +7,8 @@ Decoding a growing id list one token at a time is wrong in two ways this class h
   delta is computed as decode(window + new) minus decode(window), with a few prompt tokens as the first window.
 
 Stop strings may form across token boundaries: text that could still be the start of a stop string is held
-back; once a stop string appears, the text before it is released and the stop string itself never is.
+back; once a stop string appears, the text before it is released and the stop string itself never is
+(unless the request asks for it, vLLM's `include_stop_str_in_output`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class IncrementalDetokenizer:
             stop = [stop]
         self.stop: list[str] = [s for s in stop if s]
         self._max_stop_len = max((len(s) for s in self.stop), default=0)
+        self._keep_stop = bool(getattr(sampling_params, "include_stop_str_in_output", False))
 
         self.output_ids: list[int] = []
         self.matched_stop: str | None = None
@@ -109,7 +111,7 @@ class IncrementalDetokenizer:
                 if i != -1 and (best is None or i < best):
                     best, self.matched_stop = i, s
             if best is not None:
-                cut = max(best, self._emitted)
+                cut = max(best + len(self.matched_stop) if self._keep_stop else best, self._emitted)
                 delta = text[self._emitted : cut]
                 self._text = text[:cut]
                 self._emitted = cut

@@ -29,6 +29,8 @@ class ServerState:
     child_pids: dict[str, int] = field(default_factory=dict)
     grammar: Any = None  # the GrammarBackend that checks constraints, built on the first that needs it
     bodies: BodyParser = field(default_factory=BodyParser)  # request bodies parsed off the event loop
+    # request fields accepted with no effect that the log has named already (each is logged once)
+    reported_fields: set[str] = field(default_factory=set)
 
     @property
     def model_name(self) -> str:

@@ -1,8 +1,9 @@
 """The output constraint of an OpenAI-style request, as (field, kind, text): the field that asked for it
 (named in errors), and the SamplingParams field (`json_schema`, `regex` or `ebnf`) that carries it.
 
-vLLM's extra_body spellings (`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`), SGLang's
-(`regex`, `ebnf`) and OpenAI's `response_format` are accepted; more than one is refused by name.
+vLLM's extra_body spellings (`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, and its newer
+`structured_outputs` object, whose keys arrive here as `structured_outputs.json` ...), SGLang's (`regex`,
+`ebnf`) and OpenAI's `response_format` are accepted; more than one is refused by name.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ def from_response_format(response_format: dict[str, Any] | None) -> OutputConstr
     raise ValueError(f"response_format.type {kind!r} is not supported; use text, json_object or json_schema")
 
 
-def choice_regex(choices: list[Any]) -> str:
+def choice_regex(choices: list[Any], field: str = "guided_choice") -> str:
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
-        raise ValueError("guided_choice: give a non-empty list of strings")
+        raise ValueError(f"{field}: give a non-empty list of strings")
     return "(" + "|".join(re.escape(c) for c in choices) + ")"
 
 
@@ -68,18 +69,20 @@ def from_request(response_format: dict[str, Any] | None, extra: dict[str, Any]) 
     rf = from_response_format(response_format)
     if rf is not None:
         found.append(rf)
-    if extra.get("guided_json") is not None:
-        found.append(
-            OutputConstraint("guided_json", "json_schema", _schema_text("guided_json", extra["guided_json"]))
-        )
-    for name in ("guided_regex", "regex"):
+    for name in ("guided_json", "structured_outputs.json"):
+        if extra.get(name) is not None:
+            found.append(OutputConstraint(name, "json_schema", _schema_text(name, extra[name])))
+    if extra.get("structured_outputs.json_object"):
+        found.append(OutputConstraint("structured_outputs.json_object", "json_schema", JSON_OBJECT_SCHEMA))
+    for name in ("guided_regex", "regex", "structured_outputs.regex"):
         if extra.get(name) is not None:
             found.append(OutputConstraint(name, "regex", _text(name, extra[name])))
-    for name in ("guided_grammar", "ebnf"):
+    for name in ("guided_grammar", "ebnf", "structured_outputs.grammar"):
         if extra.get(name) is not None:
             found.append(OutputConstraint(name, "ebnf", _text(name, extra[name])))
-    if extra.get("guided_choice") is not None:
-        found.append(OutputConstraint("guided_choice", "regex", choice_regex(extra["guided_choice"])))
+    for name in ("guided_choice", "structured_outputs.choice"):
+        if extra.get(name) is not None:
+            found.append(OutputConstraint(name, "regex", choice_regex(extra[name], name)))
     if len(found) > 1:
         names = " and ".join(c.field for c in found)
         raise ValueError(f"{names}: give at most one output constraint per request")

@@ -1,8 +1,9 @@
 """Request models of the OpenAI-compatible API and their translation to `SamplingParams`.
 
 Responses are built as plain dicts by the handlers (they are written once per chunk, so building pydantic
-objects for them would only cost time). Fields OpenAI defines that this server cannot honour are refused
-with a 400 naming the field, never silently ignored.
+objects for them would only cost time). A field this server does not know is refused with a 400 naming
+it; OpenAI's newer hint fields that change nothing here are accepted and reported, never silently
+(`request_fields.py` lists every field's status).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
+    # OpenAI's random padding of stream chunks (against length side channels): accepted, not added
+    include_obfuscation: bool | None = None
 
     @field_validator("continuous_usage_stats")
     @classmethod
@@ -30,6 +33,33 @@ class StreamOptions(BaseModel):
             # usage is counted once, for the last chunk: a client asking for it on every chunk is told so
             raise ValueError("usage on every chunk is not sent; use include_usage (usage in the last chunk)")
         return value
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (its newer spelling of guided decoding): one of json, regex, choice,
+    grammar or json_object. Its backend tuning hints are accepted and reported as ignored; a key this
+    server cannot enforce (structural_tag) is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_schema: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+    whitespace_pattern: str | None = None
+
+    def constraint_fields(self) -> dict[str, Any]:
+        return {
+            "structured_outputs.json": self.json_schema,
+            "structured_outputs.regex": self.regex,
+            "structured_outputs.choice": self.choice,
+            "structured_outputs.grammar": self.grammar,
+            "structured_outputs.json_object": self.json_object,
+        }
 
 
 class _SamplingFields(BaseModel):
@@ -64,7 +94,12 @@ class _SamplingFields(BaseModel):
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
+    # Newer OpenAI fields with nothing to change here: accepted and reported (request_fields.py)
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     rid: str | None = None
+    include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
     # Output constraints: vLLM's extra_body spellings and SGLang's (chat adds OpenAI's response_format).
     guided_json: str | dict[str, Any] | None = None
@@ -73,6 +108,7 @@ class _SamplingFields(BaseModel):
     guided_grammar: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    structured_outputs: StructuredOutputs | None = None
     # vLLM's extra field: per prompt token its logprob and rank, with this many most likely tokens
     prompt_logprobs: int | None = None
 
@@ -100,6 +136,7 @@ class _SamplingFields(BaseModel):
             "guided_grammar": self.guided_grammar,
             "regex": self.regex,
             "ebnf": self.ebnf,
+            **(self.structured_outputs.constraint_fields() if self.structured_outputs else {}),
         }
 
     def sampling_params(
@@ -136,6 +173,7 @@ class _SamplingFields(BaseModel):
             raise ValueError("stop: at most 16 stop strings")
         values.update(
             stop=stop,
+            include_stop_str_in_output=self.include_stop_str_in_output,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
@@ -202,6 +240,18 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the last (assistant) message is continued rather than closed, and echo puts it before
+    # the answer
+    continue_final_message: bool = False
+    echo: bool = False
+    # OpenAI's legacy function calling, served as tools (legacy_functions.py)
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    # Newer OpenAI fields with nothing to change here: accepted and reported (request_fields.py)
+    reasoning_effort: str | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    verbosity: str | None = None
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -15,10 +15,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tokenspeed.runtime.entrypoints.openai import legacy_functions
 from tokenspeed.runtime.entrypoints.openai.chat_output import ChoiceOutput
 from tokenspeed.runtime.entrypoints.openai.errors import bad_request
 from tokenspeed.runtime.entrypoints.openai.logprob_format import chat_entries, vllm_prompt_logprobs
 from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, usage
+from tokenspeed.runtime.entrypoints.openai.request_fields import report_ignored
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
     check_model,
@@ -64,9 +66,11 @@ async def _prepare(
     try:
         req.check_supported()
         check_logprobs(state, req.logprobs)
-        plan = plan_tools(
-            req.tools, req.tool_choice, req.parallel_tool_calls, state.server_args.tool_call_parser
+        tools, tool_choice = legacy_functions.as_tools(
+            req.functions, req.function_call, req.tools, req.tool_choice
         )
+        parallel = req.parallel_tool_calls and req.functions is None  # the legacy API makes one call
+        plan = plan_tools(tools, tool_choice, parallel, state.server_args.tool_call_parser)
         response_format = req.response_format
         if plan is not None and plan.schema is not None:
             # required / named: the answer is held to the tools' JSON schema by the grammar backend
@@ -94,6 +98,11 @@ async def _prepare(
                 f"chat_template_kwargs: {reserved} are set by the server; leave them out",
                 param="chat_template_kwargs",
             )
+        add_generation_prompt = req.add_generation_prompt
+        if req.continue_final_message:
+            _check_continue(req)
+            # the template leaves the last message open, and no new turn is started after it
+            template_kwargs["continue_final_message"], add_generation_prompt = True, False
         params = req.sampling_params(
             req.max_new_tokens(),
             state.preferred_sampling_params,
@@ -126,13 +135,35 @@ async def _prepare(
             params.json_schema = None
         ids = await state.llm.prompts.encode_chat(
             req.template_messages(),
-            add_generation_prompt=req.add_generation_prompt,
-            tools=req.tools,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
             **template_kwargs,
         )
     except (ValueError, TypeError) as exc:
         raise translate_errors(exc if isinstance(exc, ValueError) else ValueError(str(exc))) from exc
     return model, ids, params, plan
+
+
+def _check_continue(req: ChatCompletionRequest) -> None:
+    if req.messages[-1].role != "assistant":
+        raise bad_request(
+            "continue_final_message: the last message must be the assistant's, whose text is continued",
+            param="continue_final_message",
+        )
+    if "add_generation_prompt" in req.model_fields_set and req.add_generation_prompt:
+        raise bad_request(
+            "continue_final_message: continuing the last message starts no new turn; set "
+            "add_generation_prompt false (or leave it out)",
+            param="add_generation_prompt",
+        )
+
+
+def _echo(req: ChatCompletionRequest) -> str:
+    """What chat `echo` puts before the answer: the last message, when it is the assistant's (vLLM's)."""
+    last = req.messages[-1]
+    if not req.echo or last.role != "assistant":
+        return ""
+    return req.template_messages()[-1]["content"]
 
 
 def reasoning_parser(state: ServerState, req: ChatCompletionRequest) -> str | None:
@@ -153,6 +184,7 @@ async def create_chat_completion(
 class ChatPipeline(Pipeline):
     req: ChatCompletionRequest
     plan: ToolPlan | None  # how tool calls are read from the answer (None without tools)
+    echo: str = ""  # chat echo: the last assistant message, before each answer
 
     @classmethod
     async def prepare(cls, state: ServerState, req: ChatCompletionRequest) -> ChatPipeline:
@@ -167,12 +199,33 @@ class ChatPipeline(Pipeline):
             plan=plan,
             rid=req.rid or new_id("chatcmpl"),
             cache_report=cache_report_enabled(state),
+            ignored=report_ignored(state.reported_fields, req, "/v1/chat/completions"),
+            echo=_echo(req),
         )
 
     def _shaper(self) -> ChoiceOutput:
         return ChoiceOutput(
             reasoning_parser(self.state, self.req), self.plan, self.state.server_args.tool_call_parser
         )
+
+    @property
+    def _legacy(self) -> bool:
+        return self.req.functions is not None
+
+    def _message(self, shaper: ChoiceOutput, text: str) -> dict[str, Any]:
+        msg = shaper.message(text)
+        if self.echo:
+            msg["content"] = self.echo + (msg["content"] or "")
+        return legacy_functions.message(msg) if self._legacy else msg
+
+    def _finish(self, shaper: ChoiceOutput, reason: str | None) -> str | None:
+        reason = shaper.finish_reason(reason)
+        return legacy_functions.finish_reason(reason) if self._legacy else reason
+
+    def _deltas(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self._legacy:
+            return deltas
+        return [d for d in map(legacy_functions.delta, deltas) if d is not None]
 
     def _logprobs(self, ids: list[int], logprobs: list[float] | None, tops: list | None) -> dict | None:
         if not self.req.logprobs:
@@ -189,9 +242,9 @@ class ChatPipeline(Pipeline):
             choices.append(
                 {
                     "index": i,
-                    "message": shaper.message(seq.text),
+                    "message": self._message(shaper, seq.text),
                     "logprobs": self._logprobs(seq.token_ids, seq.logprobs, seq.top_logprobs),
-                    "finish_reason": shaper.finish_reason(out.finish_reason),
+                    "finish_reason": self._finish(shaper, out.finish_reason),
                     "matched_stop": out.matched_stop,
                 }
             )
@@ -221,7 +274,7 @@ class ChatPipeline(Pipeline):
         completion = [0] * n
         prompt_tokens, cached = 0, 0
         for i in range(n):
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": self.echo}, "logprobs": None,
                           "finish_reason": None}])  # fmt: skip
         failure = None
         async for i, out in merge(gens):
@@ -231,6 +284,7 @@ class ChatPipeline(Pipeline):
             deltas = shapers[i].delta(out.text) if out.text else []
             if out.finished:
                 deltas += shapers[i].end()
+            deltas = self._deltas(deltas)
             # one chunk per delta (a tool call's head and arguments are separate deltas); logprobs ride on
             # the last one, and an output that shows nothing yet still reports its logprobs and finish
             if not deltas and (out.finished or (req.logprobs and out.token_ids)):
@@ -242,7 +296,7 @@ class ChatPipeline(Pipeline):
                     "index": i,
                     "delta": deltas[-1],
                     "logprobs": self._logprobs(out.token_ids, out.logprobs, out.top_logprobs),
-                    "finish_reason": shapers[i].finish_reason(out.finish_reason) if out.finished else None,
+                    "finish_reason": self._finish(shapers[i], out.finish_reason) if out.finished else None,
                 }
                 if out.finished:
                     choice["matched_stop"] = out.matched_stop

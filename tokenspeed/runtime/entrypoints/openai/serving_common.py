@@ -59,7 +59,7 @@ def check_model(state: ServerState, name: str | None) -> str:
 def check_logprobs(state: ServerState, wanted: bool) -> None:
     if wanted and not state.server_args.enable_output_logprobs:
         raise bad_request(
-            "logprobs: this server was started without --enable-output-logprobs; restart it with that flag",
+            "logprobs: this server was started with --disable-output-logprobs; restart it without that flag",
             param="logprobs",
         )
 

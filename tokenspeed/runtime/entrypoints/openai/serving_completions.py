@@ -22,6 +22,7 @@ from tokenspeed.runtime.entrypoints.openai.logprob_format import (
     vllm_prompt_logprobs,
 )
 from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, usage
+from tokenspeed.runtime.entrypoints.openai.request_fields import report_ignored
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
     check_model,
@@ -98,6 +99,7 @@ class CompletionPipeline(Pipeline):
             want_logprobs=want_logprobs,
             rid=req.rid or new_id("cmpl"),
             cache_report=cache_report_enabled(state),
+            ignored=report_ignored(state.reported_fields, req, "/v1/completions"),
         )
 
     def prompt_of(self, index: int) -> int:

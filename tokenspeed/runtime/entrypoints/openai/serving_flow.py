@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
 from tokenspeed.runtime.entrypoints.admission import admit
+from tokenspeed.runtime.entrypoints.openai.request_fields import IGNORED_HEADER
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
     failure_error,
@@ -63,6 +64,7 @@ class Pipeline(abc.ABC):
     rid: str
     cache_report: bool  # --enable-cache-report: usage counts cached prompt tokens
     created: int = dataclasses.field(default_factory=now)
+    ignored: tuple[str, ...] = ()  # request fields sent that change nothing (request_fields.py)
 
     @property
     def n(self) -> int:
@@ -156,13 +158,16 @@ async def serve_pipeline(state: ServerState, request: Request, pipeline: Pipelin
         gens = await start_sequences(state, p.prompts, p.params, p.n, p.rid, p.stream)
     except Exception as exc:
         raise translate_errors(exc) from exc
+    headers = {IGNORED_HEADER: ", ".join(p.ignored)} if p.ignored else None
     if p.stream:
-        return DisconnectAwareStream(sse_events(p.events(gens)), closer(gens))
+        stream = DisconnectAwareStream(sse_events(p.events(gens)), closer(gens))
+        stream.headers.update(headers or {})
+        return stream
     try:
         result = await unless_disconnected(request, _body(p, gens))
     finally:
         await closer(gens)()
-    return JSONResponse(result)
+    return JSONResponse(result, headers=headers)
 
 
 async def _body(pipeline: Pipeline, gens: Sequences) -> dict[str, Any]:

@@ -27,12 +27,29 @@ class ToolPlan:
         """The calls a required / named answer holds (the grammar made it valid JSON)."""
         if self.mode == "named":
             return [ToolCall(self.name or "", text.strip())]
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError:
-            return []  # cut off by max_tokens: no complete call
-        calls = [make_call(it, "parameters") for it in items] if isinstance(items, list) else []
+        calls = [make_call(it, "parameters") for it in _complete_items(text)]
         return [c for c in calls if c is not None]
+
+
+def _complete_items(text: str) -> list[Any]:
+    """The complete items of a JSON array, also of one that max_tokens cut off: a required tool choice
+    returns the calls it finished, as a named one returns its arguments as far as they came."""
+    body = text.strip()
+    if not body.startswith("["):
+        return []
+    decoder = json.JSONDecoder()
+    items: list[Any] = []
+    pos = 1
+    while True:
+        while pos < len(body) and body[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(body) or body[pos] == "]":
+            return items
+        try:
+            item, pos = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError:
+            return items  # the item max_tokens cut off
+        items.append(item)
 
 
 def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
