@@ -285,11 +285,18 @@ def profile() -> None:
 
 @profile.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
-def profile_validate(paths: tuple[str, ...]) -> None:
-    """Check PROFILE files: every key, every server's resolved arguments."""
+@click.option(
+    "--no-preflight",
+    is_flag=True,
+    help="Check the profile alone, not whether it can start here (models found, ports free, state "
+    "directory free): for a profile meant for another machine.",
+)
+def profile_validate(paths: tuple[str, ...], no_preflight: bool) -> None:
+    """Check PROFILE files: every key, every server's resolved arguments, and what `up` would meet here
+    (each model found, each port free, the state directory free), every problem at once."""
     from console.profile.cli import validate
 
-    sys.exit(validate(list(paths)))
+    sys.exit(validate(list(paths), here=not no_preflight))
 
 
 @profile.command("show", cls=_json_command())

@@ -87,6 +87,16 @@ _PROXIED = {
 _PROXY_TIMEOUT_S = {"rebalance_experts": 120.0}
 
 
+def unknown_server_message(name: str, fleet: str, servers: list[str]) -> str:
+    """`no server named 'demo-0' in fleet 'demo' (did you mean ...?); its servers: ...`: the real names."""
+    from console.profile.toml import did_you_mean
+
+    return (
+        f"no server named {name!r} in fleet {fleet!r}{did_you_mean(name, servers)}; "
+        f"its servers: {', '.join(servers) or 'none'}"
+    )
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -97,7 +107,7 @@ def build_app(sup: Supervisor) -> Starlette:
             try:
                 return await handler(request)
             except UnknownServer as exc:
-                return _error(404, f"no server named {exc.args[0]!r} in fleet {sup.fleet.name!r}")
+                return _error(404, unknown_server_message(exc.args[0], sup.fleet.name, list(sup.units)))
             except RuntimeError as exc:
                 return _error(409, str(exc))
             except httpx.HTTPError as exc:

@@ -111,11 +111,18 @@ class ProfileScreen(ConsoleScreen):
             return
         text, path = self.query_one(TextArea).text, self.path
 
+        state_dir = self._state_dir()
+
         def work() -> None:
-            result = check_profile_text(text, path)
+            result = check_profile_text(text, path, state_dir)
             self.app.call_from_thread(self._show_result, text, result)
 
         self.run_worker(work, thread=True, group="profile-check", exclusive=True, exit_on_error=False)
+
+    def _state_dir(self) -> str | None:
+        """Where the console's fleet is kept (the profile's fleet runs there: its ports are its own)."""
+        own = self.console.state_dir or getattr(self.console.source, "state_dir", None)
+        return str(own) if own else None
 
     def _show_result(self, text: str, result: CheckResult) -> None:
         if text != self.query_one(TextArea).text:
@@ -146,7 +153,7 @@ class ProfileScreen(ConsoleScreen):
             return False
         text = self.query_one(TextArea).text
         # Checked now, on exactly this text: the last check as-you-type may be of an older text.
-        result = check_profile_text(text, self.path)
+        result = check_profile_text(text, self.path, self._state_dir())
         self._show_result(text, result)
         if not result.ok:
             self.notify(f"not saved: {result.describe(self.path)}", severity="error", markup=False)
