@@ -241,7 +241,9 @@ def _port_problems(raw: RawProfile, resolved: ResolvedFleet, directory: Path) ->
                 if key == "dist_init_port"
                 else "set [fleet] base_port to a free range" + _free_base(resolved, host)
             )
-            message = f"port {port} ({spec.name}'s {what}) is {port_holder(port)}: {fix}, or stop what holds it"
+            message = (
+                f"port {port} ({spec.name}'s {what}) is {port_holder(port)}: {fix}, or stop what holds it"
+            )
             problems.append(raw.error("fleet", key, message))
     return problems
 

@@ -20,9 +20,11 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
                                scrape is older than the running process),
                    "scraped_at": float | null,
                    "plan": {"kv_tokens", "gpu_memory_utilization", "cudagraph_capture_sizes", "fits",
-                            "reason"} | null (what the server was last started with; null on the CPU)}
+                            "reason"} | null (what the server was last started with; null on the CPU),
+                   "moe": bool | null (its model has experts; null: its config.json is not here)}
          last_exit.reason: "unhealthy" (stopped by the supervisor: UNHEALTHY too long), "exited while
-         unsupervised; status unknown", or null when code/signal tell all.
+         unsupervised; status unknown", "start failed: ..." (no process ran), or null when code/signal
+         tell all.
          state is one of STARTING READY STALLED UNHEALTHY BACKOFF STOPPING STOPPED FATAL; times are
          Unix seconds; latency percentiles are seconds over the last `window_s` (30) seconds of scrapes
          (None: no requests). The fleet also says "metrics_interval_s", "stop_timeout_s", "window_s".

@@ -44,7 +44,11 @@ def down_command(name: str, state_dir: Path, explicit: bool) -> str:
     fleet kept elsewhere is not found by name), else by --fleet (several fleets may run)."""
     import shlex
 
-    return f"tokenspeed down --state-dir {shlex.quote(str(state_dir))}" if explicit else f"tokenspeed down --fleet {name}"
+    return (
+        f"tokenspeed down --state-dir {shlex.quote(str(state_dir))}"
+        if explicit
+        else f"tokenspeed down --fleet {name}"
+    )
 
 
 def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int:

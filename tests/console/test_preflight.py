@@ -47,10 +47,14 @@ def test_two_typos_are_both_reported_by_validate_plan_and_up_and_nothing_starts(
         errors = _errors(result.stderr)
         assert len(errors) == 2, (args, result.stderr)
         # Each names the file:line, the profile key and the fix.
-        assert f"{profile}:3: [server] max_num_seq: is not a ServerArgs field (did you mean 'max_num_seqs'?)" in (
-            errors[0]
+        assert (
+            f"{profile}:3: [server] max_num_seq: is not a ServerArgs field (did you mean 'max_num_seqs'?)"
+            in (errors[0])
         )
-        assert f"{profile}:6: [groups.dense] model: 'demoo' is neither a demo model (demo, demo-moe)" in errors[1]
+        assert (
+            f"{profile}:6: [groups.dense] model: 'demoo' is neither a demo model (demo, demo-moe)"
+            in errors[1]
+        )
         assert "(did you mean 'demo'?)" in errors[1] and "set a demo name or the folder" in errors[1]
         print(f"{args[0]} {args[1]}: refused in {time.monotonic() - began:.1f}s")
     assert "2 problem(s); nothing was started" in result.stderr
@@ -64,10 +68,14 @@ def test_two_typos_are_both_reported_by_validate_plan_and_up_and_nothing_starts(
 def test_a_model_folder_without_config_is_named(tmp_path):
     (tmp_path / "weights").mkdir()
     profile = tmp_path / "folder.toml"
-    profile.write_text(f'[server]\nmodel = "{tmp_path / "weights"}"\ndevice = "cpu"\n[fleet]\nbase_port = {free_base_port(1)}\n')
+    profile.write_text(
+        f'[server]\nmodel = "{tmp_path / "weights"}"\ndevice = "cpu"\n[fleet]\nbase_port = {free_base_port(1)}\n'
+    )
     result = tokenspeed("profile", "validate", str(profile))
     assert result.returncode == 2
-    assert f"{profile}:2: [server] model: the folder {tmp_path / 'weights'} has no config.json" in result.stderr
+    assert (
+        f"{profile}:2: [server] model: the folder {tmp_path / 'weights'} has no config.json" in result.stderr
+    )
 
 
 def test_a_second_fleet_on_taken_ports_is_refused_naming_each_port_and_a_free_base(make_fleet):
@@ -75,7 +83,9 @@ def test_a_second_fleet_on_taken_ports_is_refused_naming_each_port_and_a_free_ba
     assert first.up().returncode == 0
     second = make_fleet(replicas=2, name="pf-second")
     second.profile.write_text(
-        second.profile.read_text().replace(f"base_port = {second.base_port}", f"base_port = {first.base_port}")
+        second.profile.read_text().replace(
+            f"base_port = {second.base_port}", f"base_port = {first.base_port}"
+        )
     )
     began = time.monotonic()
     result = second.up()
@@ -86,7 +96,10 @@ def test_a_second_fleet_on_taken_ports_is_refused_naming_each_port_and_a_free_ba
     pids = {s["name"]: s["pid"] for s in first.servers().values()}
     for i, error in enumerate(errors):
         port = first.base_port + 10 * i
-        assert f"[fleet] base_port: port {port} (pf-second-{i}'s HTTP port) is in use by pid {pids[f'pf-first-{i}']}" in error
+        assert (
+            f"[fleet] base_port: port {port} (pf-second-{i}'s HTTP port) is in use by pid {pids[f'pf-first-{i}']}"
+            in error
+        )
         assert "set [fleet] base_port to a free range (e.g. base_port = " in error
     assert not (second.state_dir / "supervisor.pid").exists()
     assert second.starts(second.server(0)) == 0 and second.starts(second.server(1)) == 0
@@ -101,7 +114,10 @@ def test_a_state_directory_in_use_by_another_fleet_is_refused(make_fleet):
     other = make_fleet(replicas=1, name="pf-intruder")
     result = tokenspeed("up", "-d", str(other.profile), "--state-dir", str(first.state_dir))
     assert result.returncode == 2, result.stdout + result.stderr
-    assert f"[fleet] name: the state directory {first.state_dir} is in use by running fleet 'pf-owner'" in result.stderr
+    assert (
+        f"[fleet] name: the state directory {first.state_dir} is in use by running fleet 'pf-owner'"
+        in result.stderr
+    )
     assert f"`tokenspeed down --state-dir {first.state_dir}`" in result.stderr
     assert other.starts(other.server(0)) == 0
 
