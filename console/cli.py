@@ -6,7 +6,8 @@ and `tokenspeed serve` never pays for Textual.
 Exit codes a script can rely on (fleet commands):
   0  done (for `up`: every server READY)
   1  the fleet failed (a server FATAL or not READY before the timeout, `down` left processes)
-  2  bad usage or a bad profile (nothing was started)
+  2  bad usage or a bad profile (nothing was started: the pre-flight lists every problem), a server
+     name the fleet does not have, or several fleets running and none chosen (--fleet NAME)
   3  no running fleet found (no supervisor answers)
 """
 
