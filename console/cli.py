@@ -6,7 +6,8 @@ and `tokenspeed serve` never pays for Textual.
 Exit codes a script can rely on (fleet commands):
   0  done (for `up`: every server READY)
   1  the fleet failed (a server FATAL or not READY before the timeout, `down` left processes)
-  2  bad usage or a bad profile (nothing was started)
+  2  bad usage or a bad profile (nothing was started: the pre-flight lists every problem), a server
+     name the fleet does not have, or several fleets running and none chosen (--fleet NAME)
   3  no running fleet found (no supervisor answers)
 """
 
@@ -290,11 +291,18 @@ def profile() -> None:
 
 @profile.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
-def profile_validate(paths: tuple[str, ...]) -> None:
-    """Check PROFILE files: every key, every server's resolved arguments."""
+@click.option(
+    "--no-preflight",
+    is_flag=True,
+    help="Check the profile alone, not whether it can start here (models found, ports free, state "
+    "directory free): for a profile meant for another machine.",
+)
+def profile_validate(paths: tuple[str, ...], no_preflight: bool) -> None:
+    """Check PROFILE files: every key, every server's resolved arguments, and what `up` would meet here
+    (each model found, each port free, the state directory free), every problem at once."""
     from console.profile.cli import validate
 
-    sys.exit(validate(list(paths)))
+    sys.exit(validate(list(paths), here=not no_preflight))
 
 
 @profile.command("show", cls=_json_command())

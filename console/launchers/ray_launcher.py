@@ -110,7 +110,7 @@ class RayHandle(ProcessHandle):
         try:
             result = ray.get(self.agent.poll.remote(self.key), timeout=RAY_CALL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return ExitInfo(None, None, time.time())  # the node or its agent is gone
+            return ExitInfo(None, None, time.time(), "its Ray node or agent is gone; exit status unknown")
         if result is None:
             return None
         return ExitInfo.from_returncode(result["returncode"], time.time())

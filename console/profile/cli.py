@@ -14,43 +14,59 @@ from tokenspeed.config.api_key import API_KEY_ENV
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def validate(paths: list[str]) -> int:
-    """Check each file; a file that only serves as the `extends` base of others given with it (as
-    `profiles/*.toml` passes `_base.toml`) is checked through them, not as a fleet of its own."""
-    resolved_by_path = {}
-    failures: dict[str, Exception] = {}
-    for path in paths:
-        try:
-            resolved_by_path[path] = load_and_resolve(path)
-        except (ProfileError, ValueError) as exc:
-            failures[path] = exc
+def validate(paths: list[str], here: bool = True) -> int:
+    """Check each file, with the pre-flight of `tokenspeed up` (console/profile/preflight.py) unless `here`
+    is False; a file that only serves as the `extends` base of others given with it (as `profiles/*.toml`
+    passes `_base.toml`) is checked through them, not as a fleet of its own."""
+    from console.profile.preflight import preflight
+
+    reports = {path: preflight(path, models=here, here=here) for path in paths}
     extended_by: dict[Path, list[str]] = {}
-    for path, resolved in resolved_by_path.items():
-        for source in resolved.profile.sources:
-            if Path(source).resolve() != Path(path).resolve():
-                extended_by.setdefault(Path(source).resolve(), []).append(path)
+    for path in paths:
+        for source in _sources(path):
+            if source != Path(path).resolve():
+                extended_by.setdefault(source, []).append(path)
     failed = 0
     for path in paths:
-        resolved = resolved_by_path.get(path)
-        if resolved is None:
-            users = extended_by.get(Path(path).resolve())
-            if users:
-                click.echo(f"{path}: ok (a base, extended by {', '.join(users)}; checked through them)")
-                continue
-            from console.profile.validate import all_errors
-
-            # Not only the first mistake: every one the loader finds, each with its file:line.
-            errors = all_errors(path)
-            for error in errors:
-                click.echo(f"error: {error}", err=True)
-            click.echo(f"{path}: {len(errors)} error(s)", err=True)
-            failed += 1
+        report = reports[path]
+        if report.ok:
+            fleet = report.resolved.profile.fleet
+            click.echo(
+                f"{path}: ok (fleet {fleet.name}, {len(report.resolved.servers)} server(s), launcher {fleet.launcher})"
+            )
             continue
-        fleet = resolved.profile.fleet
+        users = extended_by.get(Path(path).resolve())
+        if users:
+            click.echo(f"{path}: ok (a base, extended by {', '.join(users)}; checked through them)")
+            continue
+        # Not only the first mistake: every one found, each with its file:line and the fix.
+        for problem in report.problems:
+            click.echo(f"error: {problem}", err=True)
+        click.echo(f"{path}: {len(report.problems)} error(s)", err=True)
+        failed += 1
+    if failed and here:
         click.echo(
-            f"{path}: ok (fleet {fleet.name}, {len(resolved.servers)} server(s), launcher {fleet.launcher})"
+            "(checked for this machine: models, ports, state directory; a profile meant for another machine "
+            "is checked alone with --no-preflight)",
+            err=True,
         )
     return EXIT_USAGE if failed else EXIT_OK
+
+
+def _sources(path: str) -> tuple[Path, ...]:
+    """The file and every file it extends (none when it cannot be read)."""
+    from console.profile.toml import read_profile
+
+    try:
+        return tuple(read_profile(path).sources)
+    except ProfileError:
+        return ()
+
+
+def problems_text(problems) -> str:
+    """Every problem a line, then what they stopped."""
+    lines = [f"error: {p}" for p in problems]
+    return "\n".join([*lines, f"{len(lines)} problem(s); nothing was started"])
 
 
 def show(path: str, as_json: bool) -> int:
@@ -101,12 +117,15 @@ def show(path: str, as_json: bool) -> int:
 def plan(path: str, as_json: bool, gpus_from: str | None, model_config: str | None = None) -> int:
     from console.probe import load_probe, probe_gpus
     from console.profile.plan import format_plan, plan_here, plan_with_platform
+    from console.profile.preflight import preflight
 
-    try:
-        resolved = load_and_resolve(path)
-    except (ProfileError, ValueError) as exc:
-        click.echo(f"error: {exc}", err=True)
+    # Planned for this machine, the pre-flight of `up` runs too; recorded GPU readings or a given config
+    # plan for another machine, whose ports and models are not ours to check.
+    report = preflight(path, models=model_config is None, here=gpus_from is None)
+    if not report.ok:
+        click.echo(problems_text(report.problems).replace("nothing was started", "no plan"), err=True)
         return EXIT_USAGE
+    resolved = report.resolved
     probe = load_probe(gpus_from) if gpus_from else probe_gpus()
     config = json.loads(Path(model_config).read_text()) if model_config else None
     # On this machine a running fleet's own memory counts as free; a recorded reading is planned as is.

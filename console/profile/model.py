@@ -35,3 +35,16 @@ def checkpoint_bytes(model: str) -> int | None:
         if files:
             return sum(f.stat().st_size for f in files)
     return None
+
+
+def is_moe(model: str) -> bool | None:
+    """Whether the model routes tokens to experts, from its config.json (a demo name is found in the
+    package); None when its config is not on this machine."""
+    from tokenspeed.config.model_shape import model_shape
+    from tokenspeed.demo_models import resolve_model_path
+
+    try:
+        config = find_config(resolve_model_path(model))
+        return model_shape(config).num_experts > 0 if config is not None else None
+    except (KeyError, TypeError, ValueError):  # a broken install, a config of another shape
+        return None

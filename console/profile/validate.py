@@ -13,8 +13,12 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from console.profile.toml import ProfileError
+
+if TYPE_CHECKING:
+    from console.profile.fleet import ResolvedFleet
 
 MAX_ERRORS = 20
 _HEADER = re.compile(r"^\s*\[")
@@ -57,6 +61,13 @@ def _relabel(exc: ProfileError, copy: Path, original: Path) -> ProfileError:
 
 def all_errors(path: str | Path) -> list[ProfileError]:
     """Every error the loader finds in the profile at `path` (empty when it loads)."""
+    return load_all(path)[0]
+
+
+def load_all(path: str | Path) -> tuple[list[ProfileError], ResolvedFleet | None]:
+    """Every error the loader finds, and the fleet the profile resolves to: the real one when there is no
+    error, else the one of the copy with the wrong lines blanked, when that loads (so the pre-flight can
+    still check its ports and state directory), else None."""
     from console.profile.fleet import load_and_resolve
 
     original = Path(path).resolve()
@@ -65,16 +76,16 @@ def all_errors(path: str | Path) -> list[ProfileError]:
     except OSError:
         lines = None
     try:
-        load_and_resolve(original)
-        return []
+        return [], load_and_resolve(original)
     except ProfileError as exc:
         first: ProfileError = exc
     except ValueError as exc:
-        return [ProfileError(str(exc), original)]
+        return [ProfileError(str(exc), original)], None
     if lines is None:
-        return [first]
+        return [first], None
     lines = _absolute_extends(lines, original.parent)
     errors: list[ProfileError] = []
+    resolved: ResolvedFleet | None = None
     seen: set[tuple[int | None, str]] = set()
     with tempfile.TemporaryDirectory(prefix="tokenspeed-validate-") as tmp:
         copy = Path(tmp) / original.name  # the same name: a fleet's default name is the file's stem
@@ -92,11 +103,11 @@ def all_errors(path: str | Path) -> list[ProfileError]:
                 lines[i] = ""
             copy.write_text("\n".join(lines) + "\n")
             try:
-                load_and_resolve(copy)
+                resolved = load_and_resolve(copy)
                 error = None
             except ProfileError as exc:
                 error = exc
             except ValueError as exc:
                 errors.append(ProfileError(str(exc).replace(str(copy), str(original)), original))
                 error = None
-    return sorted(errors, key=lambda e: (str(e.path), e.line or 0))
+    return sorted(errors, key=lambda e: (str(e.path), e.line or 0)), resolved

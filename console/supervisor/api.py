@@ -20,9 +20,11 @@ server, 409 {"error"} while the fleet shuts down, 502 {"error"} when a proxied s
                                scrape is older than the running process),
                    "scraped_at": float | null,
                    "plan": {"kv_tokens", "gpu_memory_utilization", "cudagraph_capture_sizes", "fits",
-                            "reason"} | null (what the server was last started with; null on the CPU)}
+                            "reason"} | null (what the server was last started with; null on the CPU),
+                   "moe": bool | null (its model has experts; null: its config.json is not here)}
          last_exit.reason: "unhealthy" (stopped by the supervisor: UNHEALTHY too long), "exited while
-         unsupervised; status unknown", or null when code/signal tell all.
+         unsupervised; status unknown", "start failed: ..." (no process ran), or null when code/signal
+         tell all.
          state is one of STARTING READY STALLED UNHEALTHY BACKOFF STOPPING STOPPED FATAL; times are
          Unix seconds; latency percentiles are seconds over the last `window_s` (30) seconds of scrapes
          (None: no requests). The fleet also says "metrics_interval_s", "stop_timeout_s", "window_s".
@@ -87,6 +89,16 @@ _PROXIED = {
 _PROXY_TIMEOUT_S = {"rebalance_experts": 120.0}
 
 
+def unknown_server_message(name: str, fleet: str, servers: list[str]) -> str:
+    """`no server named 'demo-0' in fleet 'demo' (did you mean ...?); its servers: ...`: the real names."""
+    from console.profile.toml import did_you_mean
+
+    return (
+        f"no server named {name!r} in fleet {fleet!r}{did_you_mean(name, servers)}; "
+        f"its servers: {', '.join(servers) or 'none'}"
+    )
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -97,7 +109,7 @@ def build_app(sup: Supervisor) -> Starlette:
             try:
                 return await handler(request)
             except UnknownServer as exc:
-                return _error(404, f"no server named {exc.args[0]!r} in fleet {sup.fleet.name!r}")
+                return _error(404, unknown_server_message(exc.args[0], sup.fleet.name, list(sup.units)))
             except RuntimeError as exc:
                 return _error(409, str(exc))
             except httpx.HTTPError as exc:

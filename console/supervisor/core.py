@@ -61,6 +61,8 @@ class Supervisor:
         self.launcher = PlannedLauncher(inner, self.plans, self.own_processes)
         self.units: dict[str, ServerUnit] = {}
         self.scraped: dict[str, ServerScrapes] = {}
+        # model -> whether it has experts (None: its config is not here), read once (views.moe_of)
+        self.moe_by_model: dict[str, bool | None] = {}
         # Servers started with an api_key want it on every route but /health (metrics, info, admin).
         self.auth: dict[str, dict[str, str]] = {}
         self.history = MetricsHistory(paths.history, self.fleet.history_seconds)

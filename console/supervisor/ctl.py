@@ -39,18 +39,33 @@ def _summary(servers: list[dict]) -> str:
     return "  ".join(f"{s['name']}={s['state']}" for s in servers)
 
 
+def down_command(name: str, state_dir: Path, explicit: bool) -> str:
+    """The `tokenspeed down` that stops this fleet and no other: by --state-dir when one was given (a
+    fleet kept elsewhere is not found by name), else by --fleet (several fleets may run)."""
+    import shlex
+
+    return (
+        f"tokenspeed down --state-dir {shlex.quote(str(state_dir))}"
+        if explicit
+        else f"tokenspeed down --fleet {name}"
+    )
+
+
 def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int:
     from console.gpu_owners import recorded_fleet
-    from console.profile.fleet import ProfileError, load_and_resolve
+    from console.profile.cli import problems_text
     from console.profile.plan import check_fits
+    from console.profile.preflight import preflight
 
-    try:
-        resolved = load_and_resolve(profile)
-    except (ProfileError, ValueError) as exc:
-        _err(f"error: {exc}\nnothing was started")
+    # Every problem at once (profile keys, models, ports, state directory), before anything starts.
+    report = preflight(profile, state_dir)
+    if not report.ok:
+        _err(problems_text(report.problems))
         return EXIT_USAGE
+    resolved = report.resolved
     fleet = resolved.profile.fleet
     paths = StatePaths(Path(state_dir).resolve() if state_dir else default_state_dir(fleet.name))
+    stop_it = down_command(fleet.name, paths.root, state_dir is not None)
     client = SupervisorClient(paths.root)
     daemon = None
     if client.alive():
@@ -91,7 +106,7 @@ def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int
                     for s in fatal:
                         _err(f"error: {s['name']} is FATAL: {s['error']}")
                         _err("\n".join("  " + ln for ln in tail(paths.log(s["name"]), 10)))
-                    _err("the fleet stays up for inspection; `tokenspeed down` stops it")
+                    _err(f"the fleet stays up for inspection; `{stop_it}` stops it")
                     return EXIT_FAILED
                 if not ready and servers and all(s["state"] in ("STOPPED", "FATAL") for s in servers):
                     _err("error: no server is running: " + line)
@@ -100,6 +115,7 @@ def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int
                     ready = True
                     click.echo(f"fleet {fleet.name} READY: " + ", ".join(s["url"] for s in servers))
                     if detach:
+                        click.echo(f"`{stop_it}` stops it")
                         return EXIT_OK
                     click.echo("Ctrl-C stops the fleet")
             elif ready:
@@ -141,12 +157,18 @@ def _supervisor_pid(paths: StatePaths) -> dict | None:
     return record if _alive(record) else None
 
 
+def _no_fleet_or_usage(exc: SupervisorError) -> int:
+    """The documented code (console/cli.py) of a fleet that could not be reached: 3 when none answers, 2
+    when the command must say which (several fleets run) or the supervisor refused what it asked."""
+    _err(f"error: {exc}")
+    return EXIT_NO_FLEET if isinstance(exc, SupervisorUnavailable) else EXIT_USAGE
+
+
 def down(fleet: str | None, state_dir: str | None, timeout: float) -> int:
     try:
         paths = StatePaths(find_state_dir(fleet, state_dir))
     except SupervisorError as exc:
-        _err(f"error: {exc}")
-        return EXIT_NO_FLEET
+        return _no_fleet_or_usage(exc)
     supervisor = _supervisor_pid(paths)
     with SupervisorClient(paths.root) as client:
         try:
@@ -267,8 +289,7 @@ def ps(fleet: str | None, state_dir: str | None) -> int:
         with _client(fleet, state_dir) as client:
             data = client.fleet()
     except SupervisorError as exc:
-        _err(f"error: {exc}")
-        return EXIT_NO_FLEET
+        return _no_fleet_or_usage(exc)
     click.echo(f"{'PID':>7}  {'RSS MiB':>8}  {'SERVER':<16} COMMAND")
     rows = [("supervisor", data.get("supervisor_pid"))]
     rows += [(s["name"], pid) for s in data["servers"] for pid in s.get("pids") or []]
@@ -292,15 +313,22 @@ def ps(fleet: str | None, state_dir: str | None) -> int:
 
 def logs(fleet: str | None, state_dir: str | None, server: str, follow: bool, lines: int) -> int:
     try:
-        with _client(fleet, state_dir) as client:
+        root = find_state_dir(fleet, state_dir)
+    except SupervisorError as exc:
+        return _no_fleet_or_usage(exc)
+    try:
+        with SupervisorClient(root) as client:
             path = client.paths.log(server)
             # Asked even when following: an unknown server is a usage error, not an empty log.
             shown = client.logs(server, 0 if follow else lines)["lines"]
     except SupervisorUnavailable:
-        path = StatePaths(find_state_dir(fleet, state_dir)).log(server)
+        # No supervisor: the logs it left are still there to read.
+        path = StatePaths(root).log(server)
         if not path.exists():
-            _err(f"error: no log for {server} in {path.parent}")
-            return EXIT_NO_FLEET
+            known = sorted(p.name.removesuffix(".log") for p in path.parent.glob("*.log"))
+            names = f"; the logs there are of {', '.join(known)}" if known else ""
+            _err(f"error: no log for {server} in {path.parent}{names}")
+            return EXIT_USAGE if known else EXIT_NO_FLEET
         shown = [] if follow else tail(path, lines)
     except SupervisorError as exc:
         _err(f"error: {exc}")

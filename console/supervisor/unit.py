@@ -267,7 +267,10 @@ class ServerUnit:
             for handle in self.handles:
                 handle.signal_group(signal.SIGKILL)
             self.handles = []
-            self._after_failure(now, ExitInfo(None, None, now))
+            # No process ran, so no exit code: the reason is what `status` and a crash loop's error show.
+            self.last_exit = ExitInfo(None, None, now, self.error)
+            self.changed = True
+            self._after_failure(now, self.last_exit)
             return
         self.started_at = self.starting_since = now
         self.ready_since = self.unhealthy_since = self.stalled_since = None
@@ -329,7 +332,7 @@ class ServerUnit:
         if self.policy.crash_looping(now):
             self.error = (
                 f"crash loop: {self.fleet.max_restarts} restarts within {self.fleet.restart_window_s:g}s; "
-                f"last exit {exit_info.describe()}"
+                f"last exit: {exit_info.describe()}"
             )
             self.note(f"FATAL: {self.error}")
             self._set(State.FATAL)

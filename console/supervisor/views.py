@@ -39,6 +39,17 @@ def display_state(sup, unit, now: float) -> str:
     return STALLED if stalled_for(sup, unit, now) is not None else unit.state.value
 
 
+def moe_of(sup, spec) -> bool | None:
+    """Whether the server's model routes tokens to experts (the console's Experts screen says which servers
+    have any), from its config.json, read once per model; None when the config is not on this machine."""
+    from console.profile.model import is_moe
+
+    model = str(dict(spec.processes[0].fields).get("model") or "")
+    if model not in sup.moe_by_model:
+        sup.moe_by_model[model] = is_moe(model) if model else None
+    return sup.moe_by_model[model]
+
+
 def server_json(sup, unit, now: float) -> dict:
     spec = unit.spec
     running = unit.state.has_process and unit.started_at is not None
@@ -78,6 +89,7 @@ def server_json(sup, unit, now: float) -> dict:
         "metrics": metrics,
         "scraped_at": scraped.scraped_at if current else None,
         "plan": _plan_json(sup.plans.planned(spec.name)),
+        "moe": moe_of(sup, spec),
         # Every process of the server: {"pid", "name", "cpu_percent", "rss_mib", "gpu_mib", "gpu_sm_percent"}.
         "processes": [p.to_json() for p in sup.resources.usage.get(spec.name, [])] if running else [],
     }

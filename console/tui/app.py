@@ -16,6 +16,7 @@ from textual.screen import Screen
 from console.tui.action_results import describe
 from console.tui.header_line import header_line
 from console.tui.model import Snapshot
+from console.tui.moe_servers import dense_refusal
 from console.tui.poller import INTERVALS, Poller
 from console.tui.screens.base import ConsoleScreen
 from console.tui.screens.experts import ExpertsScreen
@@ -235,6 +236,10 @@ class ConsoleApp(App):
         targets = self.targets()
         if not targets:
             self.notify("no server selected", severity="warning")
+            return
+        refusal = dense_refusal(self.snapshot.fleet if self.snapshot else None, name, targets)
+        if refusal:
+            self.notify(refusal, severity="warning", timeout=6, markup=False)
             return
         question = f"{verb} {', '.join(targets)}?"
         if name in ("restart", "stop"):

@@ -48,10 +48,27 @@ def fleet_state_dir(profile: str) -> Path:
     return default_state_dir(load_profile(profile).fleet.name)
 
 
-def start_supervisor(profile: str | Path, state_dir: str | Path, timeout: float = START_TIMEOUT_S) -> None:
-    """Start the fleet's supervisor daemon detached (its own session, so it outlives this console)."""
+def refuse_problems(profile: str | Path, state_dir: str | Path | None) -> bool:
+    """ValueError with every problem the pre-flight finds (as `tokenspeed up` prints them); else whether
+    this very fleet already runs from `state_dir`."""
+    from console.profile.cli import problems_text
+    from console.profile.preflight import preflight
+
+    report = preflight(profile, state_dir)
+    if not report.ok:
+        raise ValueError(problems_text(report.problems).removeprefix("error: "))
+    return report.running
+
+
+def start_supervisor(
+    profile: str | Path, state_dir: str | Path, timeout: float = START_TIMEOUT_S, checked: bool = False
+) -> None:
+    """Start the fleet's supervisor daemon detached (its own session, so it outlives this console), after
+    the pre-flight (`checked`: the caller ran it)."""
     from console.supervisor.daemon import spawn
 
+    if not checked:
+        refuse_problems(profile, state_dir)
     paths = StatePaths(Path(state_dir).resolve())
     proc = spawn(profile, paths)
     deadline = time.monotonic() + timeout
@@ -86,11 +103,11 @@ def open_source(
 
     started = False
     if profile is not None:
+        # Every problem before anything starts; a fleet of another profile in that directory is one.
+        running = refuse_problems(profile, state_dir)
         directory = Path(state_dir) if state_dir else fleet_state_dir(profile)
-        with SupervisorClient(directory, timeout=1.0) as client:
-            running = client.alive()
         if not running:
-            start_supervisor(profile, directory)
+            start_supervisor(profile, directory, checked=True)
             started = True
     else:
         directory = find_state_dir(fleet, state_dir)

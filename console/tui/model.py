@@ -116,6 +116,7 @@ class Server:
     draining: dict[str, Any] | None = None  # STOPPING: {"since", "deadline", "in_flight"}
     # Every process of the server: {"pid", "name", "cpu_percent", "rss_mib", "gpu_mib", "gpu_sm_percent"}
     processes: tuple[dict[str, Any], ...] = ()
+    moe: bool | None = None  # its model has experts (None: not known, an older supervisor or a replay)
 
     @property
     def crash_looping(self) -> bool:
@@ -152,6 +153,7 @@ class Server:
             stalled_s=_num(data.get("stalled_s")),
             draining=data.get("draining") if isinstance(data.get("draining"), dict) else None,
             processes=tuple(p for p in data.get("processes") or [] if isinstance(p, dict)),
+            moe=data.get("moe") if isinstance(data.get("moe"), bool) else None,
         )
 
     @property

@@ -177,6 +177,20 @@ def _cluster(base: int, dp_rank: int | None) -> dict[str, int]:
     return ports
 
 
+def fixed_ports(server_args: ServerArgs) -> dict[str, int]:
+    """The ports a server's head process binds exactly where they are, by name: with ``--dist-init-addr``
+    its whole cluster (it never moves: the other nodes and DP ranks find it there). Without it the cluster
+    moves up to free ports by itself, so none is fixed (the HTTP ``--port`` aside)."""
+    if server_args.dist_init_addr is None:
+        return {}
+    _host, base = split_host_port(server_args.dist_init_addr)
+    ports = _cluster(base, None)
+    mapping = server_args.mapping
+    if mapping.has_attn_dp:
+        ports.update({f"scheduler_input_dp{r}": base + 6 + r for r in range(mapping.attn_dp_size)})
+    return ports
+
+
 def _require_free(ports: dict[str, int], dist_init_addr: str) -> None:
     taken = [f"{port} ({name})" for name, port in ports.items() if not is_port_available(port)]
     if taken:

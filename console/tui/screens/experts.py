@@ -17,6 +17,7 @@ from textual.containers import HorizontalScroll, VerticalScroll
 
 from console.tui.expert_placement import Placement, hot_spots, placement_lines, ranks_text, rebalance_lines
 from console.tui.model import Snapshot
+from console.tui.moe_servers import next_moe_server, no_expert_load_text
 from console.tui.screens.base import ConsoleScreen
 from console.tui.source import DataSource, SourceError
 from console.tui.widgets.heatmap import ExpertLoad, Heatmap, expert_lines, hottest, parse_expert_lines
@@ -65,6 +66,8 @@ class ExpertsScreen(ConsoleScreen):
         Binding("escape", "app.switch_screen_to('fleet')", "Back"),
         # one EPLB rebalance now, from the load recorded so far (asks first: it moves expert weights)
         Binding("B", "app.server_action('rebalance_experts')", "Rebalance"),
+        # a dense server has no experts: show the next server that has (console/tui/moe_servers.py)
+        Binding("m", "next_moe_server", "MoE server"),
     ]
 
     def __init__(self) -> None:
@@ -134,8 +137,21 @@ class ExpertsScreen(ConsoleScreen):
         if data.load.load:
             self._placements[data.name] = (data.load.rebalances, data.placement, data.placement_error)
         balanced_at = self._balanced_at(snapshot)
-        self.query_one(Heatmap).show_load(data.load, balanced_at)
+        if data.load.layers:
+            self.query_one(Heatmap).show_load(data.load, balanced_at)
+        else:
+            self.query_one(Heatmap).show(no_expert_load_text(snapshot.fleet, name))
         self.query_one("#experts-ranks", TextPanel).show(self._summary(data, snapshot.polled_at))
+
+    def action_next_moe_server(self) -> None:
+        snapshot = self.console.snapshot
+        fleet = snapshot.fleet if snapshot is not None else None
+        target = next_moe_server(fleet, self.console.selected)
+        if target is None:
+            self.notify("no server of this fleet serves a MoE model", severity="warning", timeout=4)
+            return
+        self.console.selected = target
+        self.console.poll_now()
 
     def _balanced_at(self, snapshot: Snapshot) -> float:
         from console.profile.thresholds import thresholds_of

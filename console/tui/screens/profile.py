@@ -38,6 +38,9 @@ class ProfileScreen(ConsoleScreen):
         self.result: CheckResult | None = None
         self._check_timer = None
         self._saved_text: str | None = None
+        # The last check knew the watched fleet (whose own ports and directory are no problem); one made
+        # before the first answer is made again once it comes.
+        self._checked_knowing_fleet = False
 
     def compose(self):
         yield from self.compose_header()
@@ -76,6 +79,8 @@ class ProfileScreen(ConsoleScreen):
         # Attached with --fleet: the supervisor knows which profile the fleet came from.
         if self.path is None and snapshot.fleet is not None and snapshot.fleet.profile_path:
             self.load(snapshot.fleet.profile_path)
+        elif snapshot.fleet is not None and not self._checked_knowing_fleet:
+            self._check_now()
 
     def _draw_title(self) -> None:
         text = self.query_one(TextArea).text
@@ -110,12 +115,30 @@ class ProfileScreen(ConsoleScreen):
         if self.path is None:
             return
         text, path = self.query_one(TextArea).text, self.path
+        state_dir = self._state_dir()
+        snapshot = self.console.snapshot
+        self._checked_knowing_fleet = snapshot is not None and snapshot.fleet is not None
 
         def work() -> None:
-            result = check_profile_text(text, path)
+            result = check_profile_text(text, path, state_dir)
             self.app.call_from_thread(self._show_result, text, result)
 
         self.run_worker(work, thread=True, group="profile-check", exclusive=True, exit_on_error=False)
+
+    def _state_dir(self) -> str | None:
+        """Where the profile's fleet is kept: the console's own directory when the fleet it watches runs
+        from this very file (its ports are its own); else None, the profile's default one."""
+        snapshot = self.console.snapshot
+        watched = snapshot.fleet.profile_path if snapshot is not None and snapshot.fleet is not None else None
+        own = self.console.state_dir or getattr(self.console.source, "state_dir", None)
+        if (
+            not own
+            or not watched
+            or self.path is None
+            or Path(watched).resolve() != Path(self.path).resolve()
+        ):
+            return None
+        return str(own)
 
     def _show_result(self, text: str, result: CheckResult) -> None:
         if text != self.query_one(TextArea).text:
@@ -146,7 +169,7 @@ class ProfileScreen(ConsoleScreen):
             return False
         text = self.query_one(TextArea).text
         # Checked now, on exactly this text: the last check as-you-type may be of an older text.
-        result = check_profile_text(text, self.path)
+        result = check_profile_text(text, self.path, self._state_dir())
         self._show_result(text, result)
         if not result.ok:
             self.notify(f"not saved: {result.describe(self.path)}", severity="error", markup=False)
