@@ -61,6 +61,7 @@ SEED_FLAG_TABLE = [
     (["--device", "cpu"], "device", "cpu"),
     (["--cpu-kv-cache-memory-gb", "0.5"], "cpu_kv_cache_memory_gb", 0.5),
     (["--max-request-bytes", "1024"], "max_request_bytes", 1024),
+    (["--dense-gemv-backend", "torch"], "dense_gemv_backend", "torch"),
     (["--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),
     (["--disable-cuda-graph"], "enforce_eager", True),
     (["--served-model-name", "text"], "served_model_name", "text"),
@@ -345,6 +346,7 @@ def test_table_covers_every_flag_of_the_parser(parser):
         "--api-key-file",
         "--speculative-ngram-min-match-window-size",
         "--speculative-ngram-max-match-window-size",
+        "--dense-gemv-backend",  # the bf16 GEMV of decode batches (tests/unit/test_dense_gemv_backend.py)
     }
     options = {s for action in parser._actions for s in action.option_strings}
     assert options - in_table == ours

@@ -66,6 +66,7 @@ FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
     "attention_backend": ATTENTION_BACKENDS,
     "drafter_attention_backend": ATTENTION_BACKENDS,
     "sampling_backend": SAMPLING_BACKENDS,
+    "dense_gemv_backend": ("auto", "triton", "torch"),  # beyond the seed (layers/dense_gemv.py)
     # llguidance: beyond the seed, the alternative backend vLLM and SGLang offer
     "grammar_backend": ("xgrammar", "llguidance", "none"),
     "speculative_algorithm": ("EAGLE3", "MTP", "DFLASH", "NGRAM"),
