@@ -33,28 +33,6 @@ from benchmarks import gpu_common as gc  # noqa: E402
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 PEAK = 4.8e12  # H200 HBM3e, datasheet
 CALLS = 20
-COLD_BYTES = 256 << 20
-
-
-def graph_seconds(calls: list) -> float:
-    """Seconds per call of a CUDA graph replaying `calls` in order (each warmed up eagerly first, so the
-    autotuner runs outside the capture)."""
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for fn in calls:
-            fn()
-    torch.cuda.synchronize()
-    return gc.time_cuda(graph.replay, iters=10, warmup=2) / len(calls)
-
-
-def copies(make, nbytes: int) -> list:
-    """Enough independent copies of a weight (from `make()`) that cycling them defeats the L2 cache."""
-    return [make() for _ in range(max(2, -(-COLD_BYTES // nbytes)))]
 
 
 def _gemv(x: torch.Tensor, wt: tuple[torch.Tensor, torch.Tensor], block: tuple[int, int] | None):
@@ -99,9 +77,9 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
     }
     fp8_bytes = n * k + channel[1].numel() * 4
     block_bytes = n * k + block[1].numel() * 4
-    ch_w = copies(lambda: tuple(t.clone() for t in channel), fp8_bytes)
-    bl_w = copies(lambda: tuple(t.clone() for t in block), block_bytes)
-    bf_w = copies(bf16.clone, 2 * n * k)
+    ch_w = gc.cold_copies(lambda: tuple(t.clone() for t in channel), fp8_bytes)
+    bl_w = gc.cold_copies(lambda: tuple(t.clone() for t in block), block_bytes)
+    bf_w = gc.cold_copies(bf16.clone, 2 * n * k)
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -123,7 +101,7 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
                 if path.startswith("gemv"):
                     row["config"] = str(fp8_gemv._tuned.best_config)
                     row["first_call_s"] = round(tune_s, 2)
-                t = graph_seconds([fns[i % len(fns)] for i in range(CALLS)])
+                t = gc.graph_seconds([fns[i % len(fns)] for i in range(CALLS)])
                 row.update(
                     us=round(t * 1e6, 2), gb_s=round(nbytes / t / 1e9, 1), of_peak=round(nbytes / t / PEAK, 3),
                     rel_err=float(f"{err:.3g}"),

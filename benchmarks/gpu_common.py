@@ -107,6 +107,28 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     return 2 * nbytes / t
 
 
+def graph_seconds(calls: list) -> float:
+    """Seconds per call of a CUDA graph replaying `calls` in order (each warmed up eagerly first, so an
+    autotuner runs outside the capture), as the engine replays decode steps."""
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for fn in calls:
+            fn()
+    torch.cuda.synchronize()
+    return time_cuda(graph.replay, iters=10, warmup=2) / len(calls)
+
+
+def cold_copies(make, nbytes: int, cold_bytes: int = 256 << 20) -> list:
+    """Enough independent copies of a weight (from `make()`) that cycling them defeats the 50 MB L2 cache,
+    as in a real step, where the other layers' weights evict it."""
+    return [make() for _ in range(max(2, -(-cold_bytes // nbytes)))]
+
+
 def matmul_peak(n: int = 8192) -> float:
     """FLOP/s of an n^3 bf16 matrix product on random data."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -117,6 +139,14 @@ def matmul_peak(n: int = 8192) -> float:
     return 2 * n**3 / t
 
 
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
 def device_info() -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
     return {
@@ -125,6 +155,7 @@ def device_info() -> dict[str, Any]:
         "memory_gib": round(props.total_memory / (1 << 30), 1),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "triton": _triton_version(),
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }

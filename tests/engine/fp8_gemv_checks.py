@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import triton
 
 from tokenspeed.runtime.kernels import fp8_gemv
+from tokenspeed.runtime.kernels.gemv_common import cast_partials
 from tokenspeed.runtime.layers.quantization.fp8_math import dequantize, quantize_block, quantize_per_channel
 
 # label -> (scale tiles, N, K): N is no multiple of the wider BLOCK_N; K = 300 leaves a tail in every K
@@ -61,7 +62,7 @@ def autotuned() -> dict[str, float]:
 
         def post(nargs: dict, exception: BaseException | None = None, ran=ran) -> None:
             ran.append(nargs["SPLIT_K"])
-            fp8_gemv._cast_partials(nargs, exception)
+            cast_partials(nargs, exception)
 
         def timing(kernel_call, quantiles=None, want=want, ran=ran) -> list[float]:
             kernel_call()

@@ -9,6 +9,8 @@
 #   fp8   = fp8gemv fp8 fp8bench        FP8 GEMV tests and microbenchmark (benchmarks/fp8_gemv.py), FP8
 #                                       GEMM/KV tests, decode with FP8 weights and FP8 KV cache
 #   verify = structured spec fp8        grammar under CUDA graphs, speculative greedy == plain, FP8 tests
+#   bf16gemv                            the dense bf16 GEMV's GPU tests, then benchmarks/bf16_gemv.py (GEMV vs
+#                                       cuBLAS on the Llama-3.1-8B shapes, M = 1, 2, 4) -> $OUT/gpu_bf16_gemv.json
 #   moe-all = moetests moetune moedecode moeoffline   fused MoE tests, block-size sweep, decode per config,
 #                                       the offline Engine per config (default record eplb torch)
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
@@ -80,6 +82,13 @@ part_fp8gemv() {  # the FP8 GEMV of decode batches: GEMV vs _scaled_mm vs bf16 (
   stage bench-fp8-gemv
   run ${T_FP8GEMV:-150} python3 benchmarks/fp8_gemv.py --out "$OUT/gpu_fp8_gemv.json"
   grep -E "^(qkv|o|gate_up|down) +[0-9]|speedup|Error" "$LOG" | tail -50
+}
+part_bf16gemv() {  # the dense bf16 GEMV of decode batches: its GPU tests, then GEMV vs cuBLAS on the 8B shapes
+  stage bf16-gemv
+  run ${T_BF16GEMV_TESTS:-240} $PYT --timeout 230 -s tests/gpu/test_bf16_gemv_gpu.py  # compiles ~40 variants
+  grep -E "^bf16 gemv .*rel err|^autotuned bf16 gemv|^graph replay|^bs1 decode step" "$LOG" | tail -20
+  run ${T_BF16GEMV:-150} python3 benchmarks/bf16_gemv.py --out "$OUT/gpu_bf16_gemv.json"
+  grep -E "^(qkv|o|gate_up|down|lm_head) +[0-9]|^shape|decode-step|copy bandwidth|total|Error" "$LOG" | tail -60
 }
 part_structured() {
   stage tests-structured

@@ -64,6 +64,7 @@ SEED_FLAG_TABLE = [
     (["--max-sequences-per-request", "8"], "max_sequences_per_request", 8),
     (["--max-queued-requests", "16"], "max_queued_requests", 16),
     (["--max-queued-tokens", "4096"], "max_queued_tokens", 4096),
+    (["--dense-gemv-backend", "torch"], "dense_gemv_backend", "torch"),
     (["--tool-call-parser", "hermes"], "tool_call_parser", "hermes"),
     (["--disable-cuda-graph"], "enforce_eager", True),
     (["--served-model-name", "text"], "served_model_name", "text"),
@@ -349,6 +350,7 @@ def test_table_covers_every_flag_of_the_parser(parser):
         "--api-key-file",
         "--speculative-ngram-min-match-window-size",
         "--speculative-ngram-max-match-window-size",
+        "--dense-gemv-backend",  # the bf16 GEMV of decode batches (tests/unit/test_dense_gemv_backend.py)
     }
     options = {s for action in parser._actions for s in action.option_strings}
     assert options - in_table == ours

@@ -52,6 +52,7 @@ def test_other_entries_say_why(name):
 
 def test_implemented_values_are_the_registries():
     from tokenspeed.runtime.engine import tokenizer
+    from tokenspeed.runtime.layers import dense_gemv
     from tokenspeed.runtime.layers.attention import attention_backend_registry
     from tokenspeed.runtime.layers.moe import backend as moe
     from tokenspeed.runtime.layers.moe.expert_parallel import ALL2ALL_BACKENDS
@@ -66,6 +67,7 @@ def test_implemented_values_are_the_registries():
     assert values("attention_backend") == set(attention_backend_registry().names())
     assert values("sampling_backend") == set(SAMPLING_BACKENDS)
     assert values("moe_backend") == set(moe.CHOICES)
+    assert values("dense_gemv_backend") == set(dense_gemv.CHOICES)
     assert values("load_format") == set(LOAD_FORMATS)
     assert values("all2all_backend") == set(ALL2ALL_BACKENDS)
     assert values("ep_dispatch_algorithm") == set(DISPATCH_ALGORITHMS)

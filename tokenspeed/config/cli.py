@@ -294,6 +294,13 @@ _PARALLEL_FLAGS: tuple[FlagRow, ...] = (
     ),
     Opt("--moe-backend", str, "MoE kernel backend: auto, triton, gluon, flashinfer_trtllm."),
     Opt("--draft-moe-backend", str, "MoE backend of the draft model; defaults to --moe-backend."),
+    Opt(
+        "--dense-gemv-backend",
+        str,
+        "bf16/fp16 linear layers and the LM head at decode batches of 1-4 rows: 'triton' (a Triton GEMV, "
+        "autotuned per shape), 'torch' (F.linear, cuBLAS), 'auto' (triton on CUDA; default). A TokenSpeed "
+        "flag, not in the upstream set.",
+    ),
     Opt("--all2all-backend", str, "MoE all-to-all: none, deepep, ...", metavar="ALL2ALL_BACKEND"),
     Opt(
         "--deepep-mode",

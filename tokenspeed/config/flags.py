@@ -68,6 +68,7 @@ FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
     "attention_backend": ATTENTION_BACKENDS,
     "drafter_attention_backend": ATTENTION_BACKENDS,
     "sampling_backend": SAMPLING_BACKENDS,
+    "dense_gemv_backend": ("auto", "triton", "torch"),  # beyond the seed (layers/dense_gemv.py)
     # llguidance: beyond the seed, the alternative backend vLLM and SGLang offer
     "grammar_backend": ("xgrammar", "llguidance", "none"),
     # the parsers that exist (reasoning_parsers.REASONING_PARSERS), not the seed's open-ended names

@@ -132,6 +132,9 @@ class ServerArgs:
 
     # MoE backend
     moe_backend: str = "auto"
+    # bf16/fp16 linears and the LM head at decode batches of 1-4 rows (TokenSpeed's own flag):
+    # auto | triton (the Triton GEMV) | torch (F.linear, cuBLAS)
+    dense_gemv_backend: str = "auto"
     draft_moe_backend: str | None = None
     all2all_backend: str = "none"
     deepep_mode: Literal["auto", "normal", "low_latency"] = "auto"

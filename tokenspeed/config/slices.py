@@ -52,6 +52,8 @@ class RunnerConfig:
     draft_kv_layers: int = 0
     # tokens a speculative verify forward computes per request (1: no speculation); sizes verify graphs
     spec_tokens_per_req: int = 1
+    # bf16/fp16 linears at decode batches of 1-4 rows: auto | triton | torch (layers/dense_gemv.py)
+    dense_gemv_backend: str = "auto"
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> RunnerConfig:
@@ -77,6 +79,7 @@ class RunnerConfig:
             quantization_param_path=args.quantization_param_path,
             draft_kv_layers=1 if args.speculative_algorithm == "EAGLE3" else 0,
             spec_tokens_per_req=tokens_per_verify(args),
+            dense_gemv_backend=args.dense_gemv_backend,
         )
 
 

@@ -66,6 +66,7 @@ def _inert(reason: str) -> Support:
 ATTENTION_IMPLEMENTED = (None, "torch", "triton", "flashinfer")
 SAMPLING_IMPLEMENTED = (None, "greedy", "torch", "flashinfer", "flashinfer_full", "triton", "triton_full")
 MOE_IMPLEMENTED = ("auto", "torch", "triton")
+DENSE_GEMV_IMPLEMENTED = ("auto", "torch", "triton")
 LOAD_FORMATS_IMPLEMENTED = ("auto", "safetensors", "pt", "dummy")
 TOKENIZER_MODES_IMPLEMENTED = ("auto", "slow")
 ALL2ALL_IMPLEMENTED = ("none",)
@@ -180,6 +181,7 @@ SUPPORT: dict[str, Support] = {
     "eplb_rebalance_num_iterations": _impl("server/test_parallel_server.py"),
     # MoE backend
     "moe_backend": _impl("unit/test_moe_recording.py", MOE_IMPLEMENTED),
+    "dense_gemv_backend": _impl("unit/test_dense_gemv_backend.py", DENSE_GEMV_IMPLEMENTED),
     "draft_moe_backend": _refused(
         "the only draft model (EAGLE3) is one dense decoder layer: it has no MoE", "drop --draft-moe-backend"
     ),

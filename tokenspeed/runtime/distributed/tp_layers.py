@@ -181,7 +181,7 @@ class VocabParallelLMHead(LMHead):
         self.weight = _new_param(full.weight, (self.range.per_rank, full.weight.shape[1]))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight).float()
+        logits = self.quant.logits(self, hidden)
         return all_gather(logits, self.group, dim=-1)[..., : self.vocab_size]
 
     def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:

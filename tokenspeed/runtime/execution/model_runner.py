@@ -34,6 +34,7 @@ from tokenspeed.runtime.execution.prompt_logprobs import (
 from tokenspeed.runtime.grammar.bitmask import fill_token_bitmask
 from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
+from tokenspeed.runtime.layers.dense_gemv import apply_dense_gemv_backend
 from tokenspeed.runtime.layers.moe.backend import apply_moe_backend
 from tokenspeed.runtime.layers.sampling import create_sampler
 from tokenspeed.runtime.models.model_config import ModelConfig
@@ -71,6 +72,7 @@ class ModelRunner:
         self.experts.attach(self.model, model_config, loaded.expert_state, device)
         kv_config = self.peers.local_model_config(model_config)
         apply_moe_backend(self.model, config.moe_backend, device)
+        apply_dense_gemv_backend(self.model, config.dense_gemv_backend, device)
         bs = config.block_size
         if bs < 1:
             raise ValueError(f"--block-size must be >= 1, got {bs}")

@@ -30,13 +30,14 @@ NOT YET RUN ON A GPU when written: tests/gpu/test_fp8_gpu.py and benchmarks/fp8_
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from tokenspeed.runtime.kernels import gemv_common
+from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, zero_partials
 
 # Batches up to this many rows take the GEMV; larger ones are compute-bound enough for the GEMM paths.
 GEMV_MAX_M = 16
@@ -61,7 +62,7 @@ class GemvConfig:
             BLOCK_N=self.block_n, BLOCK_K=self.block_k, SPLIT_K=self.split_k, USE_DOT=self.use_dot,
             PREFETCH=self.prefetch, SWAP_AB=self.swap_ab,
         )  # fmt: skip
-        hook = _zero_partials if self.split_k > 1 else None
+        hook = zero_partials if self.split_k > 1 else None
         return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages, pre_hook=hook)
 
 
@@ -103,9 +104,8 @@ def m_bucket(m: int) -> int:
 
 
 def split_allowed(n: int, device: torch.device) -> bool:
-    # Fewer than ~2 programs per SM at the dot path's narrowest tile: K is the only parallelism left.
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    return triton.cdiv(n, 16) < 2 * sms
+    # Fewer than ~2 programs per SM at the dot path's narrowest tile (16 rows): K is the only parallelism left.
+    return gemv_common.split_allowed(n, device, rows_per_sm=32)
 
 
 def fits(cfg: GemvConfig, bucket: int, block_k: int | None) -> bool:
@@ -124,17 +124,6 @@ def adapt(cfg: GemvConfig, block_k: int | None) -> GemvConfig:
     if block_k is None or cfg.block_k <= block_k:
         return cfg
     return dataclasses.replace(cfg, block_k=block_k)
-
-
-def _zero_partials(nargs: dict) -> None:
-    nargs["Acc"].zero_()
-
-
-def _cast_partials(nargs: dict, exception: BaseException | None = None) -> None:
-    # The autotuner's post-hook: a split-K config's cast is part of what it costs. (Triton releases
-    # before the hooks got the named arguments pass a plain list: nothing to time then.)
-    if exception is None and isinstance(nargs, dict) and nargs.get("SPLIT_K", 1) > 1:
-        nargs["Out"].copy_(nargs["Acc"])
 
 
 def candidates(bucket: int, block_k: int | None, allow_split: bool) -> list[GemvConfig]:
@@ -176,16 +165,6 @@ def _epilogue(
 
 
 @triton.jit
-def _load_w(w_rows, k, K, nmask, EVEN_K: tl.constexpr):
-    if EVEN_K:  # no mask along K: whole 16-byte vectors of the weight row
-        w = tl.load(w_rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
-    else:
-        w = tl.load(w_rows + k[None, :], mask=nmask[:, None] & (k < K)[None, :], other=0.0,
-                    eviction_policy="evict_first")  # fmt: skip
-    return w
-
-
-@triton.jit
 def _fp8_gemv_kernel(
     X, W, S, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om, stride_sn,
     GN: tl.constexpr, GK: tl.constexpr, HAS_BIAS: tl.constexpr, M_BUCKET: tl.constexpr,
@@ -214,7 +193,7 @@ def _fp8_gemv_kernel(
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for i in range(lo, hi):
             k = i * BLOCK_K + offs_k
-            w = _load_w(w_rows, k, K, nmask, EVEN_K)
+            w = load_rows(w_rows, k, K, nmask, EVEN_K, False)
             x = tl.load(x_rows + k[None, :], mask=mmask[:, None] & (k < K)[None, :], other=0.0)
             if X.dtype.element_ty == tl.float32:
                 wd = w.to(tl.float32)
@@ -241,14 +220,16 @@ def _fp8_gemv_kernel(
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if PREFETCH:  # chunk indices are clamped into [lo, hi - 1]: a repeated chunk comes from cache
-            w_next = _load_w(w_rows, tl.minimum(lo, chunks - 1) * BLOCK_K + offs_k, K, nmask, EVEN_K)
+            k0 = tl.minimum(lo, chunks - 1) * BLOCK_K + offs_k
+            w_next = load_rows(w_rows, k0, K, nmask, EVEN_K, False)
         for i in range(lo, hi):
             k = i * BLOCK_K + offs_k
             if PREFETCH:
                 w = w_next
-                w_next = _load_w(w_rows, tl.minimum(i + 1, hi - 1) * BLOCK_K + offs_k, K, nmask, EVEN_K)
+                k_next = tl.minimum(i + 1, hi - 1) * BLOCK_K + offs_k
+                w_next = load_rows(w_rows, k_next, K, nmask, EVEN_K, False)
             else:
-                w = _load_w(w_rows, k, K, nmask, EVEN_K)
+                w = load_rows(w_rows, k, K, nmask, EVEN_K, False)
             # one weight row-chunk times each batch row, summed along K: a 2-D product keeps the weight
             # load in 16-byte vectors (a 3-D broadcast over M made Triton split it into 4-byte loads)
             wf = w.to(tl.float32)
@@ -274,22 +255,11 @@ _launch = triton.heuristics(
 )(_fp8_gemv_kernel)
 
 
-def _autotune_kwargs() -> dict:
-    """Short timing runs (the kernels take microseconds), where this Triton lets us choose them."""
-    params = inspect.signature(triton.autotune).parameters
-    kwargs = {"post_hook": _cast_partials} if "post_hook" in params else {}
-    if "do_bench" in params:
-        from triton.testing import do_bench
-
-        kwargs["do_bench"] = functools.partial(do_bench, warmup=5, rep=20)
-    return kwargs
-
-
 _tuned = triton.autotune(
     configs=[c.triton_config() for c in ALL_CONFIGS],
     key=["N", "K", "M_BUCKET", "GK", "GN"],
     prune_configs_by={"early_config_prune": _prune},
-    **_autotune_kwargs(),
+    **autotune_kwargs(),
 )(_launch)
 
 

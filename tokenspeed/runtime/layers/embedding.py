@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenspeed.runtime.layers.linear import copy_weight
+from tokenspeed.runtime.layers.linear import UNQUANTIZED, Unquantized, copy_weight
 
 
 class VocabEmbedding(nn.Module):
@@ -25,13 +25,15 @@ class VocabEmbedding(nn.Module):
 class LMHead(nn.Module):
     """Hidden states of the sampled positions -> float32 logits over the vocabulary."""
 
+    quant: Unquantized = UNQUANTIZED  # how it multiplies (`layers/dense_gemv.py` may hand it another)
+
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__()
         self.vocab_size = vocab_size
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight).float()
+        return self.quant.logits(self, hidden)
 
     def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
         return copy_weight(self.weight, tensor, name)

@@ -42,10 +42,14 @@ def copy_weight(dst: torch.Tensor, src: torch.Tensor, name: str) -> int:
 
 class Unquantized:
     """How a linear layer with weights in the model's dtype multiplies (the default `quant` of a layer;
-    `layers/quantization/fp8.py` gives FP8 layers another one)."""
+    `layers/quantization/fp8.py` gives FP8 layers another one, `layers/dense_gemv.py` decode batches one)."""
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
+
+    def logits(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """An LM head's float32 logits x W^T."""
+        return F.linear(x, layer.weight).float()
 
     def rows(self, param_name: str, start: int, end: int, name: str) -> tuple[int, int]:
         """The rows of `param_name` that hold output rows [start, end) of the weight."""

@@ -1,0 +1,173 @@
+"""Dense bf16 GEMV against cuBLAS on the Llama-3.1-8B linear shapes at decode batches of 1, 2 and 4 rows.
+
+For each shape (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336, lm_head 128256x4096) and M:
+- `gemv`: the Triton GEMV (`kernels/bf16_gemv.py`, autotuned at its first call, which is timed);
+- `cublas`: `F.linear` (cuBLAS), what `--dense-gemv-backend torch` runs.
+The LM head is timed as the model calls it: float32 logits (the GEMV writes them from its accumulators;
+cuBLAS's bf16 output is cast). Each path is timed as a CUDA graph of 20 calls (the engine replays decode as
+graphs), the calls cycling over enough copies of the weight (>= 256 MB) that none is served from the L2
+cache. Reported: weight bytes read per second, as a fraction of the H200's 4.8 TB/s and of a
+device-to-device copy measured in the same run (bytes read + written), each output's relative error to
+the float32 reference, and a batch-1 step estimate (32 layers of qkv/o/gate_up/down plus the LM head).
+
+    python benchmarks/bf16_gemv.py [--m 1 2 4] [--shapes ...] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import gpu_common as gc  # noqa: E402
+
+SHAPES = {
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (28672, 4096),
+    "down": (4096, 14336),
+    "lm_head": (128256, 4096),
+}
+LAYERS = 32  # Llama-3.1-8B: each of qkv/o/gate_up/down once per layer, the LM head once per step
+PEAK = 4.8e12  # H200 HBM3e, datasheet
+CALLS = 20
+
+
+def _paths(name: str, x: torch.Tensor, ws: list[torch.Tensor]) -> dict[str, list]:
+    from tokenspeed.runtime.kernels.bf16_gemv import dense_gemv
+
+    if name == "lm_head":
+        return {
+            "gemv": [lambda w=w: dense_gemv(x, w, None, torch.float32) for w in ws],
+            "cublas": [lambda w=w: F.linear(x, w).float() for w in ws],
+        }
+    return {
+        "gemv": [lambda w=w: dense_gemv(x, w) for w in ws],
+        "cublas": [lambda w=w: F.linear(x, w) for w in ws],
+    }
+
+
+def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
+    from tokenspeed.runtime.kernels import bf16_gemv
+
+    torch.manual_seed(0)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    nbytes = 2 * n * k
+    ws = gc.cold_copies(w.clone, nbytes)
+    wf = w.float()
+    del w
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        ref = F.linear(x.float(), wf)
+        for path, fns in _paths(name, x, ws).items():
+            row = dict(shape=name, n=n, k=k, m=m, path=path, weight_mb=round(nbytes / 1e6, 2))
+            try:
+                t0 = time.perf_counter()
+                err = float((fns[0]().float() - ref).norm() / ref.norm())  # also tunes the GEMV
+                torch.cuda.synchronize()
+                if path == "gemv":
+                    row["config"] = str(bf16_gemv._tuned.best_config)
+                    row["first_call_s"] = round(time.perf_counter() - t0, 2)
+                t = gc.graph_seconds([fns[i % len(fns)] for i in range(CALLS)])
+                row.update(
+                    us=round(t * 1e6, 2), gb_s=round(nbytes / t / 1e9, 1), of_peak=round(nbytes / t / PEAK, 3),
+                    rel_err=float(f"{err:.3g}"),
+                )  # fmt: skip
+            except Exception as e:  # one failing path must not lose the others' figures
+                traceback.print_exc()
+                row["error"] = repr(e)[:500]
+            rows.append(row)
+            print(
+                f"{name:8s} {n:6d}x{k:<6d} m={m} {path:6s} "
+                + (
+                    f"{row['us']:8.2f} us {row['gb_s']:7.1f} GB/s {row['of_peak']:.3f} of 4.8 TB/s "
+                    f"err {row['rel_err']:.2e} {row.get('config', '')}"
+                    if "us" in row
+                    else f"FAILED {row['error']}"
+                ),
+                flush=True,
+            )
+    del wf, ws
+    torch.cuda.empty_cache()
+    return rows
+
+
+def step_estimate(rows: list[dict], m: int) -> dict[str, dict]:
+    """A decode step's linear layers at batch m, per path: 32 x (qkv, o, gate_up, down) + the LM head."""
+    out = {}
+    for path in ("gemv", "cublas"):
+        got = {r["shape"]: r for r in rows if r["m"] == m and r["path"] == path and "us" in r}
+        if set(got) != set(SHAPES):
+            continue
+        count = {s: (1 if s == "lm_head" else LAYERS) for s in SHAPES}
+        us = sum(got[s]["us"] * c for s, c in count.items())
+        nbytes = sum(got[s]["weight_mb"] * 1e6 * c for s, c in count.items())
+        out[path] = dict(
+            ms=round(us / 1e3, 3), tb_s=round(nbytes / us / 1e6, 3), of_peak=round(nbytes / us / 1e6 / 4.8, 3)
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_bf16_gemv.json"))
+    args = ap.parse_args()
+    start = time.perf_counter()
+    bw = gc.copy_bandwidth(1 << 30)
+    print(f"device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)", flush=True)
+    rows = []
+    for name in args.shapes:
+        rows += bench_shape(name, *SHAPES[name], args.m)
+    for r in rows:
+        if "gb_s" in r:
+            r["of_copy_bw"] = round(r["gb_s"] * 1e9 / bw, 3)
+    speedup = {}
+    print(f"{'shape':8s} {'m':>2s} {'gemv us':>9s} {'cublas us':>9s} {'gemv/4.8':>8s} {'cublas/4.8':>10s} "
+          f"{'gemv/copy':>9s} {'speedup':>7s}")  # fmt: skip
+    for r in rows:
+        if r["path"] != "gemv" or "us" not in r:
+            continue
+        base = next(
+            (o for o in rows if (o["shape"], o["m"], o["path"]) == (r["shape"], r["m"], "cublas")), {}
+        )
+        if "us" in base:
+            speedup[f"{r['shape']}/m{r['m']}"] = round(base["us"] / r["us"], 3)
+            print(f"{r['shape']:8s} {r['m']:2d} {r['us']:9.2f} {base['us']:9.2f} {r['of_peak']:8.3f} "
+                  f"{base['of_peak']:10.3f} {r['of_copy_bw']:9.3f} {base['us'] / r['us']:7.2f}x")  # fmt: skip
+    steps = {f"m{m}": step_estimate(rows, m) for m in args.m}
+    for m, est in steps.items():
+        print(
+            f"decode-step linears {m}: "
+            + ", ".join(f"{p} {e['ms']} ms ({e['of_peak']} of 4.8 TB/s)" for p, e in est.items())
+        )
+    seconds = round(time.perf_counter() - start, 1)
+    print(f"total {seconds} s")
+    gc.save_json(
+        args.out,
+        dict(
+            benchmark="bf16_gemv",
+            device=gc.device_info(),
+            peak_tb_s=PEAK / 1e12,
+            copy_bandwidth_tb_s=round(bw / 1e12, 4),
+            calls_per_graph=CALLS,
+            gemv_speedup_over_cublas=speedup,
+            step_estimate=steps,
+            seconds=seconds,
+            rows=rows,
+        ),
+    )
+
+
+if __name__ == "__main__":
+    main()

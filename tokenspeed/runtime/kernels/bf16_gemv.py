@@ -1,0 +1,264 @@
+"""Dense GEMV for decode batches of 1-4 rows: y[m, n] = sum_k x[m, k] * w[n, k] (+ bias), w in bf16/fp16.
+
+At batch 1 a decode step is a pass over the weights, and cuBLAS reads them at ~4.1 TB/s on the H200 (0.86
+of the 4.8 TB/s HBM3e); its small-N GEMVs (o_proj 4096x4096) run far below that. This kernel streams each
+weight row once, row-major [N, K], in 16-byte vector loads, with these choices for the autotuner:
+
+- each program holds BLOCK_N rows and walks K in BLOCK_K chunks, multiplying on the CUDA cores into a
+  float32 accumulator of the tile's shape per batch row: no reduction across threads inside the K loop
+  (one at the end), so the loop is loads and FMAs only. The batch row is read as a tile of the weight
+  tile's shape (the same register layout, so no shuffle through shared memory per chunk; the repeats
+  are L1 hits);
+- PREFETCH chunks ahead are loaded before the current one is multiplied (1 or 2): a short K loop is
+  latency-bound without it (the FP8 GEMV's o_proj ran at half the copy bandwidth before it had this);
+- split-K (`gemv_common`) for layers narrow enough that the grid alone cannot keep ~5 MB of loads in
+  flight on 132 SMs (qkv, o, down of Llama-3.1-8B).
+Configs whose accumulators would not fit the registers next to the loads in flight are pruned per batch
+bucket (1, 2, 4 rows: a batch of 3 runs the 4-row kernel with its last row masked).
+
+`triton.autotune` picks a config at a shape's first call, keyed on (N, K, batch bucket, output dtype).
+The CUDA-graph runner makes an eager warm-up forward for every captured batch size before it captures,
+so tuning (which synchronizes) never happens inside a capture; a captured call is zero (split-K only),
+product, cast (split-K only), with its buffers from the graph's pool.
+
+Imported only by `layers/dense_gemv.py` on CUDA tensors (and by Triton's interpreter in the CPU tests).
+NOT YET RUN ON A GPU when written: tests/gpu/test_bf16_gemv_gpu.py and benchmarks/bf16_gemv.py check it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed.runtime.kernels import gemv_common
+from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, zero_partials
+
+# Batches up to this many rows take the GEMV: beyond, the CUDA cores' FMAs per weight byte start to bound
+# it and cuBLAS's tensor-core GEMM is as fast.
+GEMV_MAX_M = 4
+DTYPES = (torch.bfloat16, torch.float16)
+# Split-K is timed for layers of fewer rows than this per SM: 64 x 132 = 8448 takes qkv (6144), o and
+# down (4096) of Llama-3.1-8B, at 4-row tiles fewer than ~12 programs an SM.
+SPLIT_ROWS_PER_SM = 64
+# float32 accumulator values a thread may hold (elements of its tile share x batch rows)
+MAX_ACC_PER_THREAD = 64
+
+
+@dataclass(frozen=True)
+class DenseGemvConfig:
+    """One launch configuration (also what the tests force, config by config)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = 1  # the PREFETCH loads are the pipeline; Triton's own stays off
+    split_k: int = 1
+    prefetch: int = 1  # K chunks loaded ahead of the one being multiplied (0, 1 or 2)
+
+    @property
+    def per_thread(self) -> int:
+        """Weight elements of a tile each thread holds (and accumulators per batch row)."""
+        return self.block_n * self.block_k // (32 * self.num_warps)
+
+    def triton_config(self) -> triton.Config:
+        kwargs = dict(
+            BLOCK_N=self.block_n, BLOCK_K=self.block_k, SPLIT_K=self.split_k, PREFETCH=self.prefetch
+        )
+        hook = zero_partials if self.split_k > 1 else None
+        return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages, pre_hook=hook)
+
+
+# Bytes in flight per thread = per_thread x 2 x PREFETCH; registers ~ per_thread x (batch rows + 1).
+# The tuner picks per shape; `candidates` drops those a bucket cannot hold.
+CONFIGS = [
+    DenseGemvConfig(4, 256, 4, prefetch=2),  # 8 a thread, two chunks ahead: 4-row batches
+    DenseGemvConfig(8, 256, 8, prefetch=2),
+    DenseGemvConfig(4, 512, 4),  # 16 a thread
+    DenseGemvConfig(8, 256, 4),
+    DenseGemvConfig(16, 256, 8),
+    DenseGemvConfig(4, 512, 4, prefetch=2),
+    DenseGemvConfig(8, 512, 4),  # 32 a thread: batches of 1-2
+    DenseGemvConfig(4, 1024, 4),
+    DenseGemvConfig(4, 512, 4, num_stages=3, prefetch=0),  # Triton's pipeliner instead
+    DenseGemvConfig(8, 512, 4, num_stages=2, prefetch=0),
+    DenseGemvConfig(4, 512, 4, split_k=2),
+    DenseGemvConfig(4, 512, 4, split_k=4),
+    DenseGemvConfig(4, 256, 4, split_k=4, prefetch=2),
+    DenseGemvConfig(8, 256, 4, split_k=2),
+]
+
+
+def m_bucket(m: int) -> int:
+    """The batch rows a kernel is compiled for: 1, 2 or 4."""
+    return 1 if m == 1 else 2 if m == 2 else 4
+
+
+def fits(cfg: DenseGemvConfig, bucket: int) -> bool:
+    """Whether `cfg`'s accumulators (per_thread per batch row) fit beside its loads in flight."""
+    return cfg.per_thread * bucket <= MAX_ACC_PER_THREAD
+
+
+def candidates(bucket: int, allow_split: bool) -> list[DenseGemvConfig]:
+    """The configs the autotuner times for a batch bucket (split-K ones only for narrow layers)."""
+    return [c for c in CONFIGS if fits(c, bucket) and (allow_split or c.split_k == 1)]
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    allow_split = gemv_common.split_allowed(named_args["N"], named_args["X"].device, SPLIT_ROWS_PER_SM)
+    return [cfg.triton_config() for cfg in candidates(kwargs["BLOCK_M"], allow_split)]
+
+
+@triton.jit
+def _fma_row(acc, wf, X, row, stride_xm, kk, K, EVEN_K: tl.constexpr):
+    # the batch row as a [BLOCK_N, BLOCK_K] tile: the weight tile's layout, so no per-chunk layout change
+    if EVEN_K:
+        x = tl.load(X + row * stride_xm + kk)
+    else:
+        x = tl.load(X + row * stride_xm + kk, mask=kk < K, other=0.0)
+    return acc + wf * x.to(tl.float32)
+
+
+@triton.jit
+def _store_row(
+    acc, j, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om,
+    HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    y = tl.sum(acc, axis=1)  # the one reduction across threads, after the K loop
+    mask = nmask & (offs_n * 0 + j < M)  # a padded batch row (3 rows in the 4-row kernel) is not stored
+    if HAS_BIAS:
+        first = offs_n * 0 + pid_k == 0  # only the first K split adds the bias
+        y += tl.load(Bias + offs_n, mask=mask & first, other=0.0).to(tl.float32)
+    off = j * stride_om + offs_n.to(tl.int64)
+    if SPLIT_K == 1:
+        tl.store(Out + off, y.to(Out.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(Acc + off, y, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _dense_gemv_kernel(
+    X, W, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    chunks = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(chunks, SPLIT_K)
+    lo = pid_k * per_split
+    hi = tl.minimum(lo + per_split, chunks)
+    last = tl.maximum(hi - 1, 0)  # prefetched chunk indices are clamped to it: a repeat comes from cache
+    w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
+    # one accumulator per batch row; rows past M repeat row M - 1 (in bounds; their results are not stored)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if BLOCK_M > 1:
+        row1 = tl.minimum(M - 1, 1)
+        acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if BLOCK_M > 2:
+        row2 = tl.minimum(M - 1, 2)
+        row3 = tl.minimum(M - 1, 3)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if PREFETCH >= 1:
+        w1 = load_rows(w_rows, tl.minimum(lo, last) * BLOCK_K + offs_k, K, nmask, EVEN_K, EVEN_N)
+    if PREFETCH >= 2:
+        w2 = load_rows(w_rows, tl.minimum(lo + 1, last) * BLOCK_K + offs_k, K, nmask, EVEN_K, EVEN_N)
+    for i in range(lo, hi):
+        k = i * BLOCK_K + offs_k
+        if PREFETCH == 0:
+            w = load_rows(w_rows, k, K, nmask, EVEN_K, EVEN_N)
+        elif PREFETCH == 1:
+            w = w1
+            w1 = load_rows(w_rows, tl.minimum(i + 1, last) * BLOCK_K + offs_k, K, nmask, EVEN_K, EVEN_N)
+        else:
+            w = w1
+            w1 = w2
+            w2 = load_rows(w_rows, tl.minimum(i + 2, last) * BLOCK_K + offs_k, K, nmask, EVEN_K, EVEN_N)
+        wf = w.to(tl.float32)
+        kk = tl.broadcast_to(k[None, :], [BLOCK_N, BLOCK_K])
+        acc0 = _fma_row(acc0, wf, X, 0, stride_xm, kk, K, EVEN_K)
+        if BLOCK_M > 1:
+            acc1 = _fma_row(acc1, wf, X, row1, stride_xm, kk, K, EVEN_K)
+        if BLOCK_M > 2:
+            acc2 = _fma_row(acc2, wf, X, row2, stride_xm, kk, K, EVEN_K)
+            acc3 = _fma_row(acc3, wf, X, row3, stride_xm, kk, K, EVEN_K)
+    _store_row(acc0, 0, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
+    if BLOCK_M > 1:
+        _store_row(acc1, 1, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
+    if BLOCK_M > 2:
+        _store_row(acc2, 2, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
+        _store_row(acc3, 3, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
+
+
+# K and N without a tail skip the masks (all Llama-3.1-8B shapes).
+_launch = triton.heuristics(
+    {
+        "EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0,
+        "EVEN_N": lambda a: a["N"] % a["BLOCK_N"] == 0,
+    }
+)(_dense_gemv_kernel)
+
+_tuned = triton.autotune(
+    configs=[c.triton_config() for c in CONFIGS],
+    key=["N", "K", "BLOCK_M", "HAS_BIAS"],  # the autotuner adds the tensors' dtypes (bf16 / fp32 out)
+    prune_configs_by={"early_config_prune": _prune},
+    **autotune_kwargs(),
+)(_launch)
+
+
+def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `dense_gemv` takes x [M, K] times w [N, K]: 1..GEMV_MAX_M rows, bf16/fp16 in both, the
+    weight row-major."""
+    m = x.shape[0]
+    return (
+        1 <= m <= GEMV_MAX_M
+        and x.dtype == w.dtype
+        and w.dtype in DTYPES
+        and w.dim() == 2
+        and w.stride(1) == 1
+        and x.shape[1] == w.shape[1]
+    )
+
+
+def dense_gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: DenseGemvConfig | None = None,
+) -> torch.Tensor:
+    """x [M, K] times w [N, K] (+ bias [N]) -> [M, N] in `out_dtype` (default x's; float32 for logits
+    saves the cast). `config` forces one launch configuration (tests); by default the autotuner picks."""
+    m, k = x.shape
+    n = w.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    bucket = m_bucket(m)
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    allow_split = gemv_common.split_allowed(n, x.device, SPLIT_ROWS_PER_SM)
+    if config is not None:
+        allow_split = config.split_k > 1
+    # float32 partials of split-K configs (zeroed by their pre-hook; untouched otherwise)
+    acc = torch.empty((m, n), dtype=torch.float32, device=x.device) if allow_split else out
+    args = (x, w, bias if bias is not None else w, out, acc, m, n, k, x.stride(0), w.stride(0), out.stride(0))
+    meta = dict(HAS_BIAS=bias is not None, BLOCK_M=bucket)
+    if config is None:
+        _tuned[lambda a: (triton.cdiv(n, a["BLOCK_N"]), a["SPLIT_K"])](*args, **meta)
+        split = _tuned.best_config.kwargs["SPLIT_K"]
+    else:
+        split = config.split_k
+        if split > 1:
+            acc.zero_()
+        _launch[(triton.cdiv(n, config.block_n), split)](
+            *args, **meta, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+            PREFETCH=config.prefetch, num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+    if split > 1:
+        out.copy_(acc)
+    return out

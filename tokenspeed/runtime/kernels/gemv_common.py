@@ -1,0 +1,72 @@
+"""What the Triton GEMVs of decode-sized batches share (`fp8_gemv.py`, `bf16_gemv.py`): whether split-K is
+worth trying for a layer's width, the autotuner hooks that zero and cast split-K's float32 partials, the
+autotuner's short timing runs, and the weight-tile load.
+
+Split-K: with few output rows a grid has too few programs to keep the H200's 132 SMs' loads in flight, so
+programs also split K and add float32 partials atomically into a buffer a config's pre-hook zeroes; the
+autotuner's post-hook casts the partials into the output, so what the tuner times is what a call costs
+(zero, product, cast: all device work, which a CUDA graph captures like any other).
+
+Imported only where a GEMV runs on a CUDA tensor (and by Triton's interpreter in the CPU tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import triton
+import triton.language as tl
+
+H200_SMS = 132  # what the CPU interpreter's pruning assumes
+
+
+def sm_count(device: torch.device) -> int:
+    return (
+        torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else H200_SMS
+    )
+
+
+def split_allowed(n: int, device: torch.device, rows_per_sm: int) -> bool:
+    """Whether split-K configs are timed for a layer of `n` output rows: fewer than `rows_per_sm` rows an
+    SM leaves K as the only parallelism that fills the device (each kernel says what fills an SM)."""
+    return n < rows_per_sm * sm_count(device)
+
+
+def zero_partials(nargs: dict) -> None:
+    """A split-K config's pre-hook: the float32 partials start at zero."""
+    nargs["Acc"].zero_()
+
+
+def cast_partials(nargs: dict, exception: BaseException | None = None) -> None:
+    # The autotuner's post-hook: a split-K config's cast is part of what it costs. (Triton releases
+    # before the hooks got the named arguments pass a plain list: nothing to time then.)
+    if exception is None and isinstance(nargs, dict) and nargs.get("SPLIT_K", 1) > 1:
+        nargs["Out"].copy_(nargs["Acc"])
+
+
+def autotune_kwargs() -> dict:
+    """Short timing runs (the kernels take microseconds), where this Triton lets us choose them."""
+    params = inspect.signature(triton.autotune).parameters
+    kwargs = {"post_hook": cast_partials} if "post_hook" in params else {}
+    if "do_bench" in params:
+        from triton.testing import do_bench
+
+        kwargs["do_bench"] = functools.partial(do_bench, warmup=5, rep=20)
+    return kwargs
+
+
+@triton.jit
+def load_rows(rows, k, K, nmask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """A [rows, BLOCK_K] weight tile streamed once (evict first: it is never read again this step). With
+    EVEN_K no K mask, so the loads stay whole 16-byte vectors; with EVEN_N no row mask either."""
+    if EVEN_K:
+        if EVEN_N:
+            w = tl.load(rows + k[None, :], eviction_policy="evict_first")
+        else:
+            w = tl.load(rows + k[None, :], mask=nmask[:, None], other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(rows + k[None, :], mask=nmask[:, None] & (k < K)[None, :], other=0.0,
+                    eviction_policy="evict_first")  # fmt: skip
+    return w

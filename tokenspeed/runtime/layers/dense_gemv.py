@@ -1,0 +1,111 @@
+"""`--dense-gemv-backend`: how the bf16/fp16 linear layers and the LM head multiply decode batches of 1-4 rows.
+
+- `triton`: the Triton GEMV of `kernels/bf16_gemv.py` (one pass over the weight, autotuned per shape and
+  batch; the LM head's logits come out in float32 from its accumulators); other batches, dtypes and
+  devices still go through `F.linear` (cuBLAS). Needs a CUDA GPU and Triton.
+- `torch`: `F.linear` always.
+- `auto` (the default): `triton` on CUDA when Triton imports, else `torch`.
+
+The choice is made once, after the weights are loaded: each linear layer whose multiply is the plain
+`linear.UNQUANTIZED` (so not an FP8 layer, which has its own GEMV) and the LM head are handed the chosen
+object as their `quant`; nothing is patched into classes or modules. Under CUDA graphs a call is device
+work only (the autotuner runs in the runner's eager warm-up before each capture).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenspeed.runtime.layers.embedding import LMHead
+from tokenspeed.runtime.layers.linear import UNQUANTIZED, LinearBase, Unquantized
+
+logger = logging.getLogger(__name__)
+
+
+class TritonGemv(Unquantized):
+    """Decode-sized batches of a bf16/fp16 CUDA weight through the Triton GEMV; the rest as `Unquantized`."""
+
+    def __init__(self) -> None:
+        from tokenspeed.runtime.kernels import bf16_gemv
+
+        self._gemv = bf16_gemv
+        self.max_rows = bf16_gemv.GEMV_MAX_M
+
+    def _takes(self, x2: torch.Tensor, w: torch.Tensor) -> bool:
+        return x2.is_cuda and self._gemv.supported(x2, w)
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        if not self._takes(x2, layer.weight):
+            return F.linear(x, layer.weight, bias)
+        y = self._gemv.dense_gemv(x2, layer.weight, bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def logits(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or not self._takes(x, layer.weight):
+            return super().logits(layer, x)
+        return self._gemv.dense_gemv(x, layer.weight, None, torch.float32)
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _make_triton(device: torch.device) -> Unquantized:
+    if device.type != "cuda":
+        raise ValueError(
+            "--dense-gemv-backend triton needs a CUDA GPU; use --dense-gemv-backend auto or torch on the CPU"
+        )
+    if not _triton_available():
+        raise ValueError(
+            "--dense-gemv-backend triton needs the triton package; install it or use --dense-gemv-backend torch"
+        )
+    return TritonGemv()
+
+
+DENSE_GEMV_BACKENDS: dict[str, Callable[[torch.device], Unquantized]] = {
+    "torch": lambda device: UNQUANTIZED,
+    "triton": _make_triton,
+}
+CHOICES = ("auto", *DENSE_GEMV_BACKENDS)
+
+
+def resolve_dense_gemv_backend(name: str | None, device: torch.device | str) -> str:
+    """The backend `name` stands for on `device` ("auto": triton on CUDA when it imports, else torch)."""
+    name = name or "auto"
+    if name not in CHOICES:
+        raise ValueError(
+            f"--dense-gemv-backend {name!r} is not available in this build; choose one of {', '.join(CHOICES)}"
+        )
+    if name != "auto":
+        return name
+    return "triton" if torch.device(device).type == "cuda" and _triton_available() else "torch"
+
+
+def use_dense_multiply(model: nn.Module, quant: Unquantized) -> int:
+    """Give every plain linear layer and LM head of `model` the multiply `quant` (FP8 layers keep their
+    own); returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, (LinearBase, LMHead)) and m.quant is UNQUANTIZED]
+    for layer in layers:
+        layer.quant = quant
+    return len(layers)
+
+
+def apply_dense_gemv_backend(model: nn.Module, name: str | None, device: torch.device | str) -> str:
+    """Hand the dense layers of `model` the chosen backend's multiply; returns the backend's name."""
+    device = torch.device(device)
+    resolved = resolve_dense_gemv_backend(name, device)
+    quant = DENSE_GEMV_BACKENDS[resolved](device)
+    if isinstance(quant, TritonGemv):
+        n = use_dense_multiply(model, quant)
+        logger.info("dense layers (%d): batches of 1-%d rows take the Triton GEMV", n, quant.max_rows)
+    return resolved
