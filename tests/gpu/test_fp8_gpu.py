@@ -136,9 +136,9 @@ def test_engine_greedy_with_fp8_kv_and_weights_runs_in_cuda_graphs():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("tokens", [1, 7, 300])
 def test_fused_fp8_experts_match_the_dequantized_reference(block, dtype, tokens):
-    from tokenspeed.runtime.kernels.fused_moe import fused_experts
-    from tokenspeed.runtime.layers.moe.backend import torch_experts
     from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
+    from tokenspeed.runtime.moe.backend import torch_experts
+    from tokenspeed.runtime.moe.kernels.fused import fused_experts
 
     torch.manual_seed(tokens)
     num_experts, hidden, inter = 16, 256, 384
