@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
 from tokenspeed.runtime.entrypoints.admission import admit
 from tokenspeed.runtime.entrypoints.openai.errors import APIError, bad_request, field_of
-from tokenspeed.runtime.entrypoints.openai.logprob_format import input_logprobs
+from tokenspeed.runtime.entrypoints.openai.logprob_format import finite_logprob, input_logprobs
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
     check_logprobs,
@@ -256,10 +256,10 @@ def _meta(
     if out.queue_time is not None:
         meta["queue_time"] = out.queue_time  # the same split as request_queue_time_seconds
     if logprobs is not None:
-        meta["output_token_logprobs"] = logprobs
+        meta["output_token_logprobs"] = [finite_logprob(lp) for lp in logprobs]
     if tops is not None:
         # SGLang's spelling: per output token, [logprob, token id, text (not sent)] most likely first
-        meta["output_top_logprobs"] = [[[lp, int(t), None] for t, lp in alts] for alts in tops]
+        meta["output_top_logprobs"] = [[[finite_logprob(lp), int(t), None] for t, lp in alts] for alts in tops]
     if prompt is not None:
         meta.update(input_logprobs(*prompt))
     return meta

@@ -6,7 +6,19 @@ read from the same adjusted logits the token was sampled from.
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+# A token the grammar or a logit bias ruled out has logprob -inf, which JSON cannot carry (a response holding
+# it failed to render, a 500); vLLM reports such a logprob as -9999.0, and clients expect that spelling.
+IMPOSSIBLE_LOGPROB = -9999.0
+
+
+def finite_logprob(value: float | None) -> float | None:
+    """`value`, or -9999.0 where it is not finite."""
+    if value is None or math.isfinite(value):
+        return value
+    return IMPOSSIBLE_LOGPROB
 
 
 def _text(tokenizer: Any, tid: int) -> str:
@@ -24,8 +36,8 @@ def chat_entries(
         alts = []
         for alt_id, alt_lp in tops[k] if tops is not None and k < len(tops) else []:
             alt = _text(tokenizer, alt_id)
-            alts.append({"token": alt, "logprob": alt_lp, "bytes": list(alt.encode("utf-8"))})
-        out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": alts})
+            alts.append({"token": alt, "logprob": finite_logprob(alt_lp), "bytes": list(alt.encode("utf-8"))})
+        out.append({"token": text, "logprob": finite_logprob(lp), "bytes": list(text.encode("utf-8")), "top_logprobs": alts})
     return out
 
 
@@ -50,9 +62,9 @@ def completion_logprobs(
         for alts in tops[: len(tokens)]:
             m: dict[str, float] = {}
             for alt_id, alt_lp in alts:
-                m.setdefault(_text(tokenizer, alt_id), alt_lp)
+                m.setdefault(_text(tokenizer, alt_id), finite_logprob(alt_lp))
             top_maps.append(m)
-    return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": top_maps, "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": [finite_logprob(lp) for lp in lps], "top_logprobs": top_maps, "text_offset": offsets}
 
 
 # Prompt logprobs arrive per prompt token as None (the first token, and those before logprob_start_len) or
@@ -70,10 +82,10 @@ def vllm_prompt_logprobs(
             out.append(None)
             continue
         lp, rank, alts = entry
-        m = {str(tid): {"logprob": lp, "rank": rank, "decoded_token": _text(tokenizer, tid)}}
+        m = {str(tid): {"logprob": finite_logprob(lp), "rank": rank, "decoded_token": _text(tokenizer, tid)}}
         for r, (alt_id, alt_lp) in enumerate(alts[:top], start=1):
             m.setdefault(
-                str(int(alt_id)), {"logprob": alt_lp, "rank": r, "decoded_token": _text(tokenizer, alt_id)}
+                str(int(alt_id)), {"logprob": finite_logprob(alt_lp), "rank": r, "decoded_token": _text(tokenizer, alt_id)}
             )
         out.append(m)
     return out
