@@ -217,7 +217,13 @@ class OptionalBool:
     def add(self, group: Any) -> None:
         default = field_defaults().get(self.dest)
         group.add_argument(
-            *self.names, dest=self.dest, type=str_to_bool, nargs="?", const=True, help=self.help, default=default
+            *self.names,
+            dest=self.dest,
+            type=str_to_bool,
+            nargs="?",
+            const=True,
+            help=self.help,
+            default=default,
         )
 
     def argv(self, field: str, value: Any) -> list[str]:

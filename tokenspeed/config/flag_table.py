@@ -40,8 +40,8 @@ class _ModelPositional:
 
 MODEL_FLAGS: tuple[FlagRow, ...] = (
     _ModelPositional(),
-    Opt("--model", str, "Model directory or repo id.", aliases=("--model-path",), metavar="MODEL"),
-    Opt("--tokenizer", str, "Tokenizer path; defaults to the model.", metavar="TOKENIZER"),
+    Opt("--model", str, "Model directory or repo id.", aliases=("--model-path",)),
+    Opt("--tokenizer", str, "Tokenizer path; defaults to the model."),
     Opt("--host", str, "Address the HTTP server binds (loopback unless you widen it)."),
     Opt("--port", int, "HTTP port."),
     Opt(
@@ -79,12 +79,7 @@ MODEL_FLAGS: tuple[FlagRow, ...] = (
         nullable_str,
         "JSON file of KV cache scales; without it FP8 KV scales are 1.0, which can cost accuracy.",
     ),
-    Opt(
-        "--max-model-len",
-        int,
-        "Longest context served; defaults to the model config's limit.",
-        metavar="MAX_MODEL_LEN",
-    ),
+    Opt("--max-model-len", int, "Longest context served; defaults to the model config's limit."),
     Opt("--device", str, "Where the model runs; 'cpu' needs no GPU (torch kernels, no graphs)."),
     Opt("--served-model-name", str, "Model name reported by /v1/models; defaults to the model."),
     Opt("--revision", str, "Branch, tag or commit of the model repository."),
@@ -97,9 +92,8 @@ MEMORY_FLAGS: tuple[FlagRow, ...] = (
         float,
         "Fraction of GPU memory for weights plus KV cache; default depends on the world size. "
         "Lower it after an out-of-memory error.",
-        metavar="GPU_MEMORY_UTILIZATION",
     ),
-    Opt("--max-num-seqs", int, "Most requests running at once.", metavar="MAX_NUM_SEQS"),
+    Opt("--max-num-seqs", int, "Most requests running at once."),
     Opt("--max-total-tokens", int, "KV pool size in tokens, instead of sizing it from free memory."),
     Opt(
         "--cpu-kv-cache-memory-gb",
@@ -110,15 +104,13 @@ MEMORY_FLAGS: tuple[FlagRow, ...] = (
         "--chunked-prefill-size",
         int,
         "Token budget of one scheduler step (prefill chunks plus decodes); -1 turns chunking off.",
-        metavar="CHUNKED_PREFILL_SIZE",
     ),
     Switch("--enable-mixed-batch", "Let prefill chunks and decodes share one step."),
-    Opt("--block-size", int, "Tokens per KV cache page.", metavar="BLOCK_SIZE"),
+    Opt("--block-size", int, "Tokens per KV cache page."),
     Opt(
         "--max-prefill-tokens",
         int,
         "Prefill token budget when chunked prefill is off; per-step budgets use --chunked-prefill-size.",
-        metavar="MAX_PREFILL_TOKENS",
     ),
 )
 
@@ -163,13 +155,8 @@ CACHE_FLAGS: tuple[FlagRow, ...] = (
 LOGGING_FLAGS: tuple[FlagRow, ...] = (
     Opt("--stream-interval", int, "Tokens per streamed chunk: higher is faster, lower smoother."),
     Switch("--stream-output", "Stream disjoint text segments instead of cumulative text."),
-    Opt("--seed", int, "Random seed; drawn at random when unset.", metavar="SEED"),
-    Opt(
-        "--distributed-timeout-seconds",
-        int,
-        "Timeout of torch.distributed collectives and initialisation.",
-        metavar="DISTRIBUTED_TIMEOUT_SECONDS",
-    ),
+    Opt("--seed", int, "Random seed; drawn at random when unset."),
+    Opt("--distributed-timeout-seconds", int, "Timeout of torch.distributed collectives and initialisation."),
     Opt("--download-dir", str, "Hugging Face download directory."),
     Opt("--base-gpu-id", int, "First GPU index this server uses (several servers on one host)."),
     Opt("--gpu-id-step", int, "Step between GPU indices: 2 uses GPUs 0, 2, 4, ..."),
@@ -243,7 +230,6 @@ PARALLEL_FLAGS: tuple[FlagRow, ...] = (
         "--data-parallel-size",
         int,
         "Attention data-parallel replicas; inferred from --world-size and --tp when unset.",
-        metavar="DATA_PARALLEL_SIZE",
     ),
     Opt("--load-balance-method", str, "How requests are spread over data-parallel replicas."),
     Opt("--load-watch-interval", float, "Seconds between replica load samples."),
@@ -280,7 +266,7 @@ PARALLEL_FLAGS: tuple[FlagRow, ...] = (
         "autotuned per shape), 'torch' (F.linear, cuBLAS), 'auto' (triton on CUDA; default). A TokenSpeed "
         "flag, not in the upstream set.",
     ),
-    Opt("--all2all-backend", str, "MoE all-to-all: none, deepep, ...", metavar="ALL2ALL_BACKEND"),
+    Opt("--all2all-backend", str, "MoE all-to-all: none, deepep, ..."),
     Opt(
         "--deepep-mode",
         str,
@@ -290,10 +276,9 @@ PARALLEL_FLAGS: tuple[FlagRow, ...] = (
     Opt("--dist-init-addr", str, "host:port of the head node for distributed init."),
     Opt("--nnodes", int, "Number of nodes."),
     Opt("--node-rank", int, "Rank of this node (0 is the head)."),
-    Opt("--hf-overrides", str, "JSON object merged into the model config.", metavar="HF_OVERRIDES"),
+    Opt("--hf-overrides", str, "JSON object merged into the model config."),
     Opt("--preferred-sampling-params", str, "JSON sampling defaults shown by /get_model_info."),
 )
-
 
 
 KERNEL_FLAGS: tuple[FlagRow, ...] = (
@@ -439,12 +424,7 @@ RUNTIME_OPTION_FLAGS: tuple[FlagRow, ...] = (
         "Do not force TF32 matmuls (the server otherwise sets NVIDIA_TF32_OVERRIDE=1 and "
         "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1).",
     ),
-    Opt(
-        "--max-cudagraph-capture-size",
-        int,
-        "Largest decode batch captured in a CUDA graph.",
-        metavar="MAX_CUDAGRAPH_CAPTURE_SIZE",
-    ),
+    Opt("--max-cudagraph-capture-size", int, "Largest decode batch captured in a CUDA graph."),
     Opt(
         "--cudagraph-capture-sizes",
         int,
