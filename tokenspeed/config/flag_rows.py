@@ -1,7 +1,8 @@
 """The kinds of row in the ``tokenspeed serve`` flag table (``config.flag_table``).
 
-A row states a flag's facts once: its spellings, value type, help and, where it is not the ``ServerArgs``
-field's own, a default or metavar (defaults and choices otherwise come from the field, ``config.flags``).
+A row states a flag's facts once: its spellings and help and, where they are not the ``ServerArgs``
+field's own, a value type, default or metavar (the type otherwise comes from the field's annotation, the
+default from the field, the choices from ``config.flags``).
 Each kind both adds itself to an argparse group (``config.cli``) and spells a field value back into
 flags (``config.argv``), so parsing and spelling cannot drift apart.
 """
@@ -12,14 +13,17 @@ import argparse
 import dataclasses
 import functools
 import json
+import types
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from tokenspeed.config.flags import FIELD_CHOICES, str_to_bool
+from tokenspeed.config.flags import FIELD_ALIASES, FIELD_CHOICES, str_to_bool
 from tokenspeed.config.server_args import ServerArgs
 
-# Marks "no default given": the row then takes the default of its ``ServerArgs`` field.
+# Mark "not given": the row then takes the default, or the value type, of its ``ServerArgs`` field.
 _FIELD_DEFAULT: Any = object()
+_FIELD_TYPE: Any = object()
 
 
 class NoFlag(ValueError):
@@ -30,6 +34,22 @@ class NoFlag(ValueError):
 def field_defaults() -> dict[str, Any]:
     """Default of every ``ServerArgs`` field that has a plain default."""
     return {f.name: f.default for f in dataclasses.fields(ServerArgs) if f.default is not dataclasses.MISSING}
+
+
+@functools.cache
+def field_type(name: str) -> Callable[[str], Any]:
+    """The type a flag parses a value of field ``name`` (or a flag alias of it) into, read from the field's
+    annotation: ``int | None`` gives int, ``list[int]`` int (one per value), a Literal its values' type."""
+    hint = typing.get_type_hints(ServerArgs)[FIELD_ALIASES.get(name, name)]
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = [k for k in typing.get_args(hint) if k is not type(None)] if is_union else [hint]
+    assert len(kinds) == 1, f"{name}: a field of several types needs its flag row to name one"
+    kind = kinds[0]
+    if typing.get_origin(kind) is typing.Literal:
+        return type(typing.get_args(kind)[0])
+    if typing.get_origin(kind) is list:
+        return typing.get_args(kind)[0]
+    return kind
 
 
 def dest_of(flags: tuple[str, ...]) -> str:
@@ -80,12 +100,13 @@ def _fill_dest(row: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Opt:
-    """A valued flag (``--name VALUE``); ``type=None`` keeps the raw string (as ``action="append"`` wants)."""
+    """A valued flag (``--name VALUE``) parsed as its field's type unless ``type`` names another;
+    ``type=None`` keeps the raw string (as ``action="append"`` wants)."""
 
     name: str
-    type: Callable[[str], Any] | None
     help: str
     aliases: tuple[str, ...] = ()
+    type: Callable[[str], Any] | None = _FIELD_TYPE
     metavar: str | None = None
     nargs: str | None = None
     action: str | None = None
@@ -100,7 +121,8 @@ class Opt:
         return (self.name, *self.aliases)
 
     def add(self, group: Any) -> None:
-        given = {"metavar": self.metavar, "nargs": self.nargs, "type": self.type, "action": self.action}
+        value_type = field_type(self.dest) if self.type is _FIELD_TYPE else self.type
+        given = {"metavar": self.metavar, "nargs": self.nargs, "type": value_type, "action": self.action}
         kwargs = {key: value for key, value in given.items() if value is not None}
         default = self.default
         kwargs["default"] = field_defaults().get(self.dest) if default is _FIELD_DEFAULT else default

@@ -40,13 +40,12 @@ class _ModelPositional:
 
 MODEL_FLAGS: tuple[FlagRow, ...] = (
     _ModelPositional(),
-    Opt("--model", str, "Model directory or repo id.", aliases=("--model-path",)),
-    Opt("--tokenizer", str, "Tokenizer path; defaults to the model."),
-    Opt("--host", str, "Address the HTTP server binds (loopback unless you widen it)."),
-    Opt("--port", int, "HTTP port."),
+    Opt("--model", "Model directory or repo id.", aliases=("--model-path",)),
+    Opt("--tokenizer", "Tokenizer path; defaults to the model."),
+    Opt("--host", "Address the HTTP server binds (loopback unless you widen it)."),
+    Opt("--port", "HTTP port."),
     Opt(
         "--tokenizer-mode",
-        str,
         "'auto' prefers the fast tokenizer (plus model-specific hooks); 'slow' forces the Python one.",
     ),
     Toggle("--skip-tokenizer-init", "Do not load a tokenizer; requests must carry input_ids."),
@@ -54,10 +53,9 @@ MODEL_FLAGS: tuple[FlagRow, ...] = (
         "--language-model-only",
         "Serve only the text model of a multimodal checkpoint; image/audio requests are refused.",
     ),
-    Opt("--ext-yaml", str, "YAML describing an extensible model (with --load-format extensible)."),
+    Opt("--ext-yaml", "YAML describing an extensible model (with --load-format extensible)."),
     Opt(
         "--load-format",
-        str,
         "Weight format: 'auto' tries safetensors then .bin; 'pt' .bin only; 'safetensors' only; "
         "'npcache' .bin cached as numpy; 'dummy' random weights (benchmarks, tests).",
     ),
@@ -67,49 +65,44 @@ MODEL_FLAGS: tuple[FlagRow, ...] = (
     ),
     Opt(
         "--dtype",
-        str,
         "Weight and activation dtype; 'auto' keeps BF16 checkpoints in BF16 and runs FP32/FP16 ones "
         "in FP16. 'half' = 'float16', 'float' = 'float32'.",
     ),
-    Opt("--kv-cache-dtype", str, "KV cache dtype; 'auto' follows the model, 'fp8' = 'fp8_e4m3'."),
-    Opt("--kv-cache-quant-method", str, "How KV cache values are scaled when quantized."),
-    Opt("--quantization", str, "Weight quantization method of the checkpoint."),
+    Opt("--kv-cache-dtype", "KV cache dtype; 'auto' follows the model, 'fp8' = 'fp8_e4m3'."),
+    Opt("--kv-cache-quant-method", "How KV cache values are scaled when quantized."),
+    Opt("--quantization", "Weight quantization method of the checkpoint."),
     Opt(
         "--quantization-param-path",
-        nullable_str,
         "JSON file of KV cache scales; without it FP8 KV scales are 1.0, which can cost accuracy.",
+        type=nullable_str,
     ),
-    Opt("--max-model-len", int, "Longest context served; defaults to the model config's limit."),
-    Opt("--device", str, "Where the model runs; 'cpu' needs no GPU (torch kernels, no graphs)."),
-    Opt("--served-model-name", str, "Model name reported by /v1/models; defaults to the model."),
-    Opt("--revision", str, "Branch, tag or commit of the model repository."),
+    Opt("--max-model-len", "Longest context served; defaults to the model config's limit."),
+    Opt("--device", "Where the model runs; 'cpu' needs no GPU (torch kernels, no graphs)."),
+    Opt("--served-model-name", "Model name reported by /v1/models; defaults to the model."),
+    Opt("--revision", "Branch, tag or commit of the model repository."),
 )
 
 
 MEMORY_FLAGS: tuple[FlagRow, ...] = (
     Opt(
         "--gpu-memory-utilization",
-        float,
         "Fraction of GPU memory for weights plus KV cache; default depends on the world size. "
         "Lower it after an out-of-memory error.",
     ),
-    Opt("--max-num-seqs", int, "Most requests running at once."),
-    Opt("--max-total-tokens", int, "KV pool size in tokens, instead of sizing it from free memory."),
+    Opt("--max-num-seqs", "Most requests running at once."),
+    Opt("--max-total-tokens", "KV pool size in tokens, instead of sizing it from free memory."),
     Opt(
         "--cpu-kv-cache-memory-gb",
-        float,
         "With --device cpu and no --max-total-tokens: GiB of host memory for the KV pool.",
     ),
     Opt(
         "--chunked-prefill-size",
-        int,
         "Token budget of one scheduler step (prefill chunks plus decodes); -1 turns chunking off.",
     ),
     Switch("--enable-mixed-batch", "Let prefill chunks and decodes share one step."),
-    Opt("--block-size", int, "Tokens per KV cache page."),
+    Opt("--block-size", "Tokens per KV cache page."),
     Opt(
         "--max-prefill-tokens",
-        int,
         "Prefill token budget when chunked prefill is off; per-step budgets use --chunked-prefill-size.",
     ),
 )
@@ -117,53 +110,47 @@ MEMORY_FLAGS: tuple[FlagRow, ...] = (
 
 CACHE_FLAGS: tuple[FlagRow, ...] = (
     Switch("--disable-kvstore", "Turn off the host-memory KVStore tier."),
-    Opt("--kvstore-ratio", float, "KVStore host pool size as a multiple of the device pool."),
-    Opt("--kvstore-size", int, "KVStore host pool size in GB; overrides --kvstore-ratio."),
-    Opt("--kvstore-io-backend", str, "How KVStore pages move between host and device."),
-    Opt("--kvstore-mem-layout", str, "Memory layout of the KVStore host pool."),
+    Opt("--kvstore-ratio", "KVStore host pool size as a multiple of the device pool."),
+    Opt("--kvstore-size", "KVStore host pool size in GB; overrides --kvstore-ratio."),
+    Opt("--kvstore-io-backend", "How KVStore pages move between host and device."),
+    Opt("--kvstore-mem-layout", "Memory layout of the KVStore host pool."),
     Opt(
         "--kvstore-storage-backend",
-        str,
         "Storage tier behind the KVStore (built in: mooncake). Custom backends are described with "
         "--kvstore-storage-backend-extra-config (backend_name, module_path, class_name).",
     ),
-    Opt("--kvstore-storage-backend-extra-config", str, "JSON object of storage backend options."),
+    Opt("--kvstore-storage-backend-extra-config", "JSON object of storage backend options."),
     Switch("--enable-mla-l1-5-cache", "Use the MLA L1.5 cache on disaggregated paths."),
-    Opt("--mamba-ssm-dtype", str, "Dtype of Mamba SSM states."),
-    Opt("--mamba-track-interval", int, "Decode steps between Mamba state snapshots."),
-    Opt(
-        "--max-mamba-cache-size", int, "Number of Mamba cache chunks; unset sizes the pool from free memory."
-    ),
+    Opt("--mamba-ssm-dtype", "Dtype of Mamba SSM states."),
+    Opt("--mamba-track-interval", "Decode steps between Mamba state snapshots."),
+    Opt("--max-mamba-cache-size", "Number of Mamba cache chunks; unset sizes the pool from free memory."),
     Opt(
         "--mamba-full-memory-ratio",
-        float,
         "Share of the cache budget given to Mamba state chunks versus full-attention KV.",
     ),
     Switch("--enable-mamba-l2", "Keep evicted Mamba states in a host-memory L2 cache."),
     Opt(
-        "--mamba-l2-host-slots",
-        int,
-        "Host L2 slots; 0 derives them from --mamba-l2-host-gb or --mamba-l2-ratio.",
+        "--mamba-l2-host-slots", "Host L2 slots; 0 derives them from --mamba-l2-host-gb or --mamba-l2-ratio."
     ),
-    Opt("--mamba-l2-ratio", float, "Host L2 slots as a multiple of device Mamba slots."),
-    Opt("--mamba-l2-layout", str, "Memory layout of the Mamba host L2."),
-    Opt("--mamba-l2-io-backend", str, "How Mamba states move between host and device."),
-    Opt("--mamba-l2-host-gb", int, "Host memory (GiB) for the Mamba L2; beats --mamba-l2-ratio."),
+    Opt("--mamba-l2-ratio", "Host L2 slots as a multiple of device Mamba slots."),
+    Opt("--mamba-l2-layout", "Memory layout of the Mamba host L2."),
+    Opt("--mamba-l2-io-backend", "How Mamba states move between host and device."),
+    Opt("--mamba-l2-host-gb", "Host memory (GiB) for the Mamba L2; beats --mamba-l2-ratio."),
 )
 
 
 LOGGING_FLAGS: tuple[FlagRow, ...] = (
-    Opt("--stream-interval", int, "Tokens per streamed chunk: higher is faster, lower smoother."),
+    Opt("--stream-interval", "Tokens per streamed chunk: higher is faster, lower smoother."),
     Switch("--stream-output", "Stream disjoint text segments instead of cumulative text."),
-    Opt("--seed", int, "Random seed; drawn at random when unset."),
-    Opt("--distributed-timeout-seconds", int, "Timeout of torch.distributed collectives and initialisation."),
-    Opt("--download-dir", str, "Hugging Face download directory."),
-    Opt("--base-gpu-id", int, "First GPU index this server uses (several servers on one host)."),
-    Opt("--gpu-id-step", int, "Step between GPU indices: 2 uses GPUs 0, 2, 4, ..."),
-    Opt("--log-level", str, "Log level of every logger."),
-    Opt("--log-level-http", str, "Log level of the HTTP server; defaults to --log-level."),
+    Opt("--seed", "Random seed; drawn at random when unset."),
+    Opt("--distributed-timeout-seconds", "Timeout of torch.distributed collectives and initialisation."),
+    Opt("--download-dir", "Hugging Face download directory."),
+    Opt("--base-gpu-id", "First GPU index this server uses (several servers on one host)."),
+    Opt("--gpu-id-step", "Step between GPU indices: 2 uses GPUs 0, 2, 4, ..."),
+    Opt("--log-level", "Log level of every logger."),
+    Opt("--log-level-http", "Log level of the HTTP server; defaults to --log-level."),
     Toggle("--enable-log-requests", "Log each request; detail set by --log-requests-level."),
-    Opt("--log-requests-level", int, "0: metadata; 1: metadata and truncated input/output; 2: everything."),
+    Opt("--log-requests-level", "0: metadata; 1: metadata and truncated input/output; 2: everything."),
     Toggle(
         "--enable-log-request-stats",
         "Log one summary line per finished or aborted request (timings, token counts, cache hits, "
@@ -172,54 +159,48 @@ LOGGING_FLAGS: tuple[FlagRow, ...] = (
     Switch("--enable-metrics", "Export Prometheus metrics at /metrics."),
     Opt(
         "--metrics-reporters",
-        None,
         "Metrics reporter (repeatable); defaults to prometheus.",
+        type=None,
         action="append",
         default=None,
     ),
-    Opt("--app-key", str, "Application key attached to metrics."),
-    Opt("--decode-log-interval", int, "Decode steps between batch log lines."),
+    Opt("--app-key", "Application key attached to metrics."),
+    Opt("--decode-log-interval", "Decode steps between batch log lines."),
     Opt(
         "--api-key",
-        str,
         "Bearer key required by every HTTP route but /health. Visible to local users in the process "
         "list: prefer --api-key-file or $TOKENSPEED_API_KEY, which also set it.",
     ),
     Opt(
         "--api-key-file",
-        str,
         "File holding the API key (mode 600: refused if group or others can read it). A TokenSpeed flag, "
         "not in the upstream set.",
+        type=str,  # not a field: its file gives api_key
         metavar="PATH",
     ),
     Opt(
         "--max-request-bytes",
-        int,
         "Largest HTTP request body accepted, in bytes (default 4 MiB); a larger one is answered 413 before "
         "it is read. A TokenSpeed flag, not in the upstream set.",
     ),
     Opt(
         "--max-sequences-per-request",
-        int,
         "Most sequences (prompts x n) one request may ask for (default 1024); a larger request is answered "
         "400 naming the field, before any prompt is tokenized. A TokenSpeed flag, not in the upstream set.",
     ),
     Opt(
         "--max-queued-requests",
-        int,
         "Most sequences the server holds at once, waiting or running (default 4096); a request past it is "
         "answered 503 with Retry-After. A TokenSpeed flag, not in the upstream set.",
     ),
     Opt(
         "--max-queued-tokens",
-        int,
         "Most prompt tokens the server holds at once (default 8x the KV cache); a request past it is "
         "answered 503 with Retry-After. A TokenSpeed flag, not in the upstream set.",
     ),
     Switch("--enable-cache-report", "Report cached prompt tokens in usage.prompt_tokens_details."),
     Opt(
         "--kv-events-config",
-        str,
         "JSON config of the KV cache event publisher, e.g. enable_kv_cache_events with a zmq publisher.",
     ),
 )
@@ -228,76 +209,64 @@ LOGGING_FLAGS: tuple[FlagRow, ...] = (
 PARALLEL_FLAGS: tuple[FlagRow, ...] = (
     Opt(
         "--data-parallel-size",
-        int,
         "Attention data-parallel replicas; inferred from --world-size and --tp when unset.",
     ),
-    Opt("--load-balance-method", str, "How requests are spread over data-parallel replicas."),
-    Opt("--load-watch-interval", float, "Seconds between replica load samples."),
+    Opt("--load-balance-method", "How requests are spread over data-parallel replicas."),
+    Opt("--load-watch-interval", "Seconds between replica load samples."),
     Opt(
         "--expert-parallel-size",
-        int,
         "Expert-parallel size of MoE layers (default 1).",
         aliases=("--ep-size",),
         default=None,
     ),
-    Opt("--init-expert-location", str, "Initial placement of experts on EP ranks."),
-    Opt("--ep-num-redundant-experts", int, "Extra expert replicas to place for load balance."),
-    Opt("--ep-dispatch-algorithm", str, "How tokens pick among replicas of an expert."),
-    Opt("--eplb-algorithm", str, "Expert placement (EPLB) algorithm."),
-    Opt("--expert-distribution-recorder-mode", str, "What the expert-load recorder counts."),
+    Opt("--init-expert-location", "Initial placement of experts on EP ranks."),
+    Opt("--ep-num-redundant-experts", "Extra expert replicas to place for load balance."),
+    Opt("--ep-dispatch-algorithm", "How tokens pick among replicas of an expert."),
+    Opt("--eplb-algorithm", "Expert placement (EPLB) algorithm."),
+    Opt("--expert-distribution-recorder-mode", "What the expert-load recorder counts."),
     Opt(
-        "--expert-distribution-recorder-buffer-size",
-        int,
-        "Passes kept by the expert-load recorder; -1 keeps all.",
+        "--expert-distribution-recorder-buffer-size", "Passes kept by the expert-load recorder; -1 keeps all."
     ),
     Switch("--enable-expert-distribution-metrics", "Export expert-load balance metrics."),
     Switch("--enable-eplb", "Rebalance expert placement from recorded load while serving."),
     Opt(
         "--eplb-rebalance-num-iterations",
-        int,
         "Forward passes between two live expert rebalances (--enable-eplb).",
     ),
-    Opt("--moe-backend", str, "MoE kernel backend: auto, triton, gluon, flashinfer_trtllm."),
-    Opt("--draft-moe-backend", str, "MoE backend of the draft model; defaults to --moe-backend."),
+    Opt("--moe-backend", "MoE kernel backend: auto, triton, gluon, flashinfer_trtllm."),
+    Opt("--draft-moe-backend", "MoE backend of the draft model; defaults to --moe-backend."),
     Opt(
         "--dense-gemv-backend",
-        str,
         "bf16/fp16 linear layers and the LM head at decode batches of 1-4 rows: 'triton' (a Triton GEMV, "
         "autotuned per shape), 'torch' (F.linear, cuBLAS), 'auto' (triton on CUDA; default). A TokenSpeed "
         "flag, not in the upstream set.",
     ),
-    Opt("--all2all-backend", str, "MoE all-to-all: none, deepep, ..."),
-    Opt(
-        "--deepep-mode",
-        str,
-        "DeepEP mode; 'auto' uses low_latency for decode batches and normal for prefill.",
-    ),
+    Opt("--all2all-backend", "MoE all-to-all: none, deepep, ..."),
+    Opt("--deepep-mode", "DeepEP mode; 'auto' uses low_latency for decode batches and normal for prefill."),
     Switch("--disable-flashinfer-cutlass-moe-fp4-allgather", "Skip the FP4 allgather of cutlass MoE."),
-    Opt("--dist-init-addr", str, "host:port of the head node for distributed init."),
-    Opt("--nnodes", int, "Number of nodes."),
-    Opt("--node-rank", int, "Rank of this node (0 is the head)."),
-    Opt("--hf-overrides", str, "JSON object merged into the model config."),
-    Opt("--preferred-sampling-params", str, "JSON sampling defaults shown by /get_model_info."),
+    Opt("--dist-init-addr", "host:port of the head node for distributed init."),
+    Opt("--nnodes", "Number of nodes."),
+    Opt("--node-rank", "Rank of this node (0 is the head)."),
+    Opt("--hf-overrides", "JSON object merged into the model config."),
+    Opt("--preferred-sampling-params", "JSON sampling defaults shown by /get_model_info."),
 )
 
 
 KERNEL_FLAGS: tuple[FlagRow, ...] = (
-    Opt("--attention-backend", str, "Attention kernels; chosen from hardware and model when unset."),
+    Opt("--attention-backend", "Attention kernels; chosen from hardware and model when unset."),
     Opt(
         "--drafter-attention-backend",
-        str,
         "Attention kernels of the draft model; defaults to --attention-backend.",
     ),
     Opt(
         "--sampling-backend",
-        str,
         "Sampler. 'greedy' is argmax only (ignores temperature/top-p/top-k); 'flashinfer' and 'triton' "
         "honour temperature/top-k/top-p; the '_full' variants add min-p, penalties and logit bias at the "
         "cost of a per-request token-count buffer; 'torch' is the portable sampler used on the CPU. "
         "Default: flashinfer on NVIDIA, torch on the CPU, greedy elsewhere.",
     ),
     Switch("--dp-sampling", "Split speculative verification sampling over the batch (Batch-DP)."),
-    Opt("--dp-sampling-min-bs", int, "Smallest batch that uses --dp-sampling (default 2 x TP)."),
+    Opt("--dp-sampling-min-bs", "Smallest batch that uses --dp-sampling (default 2 x TP)."),
     OptionalBool(
         (
             "--attention-use-fp4-indexer-cache",
@@ -317,35 +286,30 @@ KERNEL_FLAGS: tuple[FlagRow, ...] = (
     ),
     Opt(
         "--deepseek-v4-mega-moe-max-num-tokens",
-        int,
         "Token cap of the DeepSeek V4 MegaMoE staging buffer (0: derive from prefill/graph budgets).",
     ),
     Opt(
         "--deepseek-v4-indexer-prefill-max-logits-mb",
-        int,
         "MiB cap of the DeepSeek V4 sparse-indexer prefill logits workspace.",
     ),
-    Opt("--deepseek-v4-prefill-chunk-size", int, "Requests per DeepSeek V4 prefill chunk."),
+    Opt("--deepseek-v4-prefill-chunk-size", "Requests per DeepSeek V4 prefill chunk."),
     Opt(
         "--grammar-backend",
-        str,
         "Structured output (response_format, guided_*, structured_outputs, tool_choice required or named): "
         "xgrammar (default) or llguidance; 'none' turns it off and such requests get a 400.",
     ),
     Opt(
         "--reasoning-parser",
-        str,
         "Moves the model's <think>...</think> section to reasoning_content, and starts JSON-schema "
         "grammars after it: qwen3 (the output opens <think>) or deepseek-r1 (the prompt opened it).",
     ),
     Opt(
         "--tool-call-parser",
-        str,
         "How tool calls are read from the model's text for tool_choice auto: hermes (Qwen's <tool_call> "
         "JSON) or llama3_json. A TokenSpeed flag, spelled as vLLM and SGLang spell theirs.",
     ),
-    Opt("--grammar-compile-timeout-secs", float, "Seconds a grammar may compile before abort."),
-    Opt("--grammar-compile-max-retries", int, "Compile timeouts after which a grammar is refused for good."),
+    Opt("--grammar-compile-timeout-secs", "Seconds a grammar may compile before abort."),
+    Opt("--grammar-compile-max-retries", "Compile timeouts after which a grammar is refused for good."),
     Switch(
         "--disable-any-whitespace",
         "Compile JSON grammars without free whitespace (stops models padding with spaces).",
@@ -362,35 +326,28 @@ SPECULATIVE_FLAGS: tuple[FlagRow, ...] = (
     Switch("--draft-model-path-use-base", "Load the draft model from the base model's path."),
     Opt(
         "--speculative-config",
-        str,
         'JSON with keys method, model, num_speculative_tokens, e.g. {"method": "eagle3", ...}.',
         aliases=("--speculative_config",),
     ),
     Opt(
         "--speculative-algorithm",
-        str,
         "Speculative decoding: EAGLE3 (a draft model), NGRAM (prompt lookup, a TokenSpeed choice); MTP and "
         "DFLASH are refused. Speculative batches run synchronously (no overlap scheduling).",
     ),
-    Opt("--speculative-draft-model-path", str, "EAGLE3 draft model directory (Hugging Face layout)."),
-    Opt(
-        "--speculative-draft-model-quantization", str, "Quantization of the draft model ('unquant' for none)."
-    ),
-    Opt("--speculative-num-steps", int, "Draft steps per verification."),
-    Opt("--speculative-eagle-topk", int, "Candidates per draft step (only chain drafting, 1)."),
+    Opt("--speculative-draft-model-path", "EAGLE3 draft model directory (Hugging Face layout)."),
+    Opt("--speculative-draft-model-quantization", "Quantization of the draft model ('unquant' for none)."),
+    Opt("--speculative-num-steps", "Draft steps per verification."),
+    Opt("--speculative-eagle-topk", "Candidates per draft step (only chain drafting, 1)."),
     Opt(
         "--speculative-num-draft-tokens",
-        int,
         "Tokens verified per step: the last token plus N-1 drafted ones (default: num steps + 1).",
     ),
     Opt(
         "--speculative-ngram-min-match-window-size",
-        int,
         "NGRAM: shortest suffix matched against the request's earlier tokens (a TokenSpeed flag).",
     ),
     Opt(
         "--speculative-ngram-max-match-window-size",
-        int,
         "NGRAM: longest suffix matched; longer matches are tried first (a TokenSpeed flag).",
     ),
     SwitchPair(
@@ -400,7 +357,8 @@ SPECULATIVE_FLAGS: tuple[FlagRow, ...] = (
         "return_logprob); on by default.",
         "Refuse requests for logprobs with a 400 naming this flag.",
     ),
-    Opt("--eagle3-layers-to-capture", str, "Comma-separated target layers EAGLE3 reads."),
+    # str: the field also takes the parsed list of layers
+    Opt("--eagle3-layers-to-capture", "Comma-separated target layers EAGLE3 reads.", type=str),
 )
 
 
@@ -424,10 +382,9 @@ RUNTIME_OPTION_FLAGS: tuple[FlagRow, ...] = (
         "Do not force TF32 matmuls (the server otherwise sets NVIDIA_TF32_OVERRIDE=1 and "
         "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1).",
     ),
-    Opt("--max-cudagraph-capture-size", int, "Largest decode batch captured in a CUDA graph."),
+    Opt("--max-cudagraph-capture-size", "Largest decode batch captured in a CUDA graph."),
     Opt(
         "--cudagraph-capture-sizes",
-        int,
         "Exact decode batch sizes to capture.",
         metavar="CUDAGRAPH_CAPTURE_SIZE",
         nargs="+",
@@ -435,12 +392,10 @@ RUNTIME_OPTION_FLAGS: tuple[FlagRow, ...] = (
     Switch("--disable-prefill-graph", "Run prefill without CUDA graphs."),
     Opt(
         "--prefill-graph-max-tokens",
-        int,
         "Largest prefill-graph token bucket; unset: min(2048, chunked prefill size); 0: off.",
     ),
     Opt(
         "--prefill-graph-capture-sizes",
-        int,
         "Exact prefill token buckets; unset: a ladder keeping padding near 12.5%%.",
         metavar="PREFILL_GRAPH_CAPTURE_SIZE",
         nargs="+",
@@ -457,63 +412,59 @@ RUNTIME_OPTION_FLAGS: tuple[FlagRow, ...] = (
         "--weight-loader-prefetch-checkpoints",
         "Read checkpoint shards into the page cache ahead of loading, split over local ranks.",
     ),
-    Opt("--weight-loader-prefetch-num-threads", int, "Prefetch threads per rank."),
+    Opt("--weight-loader-prefetch-num-threads", "Prefetch threads per rank."),
     Switch("--enable-memory-saver", "Allow releasing and resuming GPU memory through the API."),
     Switch("--enable-custom-logit-processor", "Accept custom logit processors in requests (unsafe)."),
     Switch("--skip-server-warmup", "Start serving without a warmup request."),
-    Opt("--warmups", str, "Comma-separated warmup functions to run before the server accepts requests."),
+    Opt("--warmups", "Comma-separated warmup functions to run before the server accepts requests."),
 )
 
 
 PARALLEL_SIZE_FLAGS: tuple[FlagRow, ...] = (
     Opt(
         "--tensor-parallel-size",
-        int,
         "Tensor-parallel size of attention (same as --attn-tp-size; give only one).",
         aliases=("--tp",),
         default=None,
     ),
     Switch("--enable-expert-parallel", "Set the expert-parallel size to the world size."),
-    Opt("--attn-tp-size", int, "Tensor-parallel size of attention layers."),
-    Opt("--dense-tp-size", int, "Tensor-parallel size of dense MLP layers (default: world size)."),
-    Opt("--moe-tp-size", int, "Tensor-parallel size of MoE layers (default: world / EP size)."),
-    Opt("--nprocs-per-node", int, "Ranks per node (default: world size / nnodes)."),
-    Opt("--world-size", int, "Ranks over all nodes (default: TP x CP x DP)."),
+    Opt("--attn-tp-size", "Tensor-parallel size of attention layers."),
+    Opt("--dense-tp-size", "Tensor-parallel size of dense MLP layers (default: world size)."),
+    Opt("--moe-tp-size", "Tensor-parallel size of MoE layers (default: world / EP size)."),
+    Opt("--nprocs-per-node", "Ranks per node (default: world size / nnodes)."),
+    Opt("--world-size", "Ranks over all nodes (default: TP x CP x DP)."),
     Switch("--force-deterministic-rsag", "Use deterministic reduce-scatter/all-gather."),
     Switch(
         "--disable-sampling-tp-sync",
         "Do not broadcast sampled tokens over the TP group (only safe with deterministic samplers).",
     ),
-    Opt("--low-latency-max-num-tokens-per-gpu", int, "Token cap per GPU of low-latency MoE."),
+    Opt("--low-latency-max-num-tokens-per-gpu", "Token cap per GPU of low-latency MoE."),
     Opt(
         "--mla-chunk-multiplier",
-        int,
         "MLA chunked-prefill capacity per step, as a multiple of --chunked-prefill-size.",
     ),
-    Opt("--mm-attention-backend", str, "Attention kernels of the vision/audio encoders."),
+    Opt("--mm-attention-backend", "Attention kernels of the vision/audio encoders."),
 )
 
 
 DISAGGREGATION_FLAGS: tuple[FlagRow, ...] = (
     Opt(
         "--disaggregation-mode",
-        str,
         "Role in disaggregated serving: prefill, decode, encode (vision tower only), or null.",
     ),
-    Opt("--comm-fusion-max-num-tokens", int, "Token capacity of the fused-communication buffer."),
+    Opt("--comm-fusion-max-num-tokens", "Token capacity of the fused-communication buffer."),
     Switch(
         "--enable-allreduce-fusion",
         "Fuse all-reduce with the following norm (on by default for single-node TP on Hopper+/AMD).",
     ),
-    Opt("--disaggregation-bootstrap-port", int, "Bootstrap port of the prefill server."),
-    Opt("--disaggregation-transfer-backend", str, "KV transfer engine between servers."),
+    Opt("--disaggregation-bootstrap-port", "Bootstrap port of the prefill server."),
+    Opt("--disaggregation-transfer-backend", "KV transfer engine between servers."),
     Opt(
         "--disaggregation-ib-device",
-        str,
         "InfiniBand device(s) for KV transfer, e.g. mlx5_0 or mlx5_0,mlx5_1; detected when unset.",
     ),
-    Opt("--disaggregation-layerwise-interval", int, "Layers per KV transfer."),
-    Opt("--pdlb-url", str, "Disaggregation load balancer to register this server with."),
+    Opt("--disaggregation-layerwise-interval", "Layers per KV transfer."),
+    Opt("--pdlb-url", "Disaggregation load balancer to register this server with."),
 )
 
 
