@@ -99,18 +99,13 @@ def _fill_dest(row: Any) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Opt:
-    """A valued flag (``--name VALUE``) parsed as its field's type unless ``type`` names another;
-    ``type=None`` keeps the raw string (as ``action="append"`` wants)."""
+class _Named:
+    """A row spelled ``--name`` (plus any aliases) that writes the attribute they spell unless ``dest``
+    names another."""
 
     name: str
     help: str
     aliases: tuple[str, ...] = ()
-    type: Callable[[str], Any] | None = _FIELD_TYPE
-    metavar: str | None = None
-    nargs: str | None = None
-    action: str | None = None
-    default: Any = _FIELD_DEFAULT
     dest: str = ""
 
     def __post_init__(self) -> None:
@@ -119,6 +114,18 @@ class Opt:
     @property
     def flags(self) -> tuple[str, ...]:
         return (self.name, *self.aliases)
+
+
+@dataclasses.dataclass(frozen=True)
+class Opt(_Named):
+    """A valued flag (``--name VALUE``) parsed as its field's type unless ``type`` names another;
+    ``type=None`` keeps the raw string (as ``action="append"`` wants)."""
+
+    type: Callable[[str], Any] | None = _FIELD_TYPE
+    metavar: str | None = None
+    nargs: str | None = None
+    action: str | None = None
+    default: Any = _FIELD_DEFAULT
 
     def add(self, group: Any) -> None:
         value_type = field_type(self.dest) if self.type is _FIELD_TYPE else self.type
@@ -140,20 +147,8 @@ class Opt:
 
 
 @dataclasses.dataclass(frozen=True)
-class Switch:
+class Switch(_Named):
     """A presence flag (``store_true``): ``--name`` sets the field true."""
-
-    name: str
-    help: str
-    aliases: tuple[str, ...] = ()
-    dest: str = ""
-
-    def __post_init__(self) -> None:
-        _fill_dest(self)
-
-    @property
-    def flags(self) -> tuple[str, ...]:
-        return (self.name, *self.aliases)
 
     def add(self, group: Any) -> None:
         default = field_defaults().get(self.dest, False)
@@ -170,23 +165,14 @@ class Switch:
 
 
 @dataclasses.dataclass(frozen=True)
-class Toggle:
+class Toggle(_Named):
     """A ``--name`` / ``--no-name`` pair."""
-
-    name: str
-    help: str
-    dest: str = ""
-
-    def __post_init__(self) -> None:
-        _fill_dest(self)
-
-    @property
-    def flags(self) -> tuple[str, ...]:
-        return (self.name,)
 
     def add(self, group: Any) -> None:
         default = bool(field_defaults().get(self.dest, False))
-        group.add_argument(self.name, action=argparse.BooleanOptionalAction, help=self.help, default=default)
+        group.add_argument(
+            *self.flags, action=argparse.BooleanOptionalAction, help=self.help, default=default
+        )
 
     def argv(self, field: str, value: Any) -> list[str]:
         return [self.name if value else "--no-" + self.name.removeprefix("--")]
