@@ -179,19 +179,13 @@ class Toggle(_Named):
 
 
 @dataclasses.dataclass(frozen=True)
-class SwitchPair:
-    """An on flag and an off flag of one boolean field, which exclude each other (the seed's
-    ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``); the field's default stays in force
-    when neither is given."""
+class SwitchPair(_Named):
+    """An on flag (``name``) and an off flag (``off``) of one boolean field, which exclude each other (the
+    seed's ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``); the field's default stays in
+    force when neither is given."""
 
-    name: str
-    off: str
-    help: str
-    off_help: str
-    dest: str = ""
-
-    def __post_init__(self) -> None:
-        _fill_dest(self)
+    off: str = ""
+    off_help: str = ""
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -207,35 +201,17 @@ class SwitchPair:
 
 
 @dataclasses.dataclass(frozen=True)
-class OptionalBool:
+class OptionalBool(_Named):
     """A boolean taking an optional value: bare ``--name`` is true, ``--name false`` false, absent keeps
     the default."""
 
-    names: tuple[str, ...]
-    help: str
-    dest: str = ""
-
-    def __post_init__(self) -> None:
-        _fill_dest(self)
-
-    @property
-    def flags(self) -> tuple[str, ...]:
-        return self.names
-
     def add(self, group: Any) -> None:
         default = field_defaults().get(self.dest)
-        group.add_argument(
-            *self.names,
-            dest=self.dest,
-            type=str_to_bool,
-            nargs="?",
-            const=True,
-            help=self.help,
-            default=default,
-        )
+        kwargs = {"type": str_to_bool, "nargs": "?", "const": True, "default": default}
+        group.add_argument(*self.flags, dest=self.dest, help=self.help, **kwargs)
 
     def argv(self, field: str, value: Any) -> list[str]:
-        return [spelling(self.names, field), _text(bool(value))]
+        return [spelling(self.flags, field), _text(bool(value))]
 
 
 def add_groups(parser: argparse.ArgumentParser, groups: Iterable[tuple[str, Iterable[FlagRow]]]) -> None:

@@ -262,20 +262,17 @@ KERNEL_FLAGS: tuple[FlagRow, ...] = (
     Switch("--dp-sampling", "Split speculative verification sampling over the batch (Batch-DP)."),
     Opt("--dp-sampling-min-bs", "Smallest batch that uses --dp-sampling (default 2 x TP)."),
     OptionalBool(
-        (
-            "--attention-use-fp4-indexer-cache",
-            "--attention-config.use-fp4-indexer-cache",
-            "--attention_config.use_fp4_indexer_cache",
-        ),
+        "--attention-use-fp4-indexer-cache",
         "Store the sparse-attention indexer cache as MXFP4.",
+        aliases=("--attention-config.use-fp4-indexer-cache", "--attention_config.use_fp4_indexer_cache"),
     ),
     OptionalBool(
-        (
-            "--attention-config.use-trtllm-ragged-deepseek-prefill",
+        "--attention-config.use-trtllm-ragged-deepseek-prefill",
+        "Use the ragged prefill kernel for DeepSeek MLA (false is the same as --mla-disable-ragged).",
+        aliases=(
             "--attention-config.use_trtllm_ragged_deepseek_prefill",
             "--attention_config.use_trtllm_ragged_deepseek_prefill",
         ),
-        "Use the ragged prefill kernel for DeepSeek MLA (false is the same as --mla-disable-ragged).",
         dest="use_trtllm_ragged_deepseek_prefill",
     ),
     Opt(
@@ -346,10 +343,10 @@ SPECULATIVE_FLAGS: tuple[FlagRow, ...] = (
     ),
     SwitchPair(
         "--enable-output-logprobs",
-        "--disable-output-logprobs",
         "Answer requests for sampled-token logprobs (chat logprobs, completions logprobs, /generate "
         "return_logprob); on by default.",
-        "Refuse requests for logprobs with a 400 naming this flag.",
+        off="--disable-output-logprobs",
+        off_help="Refuse requests for logprobs with a 400 naming this flag.",
     ),
     # str: the field also takes the parsed list of layers
     Opt("--eagle3-layers-to-capture", "Comma-separated target layers EAGLE3 reads.", type=str),
@@ -360,9 +357,9 @@ RUNTIME_OPTION_FLAGS: tuple[FlagRow, ...] = (
     Switch("--disable-pdl", "Do not use programmatic dependent launch."),
     SwitchPair(
         "--enable-prefix-caching",
-        "--no-enable-prefix-caching",
         "Reuse KV of shared prompt prefixes (default on).",
-        "Turn prefix caching off.",
+        off="--no-enable-prefix-caching",
+        off_help="Turn prefix caching off.",
     ),
     Switch("--enforce-eager", "Run without CUDA graphs.", aliases=("--disable-cuda-graph",)),
     Switch("--disable-cuda-graph-padding", "Skip CUDA graphs for batches that would need padding."),
