@@ -21,8 +21,8 @@ def make_core(model_dir: str, **server_args: Any):
     """An EngineCore on dummy bf16 weights; with expert flags, the rank engine `serve` builds (recorder,
     EPLB, redundant slots) in this process."""
     from tokenspeed.config.server_args import ServerArgs
+    from tokenspeed.runtime.distributed.rank_engine import build_rank_engine, needs_group_peers
     from tokenspeed.runtime.engine.engine_core import EngineCore
-    from tokenspeed.runtime.parallel.rank_engine import build_rank_engine, needs_group_peers
 
     args = dict(load_format="dummy", dtype="bfloat16", device="cuda", skip_tokenizer_init=True)
     args.update(server_args)
@@ -34,7 +34,7 @@ def moe_layer_kernels(runner, fb) -> dict[str, int]:
     """Kernels one MoE layer launches for `fb`'s tokens: with the backend in use and with the torch
     reference (the default before the fused path was), gate linear included."""
     from benchmarks.kernel_profile import profile_step
-    from tokenspeed.runtime.layers.moe.backend import TorchMoe, UsesMoeBackend
+    from tokenspeed.runtime.moe.backend import TorchMoe, UsesMoeBackend
 
     block = next(m for m in runner.model.modules() if isinstance(m, UsesMoeBackend))
     hidden = runner.model_config.hidden_size

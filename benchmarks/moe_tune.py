@@ -1,4 +1,4 @@
-"""Block sizes of the fused MoE kernels per batch size on this GPU (the table in kernels/moe_configs.py).
+"""Block sizes of the fused MoE kernels per batch size on this GPU (the table in moe/kernels/configs.py).
 
 For each token count, every candidate config runs the experts of 8 layers of the Qwen3-30B-A3B shape
 (128 experts, hidden 2048, intermediate 768, top-8, bf16, uniform random routing; 8 separate weight
@@ -27,7 +27,7 @@ E, H, INTER, TOP_K, LAYERS = 128, 2048, 768, 8, 8
 
 
 def candidates():
-    from tokenspeed.runtime.kernels.moe_configs import MoeKernelConfig as C
+    from tokenspeed.runtime.moe.kernels.configs import MoeKernelConfig as C
 
     out = {
         "p16n16k128": C(pairs=True, block_n=16, block_k=128, down_block_n=32, down_block_k=128),
@@ -46,7 +46,7 @@ def candidates():
 
 
 def bench(cfg, tokens: int, weights, x, routing) -> float:
-    from tokenspeed.runtime.kernels.fused_moe import fused_experts
+    from tokenspeed.runtime.moe.kernels.fused import fused_experts
 
     def layers():
         for (w13, w2), (tw, ti) in zip(weights, routing, strict=True):
@@ -61,7 +61,7 @@ def bench(cfg, tokens: int, weights, x, routing) -> float:
 
 
 def main() -> None:
-    from tokenspeed.runtime.kernels.moe_configs import pick, table_for
+    from tokenspeed.runtime.moe.kernels.configs import pick, table_for
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])

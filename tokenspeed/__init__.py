@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokenspeed.runtime.entrypoints.engine import Engine
+    from tokenspeed.runtime.entrypoints.offline import Engine
     from tokenspeed.sampling_params import SamplingParams
 
 __all__ = ["Engine", "SamplingParams"]
 
 _LAZY = {
-    "Engine": "tokenspeed.runtime.entrypoints.engine",
+    "Engine": "tokenspeed.runtime.entrypoints.offline",
     "SamplingParams": "tokenspeed.sampling_params",
 }
 

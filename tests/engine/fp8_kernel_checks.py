@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from tokenspeed.runtime.kernels import fp8_gemm
 from tokenspeed.runtime.kernels.decode_attention import decode_attention
 from tokenspeed.runtime.kernels.extend_attention import extend_attention
-from tokenspeed.runtime.kernels.moe_align import align_by_expert, pairs_as_blocks
-from tokenspeed.runtime.kernels.moe_configs import MoeKernelConfig
-from tokenspeed.runtime.kernels.moe_gemm import down, gate_up_silu
 from tokenspeed.runtime.layers.quantization.fp8_math import dequantize, quantize_block, quantize_per_channel
+from tokenspeed.runtime.moe.kernels.align import align_by_expert, pairs_as_blocks
+from tokenspeed.runtime.moe.kernels.configs import MoeKernelConfig
+from tokenspeed.runtime.moe.kernels.gemm import down, gate_up_silu
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

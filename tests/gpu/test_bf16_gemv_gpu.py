@@ -1,7 +1,7 @@
 """On the GPU: the dense GEMV of decode batches (`kernels/bf16_gemv.py`) on the Llama-3.1-8B shapes, every
 configuration the autotuner may pick at M = 1..4, against the float32 reference; the autotuned entry point
 and split-K replayed in a CUDA graph with new inputs; and a batch-1 decode step of the bf16 demo model that
-runs it for every linear layer and the LM head (`--dense-gemv-backend auto`), with the logits of F.linear.
+runs it for every linear layer and the LM head (`--dense-gemv-backend triton`), with the logits of F.linear.
 
 Written without a GPU at hand: the first device run is what checks these.
 """
@@ -119,7 +119,7 @@ def test_bs1_decode_runs_the_gemv_for_every_dense_layer():
         return [harness.step([("r", prompt)])] + [harness.step([("r", [t])]) for t in (7, 8, 9)]
 
     plain = run(PagedHarness(model, cfg, backend="triton", device="cuda", num_pages=8))
-    assert apply_dense_gemv_backend(model, "auto", "cuda") == "triton"
+    assert apply_dense_gemv_backend(model, "triton", "cuda") == "triton"
     dense = sum(isinstance(m, (LinearBase, LMHead)) for m in model.modules())
     harness = PagedHarness(model, cfg, backend="triton", device="cuda", num_pages=8)
     gemv = run(harness)  # prefill (4 rows) and decode steps: their configs are tuned here

@@ -71,9 +71,15 @@ def _server(state: Path) -> dict:
 
 
 def _wait_server(state: Path, predicate, timeout: float, what: str) -> dict:
-    deadline = time.monotonic() + timeout
+    # Each state change is printed with its time: on the H200 a restart once outlived the test's limit, and
+    # pytest-timeout's failure showed only where the test was waiting, not which state the server was in.
+    start = time.monotonic()
+    deadline, seen = start + timeout, None
     while True:
         server = _server(state)
+        if (server["state"], server.get("pid")) != seen:
+            seen = (server["state"], server.get("pid"))
+            print(f"  {what}: +{time.monotonic() - start:.1f} s {server['state']} pid {server.get('pid')}")
         if predicate(server):
             return server
         if time.monotonic() > deadline:

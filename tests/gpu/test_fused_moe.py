@@ -9,8 +9,8 @@ import torch
 from tests.gpu.test_engine_gpu import MAX_NEW
 from tests.leak_check import assert_no_kv_leak
 from tests.tiny_models import load_hf_model, make_tiny_model
-from tokenspeed.runtime.layers.moe.backend import TorchMoe
-from tokenspeed.runtime.layers.moe.experts import TorchExperts
+from tokenspeed.runtime.moe.backend import TorchMoe
+from tokenspeed.runtime.moe.experts import TorchExperts
 
 pytestmark = [
     pytest.mark.gpu,
@@ -18,11 +18,11 @@ pytestmark = [
 ]
 pytest.importorskip("triton")
 
-from tokenspeed.runtime.kernels.fused_moe import fused_experts  # noqa: E402
-from tokenspeed.runtime.kernels.moe_configs import MoeKernelConfig  # noqa: E402
-from tokenspeed.runtime.kernels.moe_routing import fused_route  # noqa: E402
 from tokenspeed.runtime.moe.dispatch import ExpertDispatch  # noqa: E402
 from tokenspeed.runtime.moe.expert_location import ExpertLocation  # noqa: E402
+from tokenspeed.runtime.moe.kernels.configs import MoeKernelConfig  # noqa: E402
+from tokenspeed.runtime.moe.kernels.fused import fused_experts  # noqa: E402
+from tokenspeed.runtime.moe.kernels.routing import fused_route  # noqa: E402
 
 PAIRS = MoeKernelConfig(pairs=True, block_n=32)
 GROUPED = MoeKernelConfig(block_m=16)

@@ -48,7 +48,7 @@ def test_flag_reaches_the_runner_and_bad_values_name_the_flag():
 def test_backend_resolution_per_device():
     assert resolve_dense_gemv_backend("auto", "cpu") == "torch"
     assert resolve_dense_gemv_backend(None, "cpu") == "torch"
-    assert resolve_dense_gemv_backend("auto", "cuda") == ("triton" if _has_triton() else "torch")
+    assert resolve_dense_gemv_backend("auto", "cuda") == "torch"  # until the H200 has measured the GEMV
     assert resolve_dense_gemv_backend("torch", "cuda") == "torch"
     with pytest.raises(
         ValueError, match="--dense-gemv-backend 'cutlass' is not available.*auto, torch, triton"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenspeed.runtime.layers.moe.backend import TorchMoe, count_routed, resolve_moe_backend
+from tokenspeed.runtime.moe.backend import TorchMoe, count_routed, resolve_moe_backend
 from tokenspeed.runtime.moe.dispatch import ExpertDispatch
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 from tokenspeed.runtime.moe.expert_counts import ExpertCounts
@@ -99,7 +99,7 @@ def test_moe_backend_registry():
     assert resolve_moe_backend("auto", "cuda") == ("triton" if has_triton else "torch")
     with pytest.raises(ValueError, match="--moe-backend 'cutlass' is not available.*auto, torch, triton"):
         resolve_moe_backend("cutlass", "cpu")
-    from tokenspeed.runtime.layers.moe.backend import create_moe_backend
+    from tokenspeed.runtime.moe.backend import create_moe_backend
 
     with pytest.raises(ValueError, match="--moe-backend triton needs a CUDA GPU"):
         create_moe_backend("triton", "cpu")

@@ -350,7 +350,6 @@ def test_table_covers_every_flag_of_the_parser(parser):
         "--api-key-file",
         "--speculative-ngram-min-match-window-size",
         "--speculative-ngram-max-match-window-size",
-        "--dense-gemv-backend",  # the bf16 GEMV of decode batches (tests/unit/test_dense_gemv_backend.py)
     }
     options = {s for action in parser._actions for s in action.option_strings}
     assert options - in_table == ours

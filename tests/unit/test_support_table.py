@@ -54,12 +54,12 @@ def test_implemented_values_are_the_registries():
     from tokenspeed.runtime.engine import tokenizer
     from tokenspeed.runtime.layers import dense_gemv
     from tokenspeed.runtime.layers.attention import attention_backend_registry
-    from tokenspeed.runtime.layers.moe import backend as moe
-    from tokenspeed.runtime.layers.moe.expert_parallel import ALL2ALL_BACKENDS
     from tokenspeed.runtime.layers.sampling import SAMPLING_BACKENDS
     from tokenspeed.runtime.models.loader import LOAD_FORMATS
+    from tokenspeed.runtime.moe import backend as moe
     from tokenspeed.runtime.moe.eplb_algorithm import ALGORITHMS
     from tokenspeed.runtime.moe.expert_location import DISPATCH_ALGORITHMS
+    from tokenspeed.runtime.moe.expert_parallel import ALL2ALL_BACKENDS
 
     def values(name):
         return {v for v in SUPPORT[name].values if v is not None}
@@ -233,7 +233,7 @@ def test_issue_examples(argv, status, capsys):
 
 
 def test_offline_engine_refuses_before_loading_anything():
-    from tokenspeed.runtime.entrypoints.engine import Engine
+    from tokenspeed.runtime.entrypoints.offline import Engine
 
     started = time.monotonic()
     with pytest.raises(ValueError, match="--speculative-algorithm EAGLE3"):

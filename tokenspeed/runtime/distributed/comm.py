@@ -25,12 +25,6 @@ def all_reduce(x: torch.Tensor, group: RankGroup) -> torch.Tensor:
     return x
 
 
-def all_reduce_min(x: torch.Tensor, group: RankGroup) -> torch.Tensor:
-    if group.size > 1:
-        dist.all_reduce(x, op=dist.ReduceOp.MIN, group=group.device_group)
-    return x
-
-
 def min_over_group(value: int, group: RankGroup) -> int:
     """The smallest of every rank's `value` (a host integer, over the CPU communicator)."""
     if group.size == 1:

@@ -110,14 +110,6 @@ class ParallelDims:
         return self.tp_size > 1
 
     @property
-    def has_dp(self) -> bool:
-        return self.dp_size > 1
-
-    @property
-    def has_cp(self) -> bool:
-        return self.cp_size > 1
-
-    @property
     def has_ep(self) -> bool:
         return self.ep_size > 1
 

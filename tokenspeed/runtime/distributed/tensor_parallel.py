@@ -1,7 +1,7 @@
 """Tensor and expert parallelism applied to a built model: the model files hold no distributed code.
 
 `apply_parallelism(model, groups, moe)` walks a model built on the meta device (before its weights are
-loaded) and swaps layers for sharded ones (`tp_layers.py`, `layers/moe/expert_parallel.py`):
+loaded) and swaps layers for sharded ones (`tp_layers.py`, `moe/expert_parallel.py`):
 
     attention (attention TP group)  q/k/v heads split, o_proj row-parallel, head counts made local
     gated MLP (dense TP group)      gate/up column-parallel, down row-parallel
@@ -34,14 +34,14 @@ from tokenspeed.runtime.distributed.tp_layers import (
 from tokenspeed.runtime.layers.attention import PagedAttention
 from tokenspeed.runtime.layers.embedding import LMHead, VocabEmbedding
 from tokenspeed.runtime.layers.mlp import GatedMLP
-from tokenspeed.runtime.layers.moe.expert_parallel import (
+from tokenspeed.runtime.models.llama import LlamaAttention
+from tokenspeed.runtime.moe.expert_location import ExpertLocation
+from tokenspeed.runtime.moe.expert_parallel import (
     ALL2ALL_BACKENDS,
     ExpertParallelState,
     ParallelMoeBlock,
 )
-from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock
-from tokenspeed.runtime.models.llama import LlamaAttention
-from tokenspeed.runtime.moe.expert_location import ExpertLocation
+from tokenspeed.runtime.moe.sparse_block import SparseMoeBlock
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.models.model_config import ModelConfig

@@ -31,6 +31,7 @@ from tokenspeed.config.slices import GraphConfig, RunnerConfig
 from tokenspeed.runtime.cache.allocator import PageAllocator
 from tokenspeed.runtime.cache.kv_cache_manager import KVCacheManager
 from tokenspeed.runtime.cache.prefix_cache import create_prefix_cache
+from tokenspeed.runtime.distributed.peer_sync import NoPeers, PeerSync
 from tokenspeed.runtime.engine.io_struct import GenerateRequest, RequestOutput, StatsSnapshot
 from tokenspeed.runtime.engine.overlap import InFlightBatch, needs_host_tokens, overlap_mode
 from tokenspeed.runtime.engine.prompt_check import check_prompt
@@ -38,8 +39,7 @@ from tokenspeed.runtime.engine.request_state import ModelLimits
 from tokenspeed.runtime.execution.model_runner import ModelRunner
 from tokenspeed.runtime.grammar.admission import GrammarAdmission
 from tokenspeed.runtime.models.model_config import ModelConfig
-from tokenspeed.runtime.parallel.experts import EXPERT_RECORD_METHODS, ExpertController, NoExperts
-from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
+from tokenspeed.runtime.moe.rank_experts import EXPERT_RECORD_METHODS, ExpertController, NoExperts
 from tokenspeed.runtime.scheduler.request import Request
 from tokenspeed.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenspeed.runtime.speculative.config import SpecConfig
@@ -71,7 +71,7 @@ class EngineCore:
         peers: PeerSync | None = None,
         experts: ExpertController | None = None,
     ):
-        """`peers` and `experts` (tokenspeed.runtime.parallel): set when this rank has TP/EP peers or
+        """`peers` and `experts` (tokenspeed.runtime.distributed): set when this rank has TP/EP peers or
         manages MoE experts; the runner then loads this rank's shard and rank 0 leads its peers' steps."""
         self.server_args = server_args
         self.config = RunnerConfig.from_server_args(server_args)

@@ -18,6 +18,7 @@ import torch
 import zmq
 
 from tokenspeed.config.server_args import ServerArgs
+from tokenspeed.runtime.distributed.rank_engine import PeerEngine, build_rank_engine, needs_group_peers
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
 from tokenspeed.runtime.engine.engine_core import EngineCore
 from tokenspeed.runtime.engine.engine_protocol import EngineProtocol
@@ -38,7 +39,6 @@ from tokenspeed.runtime.engine.io_struct import (
 from tokenspeed.runtime.engine.process_watchdog import StopFlag, die_with_parent, parent_alive
 from tokenspeed.runtime.engine.rank_info import RankInfo, configure_child_logging
 from tokenspeed.runtime.engine.scheduler_liveness import HEARTBEAT_S
-from tokenspeed.runtime.parallel.rank_engine import PeerEngine, build_rank_engine, needs_group_peers
 
 logger = logging.getLogger("tokenspeed.scheduler")
 
@@ -62,7 +62,7 @@ class _StatsPacer:
 def build_engine(server_args: ServerArgs, info: RankInfo, nccl_port: int = 0) -> EngineProtocol | PeerEngine:
     """The engine of this rank; the device index comes from the rank's placement.
 
-    With TP/EP peers or MoE expert management it is built by tokenspeed.runtime.parallel.rank_engine: the
+    With TP/EP peers or MoE expert management it is built by tokenspeed.runtime.distributed.rank_engine: the
     EngineCore leading its peers on rank 0 of a TP group, a `PeerEngine` on the others.
     """
     device = None

@@ -20,6 +20,7 @@ import torch
 from tokenspeed.config.slices import GraphConfig, RunnerConfig
 from tokenspeed.runtime.cache.kv_pool import KVPool, KVPoolSpec, kv_storage_dtype
 from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
+from tokenspeed.runtime.distributed.peer_sync import NoPeers, PeerSync
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.execution.forward_batch import AuxCapture, ForwardBatch
 from tokenspeed.runtime.execution.kv_sizing import plan_num_pages
@@ -35,12 +36,11 @@ from tokenspeed.runtime.grammar.bitmask import fill_token_bitmask
 from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
 from tokenspeed.runtime.layers.dense_gemv import apply_dense_gemv_backend
-from tokenspeed.runtime.layers.moe.backend import apply_moe_backend
 from tokenspeed.runtime.layers.sampling import create_sampler
 from tokenspeed.runtime.models.model_config import ModelConfig
 from tokenspeed.runtime.models.quant_tensors import pool_kv_scales
-from tokenspeed.runtime.parallel.experts import ExpertController, NoExperts
-from tokenspeed.runtime.parallel.peer_sync import NoPeers, PeerSync
+from tokenspeed.runtime.moe.backend import apply_moe_backend
+from tokenspeed.runtime.moe.rank_experts import ExpertController, NoExperts
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
 from tokenspeed.runtime.scheduler.sample_row import SampleRow
 from tokenspeed.runtime.speculative.verifier import verify_batch
@@ -63,7 +63,7 @@ class ModelRunner:
     ):
         self.device = device
         self.model_config = model_config
-        # With TP/EP peers (parallel/peer_sync.py) the model is this rank's shard and the KV cache and
+        # With TP/EP peers (distributed/peer_sync.py) the model is this rank's shard and the KV cache and
         # attention see this rank's heads (`kv_config`); alone, the null objects change nothing.
         self.peers: PeerSync = peers if peers is not None else NoPeers()
         self.experts: ExpertController = experts if experts is not None else NoExperts()

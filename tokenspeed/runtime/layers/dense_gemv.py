@@ -4,7 +4,9 @@
   batch; the LM head's logits come out in float32 from its accumulators); other batches, dtypes and
   devices still go through `F.linear` (cuBLAS). Needs a CUDA GPU and Triton.
 - `torch`: `F.linear` always.
-- `auto` (the default): `triton` on CUDA when Triton imports, else `torch`.
+- `auto` (the default): `torch` for now. The Triton GEMV has passed only Triton's interpreter on the CPU;
+  `auto` turns to it on CUDA once `benchmarks/bf16_gemv.py` has measured it ahead of cuBLAS on the H200
+  (speed is measured, not asserted; `tests/gpu/device_run.sh bf16gemv`).
 
 The choice is made once, after the weights are loaded: each linear layer whose multiply is the plain
 `linear.UNQUANTIZED` (so not an FP8 layer, which has its own GEMV) and the LM head are handed the chosen
@@ -80,7 +82,7 @@ CHOICES = ("auto", *DENSE_GEMV_BACKENDS)
 
 
 def resolve_dense_gemv_backend(name: str | None, device: torch.device | str) -> str:
-    """The backend `name` stands for on `device` ("auto": triton on CUDA when it imports, else torch)."""
+    """The backend `name` stands for on `device` ("auto": torch until the H200 has measured the GEMV)."""
     name = name or "auto"
     if name not in CHOICES:
         raise ValueError(
@@ -88,7 +90,7 @@ def resolve_dense_gemv_backend(name: str | None, device: torch.device | str) -> 
         )
     if name != "auto":
         return name
-    return "triton" if torch.device(device).type == "cuda" and _triton_available() else "torch"
+    return "torch"
 
 
 def use_dense_multiply(model: nn.Module, quant: Unquantized) -> int:

@@ -7,9 +7,9 @@ import re
 from torch import nn
 
 from tokenspeed.runtime.layers.mlp import GatedMLP
-from tokenspeed.runtime.layers.moe import SparseMoeBlock
 from tokenspeed.runtime.models.qwen3 import Qwen3ForCausalLM
 from tokenspeed.runtime.models.weight_utils import WeightTarget
+from tokenspeed.runtime.moe.sparse_block import SparseMoeBlock
 
 # `weight_scale`: the scale of an FP8 expert (the loader names `weight_scale_inv` so too)
 _PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale)$")

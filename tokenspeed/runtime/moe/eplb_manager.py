@@ -32,10 +32,10 @@ import torch.distributed as dist
 from tokenspeed.config.slices import KEPT_BY_EPLB
 from tokenspeed.runtime.distributed.comm import broadcast_object
 from tokenspeed.runtime.engine.io_struct import ControlRefused
-from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 from tokenspeed.runtime.moe.eplb_algorithm import balancedness, rank_loads, worse_layers
 from tokenspeed.runtime.moe.expert_location import ExpertLocation
+from tokenspeed.runtime.moe.expert_parallel import ExpertParallelState
 from tokenspeed.runtime.moe.placement_view import placement_changes
 
 logger = logging.getLogger(__name__)

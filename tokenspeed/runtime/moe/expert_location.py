@@ -126,9 +126,6 @@ class ExpertLocation:
                 seen[e] += 1
         return cls(ExpertPlacement(phy2log, log2phy, logcnt), ep_size, num_logical)
 
-    def rank_of_slot(self, slot: torch.Tensor) -> torch.Tensor:
-        return slot // self.slots_per_rank
-
     def dispatch(
         self, layer_id: int, topk_logical: torch.Tensor, algorithm: str, ep_rank: int = 0
     ) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The grouped expert GEMMs over rows aligned by expert (`moe_align.py`), on the tensor cores.
+"""The grouped expert GEMMs over rows aligned by expert (`align.py`), on the tensor cores.
 
 - `gate_up_silu`: act[row] = silu(x[token] @ gate_e^T) * (x[token] @ up_e^T), one program per (block of
   BLOCK_M rows of expert e, BLOCK_N columns of the intermediate dimension): the gate and up halves of
@@ -12,7 +12,7 @@ Rows of padding (sorted id == num_pairs) are neither read nor written; blocks ow
 FP8 expert weights (W8A16) are read as e4m3 and multiplied in x's dtype, each K tile's partial product
 scaled by its per-channel or block scales: half the weight bytes of bf16 (not yet run on a GPU).
 
-With `pairs` alignment (small batches: `moe_align.pairs_as_blocks`) each program takes one routed pair
+With `pairs` alignment (small batches: `align.pairs_as_blocks`) each program takes one routed pair
 as row 0 of its tile: no grouping launch, and each routed expert's rows are read once per pair.
 """
 
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed.runtime.kernels.moe_align import ExpertAlignment
+from tokenspeed.runtime.moe.kernels.align import ExpertAlignment
 
 # FP8 expert weights' scales: ([E, N, 1] per channel, or [E, N / bn, K / bk] with block (bn, bk), None)
 WeightScale = tuple[torch.Tensor, "tuple[int, int] | None"]

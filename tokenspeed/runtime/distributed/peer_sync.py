@@ -27,9 +27,9 @@ from tokenspeed.runtime.distributed.batch_sync import PageMirror, decode_batch, 
 from tokenspeed.runtime.distributed.comm import broadcast_object, min_over_group
 from tokenspeed.runtime.distributed.groups import ParallelGroups, init_parallel, shutdown_parallel
 from tokenspeed.runtime.distributed.tensor_parallel import load_parallel_model, local_kv_heads
-from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState
 from tokenspeed.runtime.models.loader import load_model
-from tokenspeed.runtime.parallel.experts import ExpertController
+from tokenspeed.runtime.moe.expert_parallel import ExpertParallelState
+from tokenspeed.runtime.moe.rank_experts import ExpertController
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch
 
 if TYPE_CHECKING:

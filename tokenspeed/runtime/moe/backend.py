@@ -4,7 +4,7 @@
   batch, which waits on the device once per layer, so a decode step with it cannot be a CUDA graph);
   correct everywhere, the one used on the CPU.
 - `triton`: one fused routing kernel (top-k, renormalisation, replica dispatch, load counting) and the
-  fused experts (`kernels/fused_moe.py`); needs a CUDA GPU, never waits on the host, so decode steps are
+  fused experts (`moe/kernels/fused.py`); needs a CUDA GPU, never waits on the host, so decode steps are
   captured whole.
 - `auto` (the default): `triton` on CUDA when Triton imports, else `torch`.
 
@@ -117,17 +117,17 @@ class TorchMoe:
 
 
 class TritonMoe:
-    """The fused kernels; block sizes from `kernels/moe_configs.py`'s table for this GPU."""
+    """The fused kernels; block sizes from `moe/kernels/configs.py`'s table for this GPU."""
 
     name = "triton"
 
     def __init__(self, device: torch.device):
-        from tokenspeed.runtime.kernels import fused_moe, moe_configs, moe_routing
+        from tokenspeed.runtime.moe.kernels import configs, fused, routing
 
-        self._fused = fused_moe.fused_experts
-        self._route = moe_routing.fused_route
-        self._pick = moe_configs.pick
-        self.table = moe_configs.table_for(torch.cuda.get_device_name(device))
+        self._fused = fused.fused_experts
+        self._route = routing.fused_route
+        self._pick = configs.pick
+        self.table = configs.table_for(torch.cuda.get_device_name(device))
 
     def route(self, logits, top_k, renormalize, dispatch=None, counts=None, token_mask=None):
         if not logits.is_cuda:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tokenspeed.runtime.layers.moe.backend import torch_topk
+from tokenspeed.runtime.moe.backend import torch_topk
 
 
 class TopKRouter(nn.Module):

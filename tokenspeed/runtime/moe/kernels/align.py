@@ -1,6 +1,6 @@
 """Grouping (token, expert) pairs by expert into blocks of BLOCK_M rows, in one launch.
 
-The grouped GEMMs (`moe_gemm.py`) give each program BLOCK_M rows that all use one expert's weights.
+The grouped GEMMs (`gemm.py`) give each program BLOCK_M rows that all use one expert's weights.
 Here the n = T * k routed pairs are laid out so: expert e gets rows [start_e, start_e + pad_e) where
 pad_e is its pair count rounded up to BLOCK_M; `sorted_ids[row]` is the flat pair index (token * k +
 slot) of each row, `n` for padding rows; `block_expert[b]` is the expert of block b, or E for blocks past

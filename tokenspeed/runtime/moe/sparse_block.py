@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from tokenspeed.runtime.layers.linear import ReplicatedLinear
-from tokenspeed.runtime.layers.moe.backend import UsesMoeBackend
-from tokenspeed.runtime.layers.moe.experts import TorchExperts
-from tokenspeed.runtime.layers.moe.router import TopKRouter
+from tokenspeed.runtime.moe.backend import UsesMoeBackend
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
+from tokenspeed.runtime.moe.experts import TorchExperts
+from tokenspeed.runtime.moe.router import TopKRouter
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.execution.forward_batch import ForwardBatch

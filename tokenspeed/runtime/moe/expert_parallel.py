@@ -26,12 +26,12 @@ from torch import nn
 from tokenspeed.runtime.distributed.comm import all_reduce
 from tokenspeed.runtime.distributed.groups import RankGroup
 from tokenspeed.runtime.layers.linear import copy_weight
-from tokenspeed.runtime.layers.moe.backend import UsesMoeBackend, torch_experts
-from tokenspeed.runtime.layers.moe.experts import TorchExperts
-from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock, recorder_sink
 from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales, narrow_for_shard, scale_rows
+from tokenspeed.runtime.moe.backend import UsesMoeBackend, torch_experts
 from tokenspeed.runtime.moe.dispatch import DispatchView, ExpertDispatch, localize
 from tokenspeed.runtime.moe.expert_location import DISPATCH_ALGORITHMS, ExpertLocation
+from tokenspeed.runtime.moe.experts import TorchExperts
+from tokenspeed.runtime.moe.sparse_block import SparseMoeBlock, recorder_sink
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.execution.forward_batch import ForwardBatch

@@ -17,10 +17,10 @@ import torch
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.config.slices import ExpertPlan
+from tokenspeed.runtime.distributed.peer_sync import GroupPeers, join_server_world
 from tokenspeed.runtime.engine.engine_core import EngineCore, resolve_device
 from tokenspeed.runtime.engine.process_watchdog import CHILD_STOP_SIGNAL
-from tokenspeed.runtime.parallel.experts import RankExperts
-from tokenspeed.runtime.parallel.peer_sync import GroupPeers, join_server_world
+from tokenspeed.runtime.moe.rank_experts import RankExperts
 
 logger = logging.getLogger(__name__)
 

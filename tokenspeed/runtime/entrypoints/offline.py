@@ -114,7 +114,7 @@ class Engine:
         mapping = self.server_args.mapping
         _check_offline_layout(mapping)
         if mapping.world_size == 1:
-            from tokenspeed.runtime.parallel.rank_engine import build_rank_engine, needs_group_peers
+            from tokenspeed.runtime.distributed.rank_engine import build_rank_engine, needs_group_peers
 
             # experts to record, rebalance or replicate: the same rank engine `serve` builds, in process
             if needs_group_peers(self.server_args):

@@ -1,14 +1,14 @@
 """Fused MoE experts in Triton: the experts of one layer in three or four launches, no host sync.
 
 The torch reference loops over `unique(topk_ids).tolist()` (a host sync per layer, and one small GEMM per
-expert: over a hundred launches per layer at batch 1). Here, by the step's token count (`moe_configs.py`):
+expert: over a hundred launches per layer at batch 1). Here, by the step's token count (`configs.py`):
 
 - small batches: every routed (token, expert) pair is its own block (`pairs_as_blocks`, no launch), so
   only the routed experts' rows are read and nothing is grouped (3 launches);
-- larger ones: `moe_align.py` groups the pairs into blocks of BLOCK_M rows per expert (1 launch), so
+- larger ones: `align.py` groups the pairs into blocks of BLOCK_M rows per expert (1 launch), so
   each expert's weights are read once for all its tokens (4 launches).
 
-Then `moe_gemm.py` runs gate|up with SiLU-and-mul in the epilogue and down scaled by the routing weight
+Then `gemm.py` runs gate|up with SiLU-and-mul in the epilogue and down scaled by the routing weight
 on the tensor cores, and `sum_pairs` adds each token's k rows.
 
 Every shape depends only on the number of tokens, so the layer is captured whole in a CUDA graph.
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from tokenspeed.runtime.kernels.moe_align import align_by_expert, pairs_as_blocks
-from tokenspeed.runtime.kernels.moe_configs import MoeKernelConfig, pick, table_for
-from tokenspeed.runtime.kernels.moe_gemm import down, gate_up_silu, sum_pairs
 from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
+from tokenspeed.runtime.moe.kernels.align import align_by_expert, pairs_as_blocks
+from tokenspeed.runtime.moe.kernels.configs import MoeKernelConfig, pick, table_for
+from tokenspeed.runtime.moe.kernels.gemm import down, gate_up_silu, sum_pairs
 
 
 def fused_experts(

@@ -48,7 +48,7 @@ class TorchExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """The reference computation (MoE blocks call their backend instead; tests compare against this)."""
-        from tokenspeed.runtime.layers.moe.backend import torch_experts
+        from tokenspeed.runtime.moe.backend import torch_experts
 
         return torch_experts(x, self.w13, self.w2, topk_weights, topk_ids, ExpertScales.of(self))
 

@@ -23,12 +23,12 @@ from torch import nn
 
 from tokenspeed.config.slices import ExpertPlan
 from tokenspeed.runtime.engine.io_struct import ControlRefused
-from tokenspeed.runtime.layers.moe.expert_parallel import ExpertParallelState, ParallelMoeBlock
-from tokenspeed.runtime.layers.moe.sparse_block import SparseMoeBlock
 from tokenspeed.runtime.moe.distribution_recorder import ExpertDistributionRecorder
 from tokenspeed.runtime.moe.eplb_manager import HOW_TO_ENABLE, EPLBManager, rebalance_unavailable
+from tokenspeed.runtime.moe.expert_parallel import ExpertParallelState, ParallelMoeBlock
 from tokenspeed.runtime.moe.expert_stats import ExpertLoadSnapshot, expert_load_snapshot
 from tokenspeed.runtime.moe.placement_view import placement_answer
+from tokenspeed.runtime.moe.sparse_block import SparseMoeBlock
 
 logger = logging.getLogger(__name__)
 
