@@ -1,24 +1,39 @@
-"""The ``tokenspeed serve`` command line: the parser built from the flag table (``config.flag_table``)
-and the namespace -> ``ServerArgs`` mapping."""
+"""The ``tokenspeed serve`` command line both ways, from the flag table (``config.flag_table``): the parser
+and the namespace -> ``ServerArgs`` mapping, and ``ServerArgs`` fields spelled back into flags.
+
+    to_argv({"model": "m", "attn_tp_size": 2, "enable_prefix_caching": False})
+        -> ["--model", "m", "--attn-tp-size", "2", "--no-enable-prefix-caching"]
+
+The console resolves a profile with ``ServerArgs.from_dict`` and spells a server's command line only
+when it starts the process; ``prepare_server_args(to_argv(fields))`` resolves to the same arguments
+(tests/console/test_profile_server.py checks it for every shipped profile). Each row parses and spells
+its own flags (``config.flag_rows``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import difflib
+import functools
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from tokenspeed.config.api_key import resolve_api_key
-from tokenspeed.config.flag_rows import add_groups
-from tokenspeed.config.flag_table import GROUPS
+from tokenspeed.config.flag_rows import FlagRow, NoFlag, add_groups
+from tokenspeed.config.flag_table import GROUPS, flag_rows
 from tokenspeed.config.flags import FIELD_ALIASES
 from tokenspeed.config.server_args import ServerArgs
 
-# Namespace attributes that are spellings of a field rather than fields themselves.
+__all__ = ["CLI_ALIAS_DESTS", "NoFlag", "build_parser", "field_argv", "prepare_server_args", "to_argv"]
+
+# Namespace attributes that are spellings of a field rather than fields themselves: the table's alias
+# rows (the positional model, --tp, --expert-parallel-size) and --api-key-file, whose file gives api_key
+# (read by namespace_to_fields, config/api_key.py).
 CLI_ALIAS_DESTS = {
-    **{dest: FIELD_ALIASES[dest] for dest in ("model_path", "tensor_parallel_size", "expert_parallel_size")},
-    "api_key_file": "api_key",  # read by namespace_to_fields (config/api_key.py)
+    **{row.dest: FIELD_ALIASES[row.dest] for row in flag_rows() if row.dest in FIELD_ALIASES},
+    "api_key_file": "api_key",
 }
 
 
@@ -90,3 +105,33 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def prepare_server_args(argv: list[str], platform: Any = None) -> ServerArgs:
     """Parse ``argv`` (typically ``sys.argv[2:]`` after ``serve``) into a resolved ``ServerArgs``."""
     return from_namespace(build_parser().parse_args(argv), platform=platform)
+
+
+@functools.cache
+def rows_by_field() -> dict[str, FlagRow]:
+    """The flag row that writes each field (aliases such as ``--tp`` folded into their field)."""
+    rows: dict[str, FlagRow] = {}
+    for row in flag_rows():
+        if not row.flags:
+            continue  # the positional model (``--model`` spells it)
+        field = CLI_ALIAS_DESTS.get(row.dest, row.dest)
+        if field not in rows or row.dest == field:  # the field's own flag over an alias of it
+            rows[field] = row
+    return rows
+
+
+def field_argv(name: str, value: Any) -> list[str]:
+    """The flags that set field ``name`` to ``value``; NoFlag when none can."""
+    row = rows_by_field().get(name)
+    if row is None:
+        raise NoFlag("is a ServerArgs field without a command-line flag; it cannot be set")
+    return row.argv(name, value)
+
+
+def to_argv(fields: Mapping[str, Any]) -> list[str]:
+    """The command line of ``fields`` (ServerArgs field names; None values are left to their defaults)."""
+    argv: list[str] = []
+    for name, value in fields.items():
+        if value is not None:
+            argv += field_argv(name, value)
+    return argv

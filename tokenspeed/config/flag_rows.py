@@ -4,7 +4,7 @@ A row states a flag's facts once: its spellings and help and, where they are not
 field's own, a value type, default or metavar (the type otherwise comes from the field's annotation, the
 default from the field, the choices from ``config.flags``).
 Each kind both adds itself to an argparse group (``config.cli``) and spells a field value back into
-flags (``config.argv``), so parsing and spelling cannot drift apart.
+flags (``config.cli.to_argv``), so parsing and spelling cannot drift apart.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The ``tokenspeed serve`` flag table: every flag, one row each, in argument groups.
 
-Each fact about a flag is stated here once: its spellings (aliases included), value type, help, and a
-default or metavar only where it is not the ``ServerArgs`` field's own (choices and defaults come from
-the field, ``config.flags``). A row's place in its group is its place in ``--help``. From this table come
-the parser (``config.cli``), a field's command line (``config.argv``: the console starts profile servers
-with it), the flag a message names (``config.support_check.flag_of``, also in ``--print-config``) and
-the flag spellings a profile accepts as keys (``console.profile.server``).
+Each fact about a flag is stated here once: its spellings (aliases included) and help, and a value type,
+default or metavar only where it is not the ``ServerArgs`` field's own (the field's annotation gives the
+type, the field its default, ``config.flags`` the choices). A row's place in its group is its place in
+``--help``. From this table come the parser and a field's command line (``config.cli``; the console starts
+profile servers with ``to_argv``), the flag a message or ``--print-config`` names
+(``config.support_check.flag_of``) and the flag spellings a profile accepts as keys
+(``console.profile.server``).
 """
 
 from __future__ import annotations

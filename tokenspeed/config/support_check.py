@@ -44,7 +44,7 @@ class SupportReport:
 
 def flag_of(name: str) -> str:
     """How a user spells the field: its long flag, or the profile key when it has none."""
-    from tokenspeed.config.argv import rows_by_field
+    from tokenspeed.config.cli import rows_by_field
     from tokenspeed.config.flag_rows import spelling
 
     row = rows_by_field().get(name)
