@@ -115,7 +115,7 @@ def planned_fields(given: set[str], plan: dict) -> dict[str, Any]:
 
 
 def _applied(given: set[str], plan: dict) -> dict[str, Any]:
-    from tokenspeed.config.argv import to_argv
+    from tokenspeed.config.cli import to_argv
 
     fields = planned_fields(given, plan)
     return {"planned_fields": fields, "planned_flags": to_argv(fields)}

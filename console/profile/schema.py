@@ -95,7 +95,7 @@ class ProcessSpec:
     @property
     def argv(self) -> tuple[str, ...]:
         """The arguments of its `tokenspeed serve`."""
-        from tokenspeed.config.argv import to_argv
+        from tokenspeed.config.cli import to_argv
 
         return tuple(to_argv(dict(self.fields)))
 

@@ -5,7 +5,7 @@
 
 No command line is involved: the fields are checked against `ServerArgs`' own field types and choices,
 and resolved by `ServerArgs.from_dict`, the code `tokenspeed serve` runs after parsing its flags. The
-command line (`tokenspeed.config.argv.to_argv`) is spelled only when a process is started.
+command line (`tokenspeed.config.cli.to_argv`) is spelled only when a process is started.
 
 A rule of resolution that fails (a value out of range, two fields that contradict each other) is put on
 the profile key it comes from by resolving again without each key in turn: the keys whose absence lets
@@ -132,7 +132,7 @@ def server_fields(raw: RawProfile) -> dict[str, Any]:
         raise raw.error("", "server", "must be a table: [server]")
     if "model" not in server:
         raise raw.error("server", "model", "is required: the model path or name of every server")
-    from tokenspeed.config.argv import NoFlag, field_argv
+    from tokenspeed.config.cli import NoFlag, field_argv
 
     fields: dict[str, Any] = {}
     for key, value in server.items():

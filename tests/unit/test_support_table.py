@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenspeed.config.argv import field_argv
+from tokenspeed.config.cli import field_argv
 from tokenspeed.config.flags import FIELD_CHOICES
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.config.support import IMPLEMENTED, NO_EFFECT, REFUSED, SUPPORT, UNTESTED

@@ -28,7 +28,6 @@ _NO_KVSTORE = "the host-memory KVStore tier is not implemented in this build"
 _KVSTORE_INSTEAD = "drop the --kvstore-* flags; the device KV pool with the prefix cache is what runs"
 _NO_DISAGG = "disaggregated prefill/decode serving is not implemented in this build"
 _NO_MAMBA = "no linear-attention (Mamba) model is implemented, so there is no Mamba state cache to size"
-_NO_GRAMMAR = "no structured-output (grammar) backend is built, so there is no grammar to compile"
 _NO_DEEPSEEK = "DeepSeek MLA / sparse-attention models and their kernels are not in this build"
 _NO_PREFILL_GRAPH = "prefill always runs eagerly; only decode steps are captured in CUDA graphs"
 _NO_FUSED_COMM = "collectives are plain NCCL/gloo calls; the fused and symmetric-memory kernels are not built"
@@ -307,7 +306,3 @@ SUPPORT: dict[str, Support] = {
     "enable_allreduce_fusion": _inert(_NO_FUSED_COMM),
     "enable_expert_parallel": _impl("unit/test_mapping.py"),
 }
-
-
-def support_of(name: str) -> Support:
-    return SUPPORT[name]

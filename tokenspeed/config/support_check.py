@@ -25,10 +25,6 @@ from tokenspeed.config.support import IMPLEMENTED, NO_EFFECT, REFUSED, SPECULATI
 if TYPE_CHECKING:
     from tokenspeed.config.server_args import ServerArgs
 
-# Fields without a command-line flag (set from a profile's [server] table or the offline Engine's kwargs).
-_NO_FLAG = frozenset({"enable_inline_detokenizer", "enable_kvstore", "mapping"})
-
-
 @dataclasses.dataclass(frozen=True)
 class SupportReport:
     # field -> (the setting as the user spells it, the reason, what to do instead), for every refused one
@@ -48,29 +44,17 @@ class SupportReport:
 
 def flag_of(name: str) -> str:
     """How a user spells the field: its long flag, or the profile key when it has none."""
-    if name in _NO_FLAG:
-        return f"{name} (a profile / Engine key)"
-    return _flag_spellings().get(name, "--" + name.replace("_", "-"))
+    from tokenspeed.config.cli import rows_by_field
+    from tokenspeed.config.flag_rows import spelling
 
-
-def _flag_spellings() -> dict[str, str]:
-    from tokenspeed.config.cli import flag_rows
-
-    out: dict[str, str] = {}
-    for row in flag_rows():
-        names = getattr(row, "names", None) or (getattr(row, "name", None),)
-        long_names = [n for n in names if n and n.startswith("--")]
-        if not long_names:
-            continue
-        dest = getattr(row, "dest", None) or long_names[0].lstrip("-").replace("-", "_")
-        out.setdefault(dest, long_names[0])
-    return out
+    row = rows_by_field().get(name)
+    return f"{name} (a profile / Engine key)" if row is None else spelling(row.flags, name)
 
 
 def _defaults() -> dict[str, Any]:
-    from tokenspeed.config.server_args import ServerArgs
+    from tokenspeed.config.flag_rows import field_defaults
 
-    return {f.name: f.default for f in dataclasses.fields(ServerArgs) if f.default is not dataclasses.MISSING}
+    return field_defaults()
 
 
 @contextlib.contextmanager
