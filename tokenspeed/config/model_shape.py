@@ -7,7 +7,6 @@ the real model built on the meta device.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 # Bytes of one element by the names config.json uses for `torch_dtype`.
@@ -58,10 +57,6 @@ class ModelShape:
     def embedding_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
 
-    @property
-    def total_params(self) -> int:
-        return self.attention_params + self.dense_params + self.expert_params + self.embedding_params
-
     def weights_bytes_per_gpu(
         self,
         dtype_bytes: int,
@@ -91,10 +86,6 @@ class ModelShape:
             layer_params = self.attention_params + self.dense_params + self.expert_params
             per_gpu *= checkpoint_bytes / (layer_params * stored + self.embedding_params * self.dtype_bytes)
         return int(per_gpu)
-
-    def intermediate_per_gpu(self, tp: int) -> int:
-        width = self.moe_intermediate if self.num_experts else self.intermediate
-        return math.ceil(width / max(tp, 1))
 
 
 def model_shape(config: dict) -> ModelShape:

@@ -33,10 +33,6 @@ class WeightQuant:
     # differently; a static activation scheme's input_scale is skipped (activations scaled per token).
     block: tuple[int, int] | None = None
 
-    @property
-    def weight_bytes(self) -> int:
-        return 1
-
     def describe(self) -> str:
         kind = f"block-wise {self.block[0]}x{self.block[1]}" if self.block else "per-channel"
         where = (

@@ -13,7 +13,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenspeed.runtime.entrypoints.openai.errors import FieldError
-
 from tokenspeed.runtime.grammar.spec import from_request
 from tokenspeed.sampling_params import SamplingParams
 
