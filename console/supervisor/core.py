@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from console.gpu_owners import FleetProcesses, recorded_fleet
-from console.launchers.base import make_launcher
+from console.launchers.factory import make_launcher
 from console.launchers.local import find_process, signal_group
 from console.monitoring.fleet_monitor import FleetMonitor
 from console.profile.fleet import ResolvedFleet

@@ -22,7 +22,8 @@ from tokenspeed.runtime.layers.sampling.gpu_params import (
     ignored_params,
     to_device,
 )
-from tokenspeed.runtime.layers.sampling.sampler import Sampler, SamplingRequest
+from tokenspeed.runtime.layers.sampling.request import SamplingRequest
+from tokenspeed.runtime.layers.sampling.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 

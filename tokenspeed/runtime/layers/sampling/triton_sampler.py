@@ -18,7 +18,8 @@ from tokenspeed.runtime.layers.sampling.gpu_params import (
     apply_full_adjustments,
     ignored_params,
 )
-from tokenspeed.runtime.layers.sampling.sampler import Sampler, SamplingRequest
+from tokenspeed.runtime.layers.sampling.request import SamplingRequest
+from tokenspeed.runtime.layers.sampling.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
