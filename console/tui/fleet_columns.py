@@ -83,14 +83,14 @@ def _metric(
     priority: int,
     name: str,
     show: Callable[[float | None], str],
-    over: str | None = None,
+    over: Callable[[Thresholds], float | None] | None = None,
     cell: Callable[[Server], str] | None = None,
 ) -> Column:
     """A column of the server metric `name`: drawn by `show` (or `cell`), sorted by the metric, and bold red
-    once it reaches the threshold `over` (a Thresholds field)."""
+    once it reaches the threshold `over` picks from the Thresholds."""
 
     def alarm(server: Server, thresholds: Thresholds) -> str:
-        return "bold red" if _over(m(server, name), getattr(thresholds, over)) else ""
+        return "bold red" if _over(m(server, name), over(thresholds)) else ""
 
     return Column(
         key,
@@ -130,16 +130,16 @@ def columns(window: str) -> tuple[Column, ...]:
             lambda s: (_num(m(s, "waiting")), _num(m(s, "running"))),
             is_metric=True,
         ),
-        _metric("kv", "KV", "K", 1, "kv_usage", fmt.percent, over="kv_usage"),
-        _metric("preempt", f"PREEMPT {window}", "M", 2, "preemptions", fmt.count, over="preemptions"),
+        _metric("kv", "KV", "K", 1, "kv_usage", fmt.percent, over=lambda t: t.kv_usage),
+        _metric("preempt", f"PREEMPT {window}", "M", 2, "preemptions", fmt.count, over=lambda t: t.preemptions),
         _metric("hit", "PREFIX HIT", "H", 4, "prefix_hit_rate", fmt.percent),
         _metric("tps", "TOK/S", "T", 1, "gen_throughput", fmt.rate),
         _metric(
-            "ttft", f"TTFT p50/p99 {window}", "L", 1, "ttft_p99", fmt.latency, over="ttft_p99_s",
+            "ttft", f"TTFT p50/p99 {window}", "L", 1, "ttft_p99", fmt.latency, over=lambda t: t.ttft_p99_s,
             cell=lambda s: fmt.pair(fmt.latency(m(s, "ttft_p50")), fmt.latency(m(s, "ttft_p99"))),
         ),  # fmt: skip
-        _metric("qtime", f"QUEUE p99 {window}", "Q", 2, "queue_p99", fmt.latency, over="queue_p99_s"),
-        _metric("errors", f"ERRORS {window}", "E", 1, "errors", fmt.count, over="errors"),
+        _metric("qtime", f"QUEUE p99 {window}", "Q", 2, "queue_p99", fmt.latency, over=lambda t: t.queue_p99_s),
+        _metric("errors", f"ERRORS {window}", "E", 1, "errors", fmt.count, over=lambda t: t.errors),
         Column(
             "bal",
             "BALANCE",
