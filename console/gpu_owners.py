@@ -42,10 +42,6 @@ class GpuOwners:
     def own_mib(self) -> float:
         return sum(self.own.values())
 
-    @property
-    def others_mib(self) -> float:
-        return sum(self.other_fleets.values()) + sum(self.unknown.values())
-
     def to_dict(self) -> dict:
         out = asdict(self)
         out["unknown"] = {str(pid): mib for pid, mib in self.unknown.items()}

@@ -65,11 +65,6 @@ class Platform:
             return None
         return min(totals) / _BYTES_PER_GIB
 
-    def gpu_memory_capacity_mb(self) -> float | None:
-        """Same as `gpu_memory_capacity_gb`, in MiB (the unit of the seed's 25 000 threshold)."""
-        gb = self.gpu_memory_capacity_gb()
-        return None if gb is None else gb * 1024
-
 
 def _visible_indices(count: int) -> list[int]:
     """NVML numbers every GPU of the machine; honour CUDA_VISIBLE_DEVICES when it lists integers."""

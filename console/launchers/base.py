@@ -59,22 +59,3 @@ class Launcher(abc.ABC):
     def close(self) -> None:
         """Release launcher resources (not the servers: stopping them is the supervisor's job)."""
         return None
-
-
-def make_launcher(
-    kind: str,
-    command: tuple[str, ...] | None,
-    state_dir: Path,
-    ray_address: str | None = None,
-    log_max_bytes: int = 0,
-    log_backups: int = 0,
-) -> Launcher:
-    if kind == "local":
-        from console.launchers.local import LocalLauncher
-
-        return LocalLauncher(command, log_max_bytes, log_backups)
-    if kind == "ray":
-        from console.launchers.ray_launcher import RayLauncher
-
-        return RayLauncher(command, state_dir, ray_address)
-    raise ValueError(f"unknown launcher {kind!r}: use local or ray in [fleet] launcher")

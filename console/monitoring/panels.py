@@ -223,7 +223,7 @@ ROWS: tuple[Row, ...] = (
                         "{{server}} {{process}}",
                     ),
                     Query(
-                        f'sum by (fleet) (process_resident_memory_bytes{{fleet=~"$fleet", role="supervisor"}})',
+                        'sum by (fleet) (process_resident_memory_bytes{fleet=~"$fleet", role="supervisor"})',
                         "supervisor {{fleet}}",
                     ),
                 ),
@@ -234,7 +234,3 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
 )
-
-
-def all_queries() -> list[tuple[str, Query]]:
-    return [(p.title, q) for row in ROWS for p in row.panels for q in p.queries]

@@ -120,10 +120,3 @@ def write_atomically(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def read_groups(path: Path) -> list[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []

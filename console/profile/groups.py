@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from console.profile.replicas import ResolvedFleet, resolve_servers
 from console.profile.toml import RawProfile, did_you_mean
 
 GROUP_KEYS = {"replicas"}
@@ -79,8 +80,6 @@ def group_raw(raw: RawProfile, name: str) -> GroupRaw:
 
 def resolve_groups(profile, raw: RawProfile, platform: Any = None):
     """Resolve each group as a fleet of its own, one after the other, and join them."""
-    from console.profile.fleet import ResolvedFleet, resolve_servers
-
     check_groups(raw)
     fleet = profile.fleet
     stride = int(raw.data.get("fleet", {}).get("port_stride", 10))

@@ -59,11 +59,6 @@ def _relabel(exc: ProfileError, copy: Path, original: Path) -> ProfileError:
     return ProfileError(message, path, exc.line, exc.key)
 
 
-def all_errors(path: str | Path) -> list[ProfileError]:
-    """Every error the loader finds in the profile at `path` (empty when it loads)."""
-    return load_all(path)[0]
-
-
 def load_all(path: str | Path) -> tuple[list[ProfileError], ResolvedFleet | None]:
     """Every error the loader finds, and the fleet the profile resolves to: the real one when there is no
     error, else the one of the copy with the wrong lines blanked, when that loads (so the pre-flight can

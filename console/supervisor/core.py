@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from console.gpu_owners import FleetProcesses, recorded_fleet
-from console.launchers.base import make_launcher
+from console.launchers.factory import make_launcher
 from console.launchers.local import find_process, signal_group
 from console.monitoring.fleet_monitor import FleetMonitor
 from console.profile.fleet import ResolvedFleet
@@ -169,7 +169,7 @@ class Supervisor:
     def done(self) -> bool:
         return self.shutting_down and not any(u.state.has_process for u in self.units.values())
 
-    async def run(self, api_started: asyncio.Event | None = None) -> None:
+    async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.shutdown)

@@ -234,12 +234,8 @@ def status(fleet: str | None, state_dir: str | None, as_json: bool) -> int:
     try:
         with _client(fleet, state_dir) as client:
             data = client.fleet()
-    except SupervisorUnavailable as exc:
-        _err(f"error: {exc}")
-        return EXIT_NO_FLEET
     except SupervisorError as exc:
-        _err(f"error: {exc}")
-        return EXIT_USAGE
+        return _no_fleet_or_usage(exc)
     servers = data["servers"]
     load = LoadReport.from_json(data.get("load"))
     if as_json:
@@ -384,12 +380,8 @@ def restart(fleet: str | None, state_dir: str | None, server: str | None, rollin
                 for s in client.fleet()["servers"]:
                     client.restart(s["name"])
                     click.echo(f"{s['name']}: restarting")
-    except SupervisorUnavailable as exc:
-        _err(f"error: {exc}")
-        return EXIT_NO_FLEET
     except SupervisorError as exc:
-        _err(f"error: {exc}")
-        return EXIT_USAGE
+        return _no_fleet_or_usage(exc)
     return EXIT_OK
 
 

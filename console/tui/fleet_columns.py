@@ -76,6 +76,34 @@ def _under(value: float | None, limit: float | None) -> bool:
     return value is not None and limit is not None and value < limit
 
 
+def _metric(
+    key: str,
+    label: str,
+    letter: str,
+    priority: int,
+    name: str,
+    show: Callable[[float | None], str],
+    over: Callable[[Thresholds], float | None] | None = None,
+    cell: Callable[[Server], str] | None = None,
+) -> Column:
+    """A column of the server metric `name`: drawn by `show` (or `cell`), sorted by the metric, and bold red
+    once it reaches the threshold `over` picks from the Thresholds."""
+
+    def alarm(server: Server, thresholds: Thresholds) -> str:
+        return "bold red" if _over(m(server, name), over(thresholds)) else ""
+
+    return Column(
+        key,
+        label,
+        letter,
+        priority,
+        cell or (lambda s: show(m(s, name))),
+        lambda s: _num(m(s, name)),
+        is_metric=True,
+        alarm=alarm if over is not None else None,
+    )
+
+
 def columns(window: str) -> tuple[Column, ...]:
     """The columns, their labels naming the window their rates and percentiles cover (e.g. "30s")."""
     return (
@@ -102,74 +130,16 @@ def columns(window: str) -> tuple[Column, ...]:
             lambda s: (_num(m(s, "waiting")), _num(m(s, "running"))),
             is_metric=True,
         ),
-        Column(
-            "kv",
-            "KV",
-            "K",
-            1,
-            lambda s: fmt.percent(m(s, "kv_usage")),
-            lambda s: _num(m(s, "kv_usage")),
-            is_metric=True,
-            alarm=lambda s, t: "bold red" if _over(m(s, "kv_usage"), t.kv_usage) else "",
+        _metric("kv", "KV", "K", 1, "kv_usage", fmt.percent, over=lambda t: t.kv_usage),
+        _metric("preempt", f"PREEMPT {window}", "M", 2, "preemptions", fmt.count, over=lambda t: t.preemptions),
+        _metric("hit", "PREFIX HIT", "H", 4, "prefix_hit_rate", fmt.percent),
+        _metric("tps", "TOK/S", "T", 1, "gen_throughput", fmt.rate),
+        _metric(
+            "ttft", f"TTFT p50/p99 {window}", "L", 1, "ttft_p99", fmt.latency, over=lambda t: t.ttft_p99_s,
+            cell=lambda s: fmt.pair(fmt.latency(m(s, "ttft_p50")), fmt.latency(m(s, "ttft_p99"))),
         ),  # fmt: skip
-        Column(
-            "preempt",
-            f"PREEMPT {window}",
-            "M",
-            2,
-            lambda s: fmt.count(m(s, "preemptions")),
-            lambda s: _num(m(s, "preemptions")),
-            is_metric=True,
-            alarm=lambda s, t: "bold red" if _over(m(s, "preemptions"), t.preemptions) else "",
-        ),
-        Column(
-            "hit",
-            "PREFIX HIT",
-            "H",
-            4,
-            lambda s: fmt.percent(m(s, "prefix_hit_rate")),
-            lambda s: _num(m(s, "prefix_hit_rate")),
-            is_metric=True,
-        ),  # fmt: skip
-        Column(
-            "tps",
-            "TOK/S",
-            "T",
-            1,
-            lambda s: fmt.rate(m(s, "gen_throughput")),
-            lambda s: _num(m(s, "gen_throughput")),
-            is_metric=True,
-        ),  # fmt: skip
-        Column(
-            "ttft",
-            f"TTFT p50/p99 {window}",
-            "L",
-            1,
-            lambda s: fmt.pair(fmt.latency(m(s, "ttft_p50")), fmt.latency(m(s, "ttft_p99"))),
-            lambda s: _num(m(s, "ttft_p99")),
-            is_metric=True,
-            alarm=lambda s, t: "bold red" if _over(m(s, "ttft_p99"), t.ttft_p99_s) else "",
-        ),
-        Column(
-            "qtime",
-            f"QUEUE p99 {window}",
-            "Q",
-            2,
-            lambda s: fmt.latency(m(s, "queue_p99")),
-            lambda s: _num(m(s, "queue_p99")),
-            is_metric=True,
-            alarm=lambda s, t: "bold red" if _over(m(s, "queue_p99"), t.queue_p99_s) else "",
-        ),
-        Column(
-            "errors",
-            f"ERRORS {window}",
-            "E",
-            1,
-            lambda s: fmt.count(m(s, "errors")),
-            lambda s: _num(m(s, "errors")),
-            is_metric=True,
-            alarm=lambda s, t: "bold red" if _over(m(s, "errors"), t.errors) else "",
-        ),
+        _metric("qtime", f"QUEUE p99 {window}", "Q", 2, "queue_p99", fmt.latency, over=lambda t: t.queue_p99_s),
+        _metric("errors", f"ERRORS {window}", "E", 1, "errors", fmt.count, over=lambda t: t.errors),
         Column(
             "bal",
             "BALANCE",

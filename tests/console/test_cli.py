@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-import pytest
+from tokenspeed.config import cli
 
 SUBCOMMANDS = ["serve", "up", "down", "status", "logs", "restart", "console", "profile", "bench", "ps"]
 
@@ -29,7 +29,6 @@ def test_profile_group_lists_its_commands():
 
 
 def test_serve_help_lists_every_server_args_flag():
-    cli = pytest.importorskip("tokenspeed.config.cli")
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -43,7 +42,6 @@ def test_serve_help_lists_every_server_args_flag():
 
 
 def test_serve_rejects_an_unknown_flag_with_argparse_error():
-    pytest.importorskip("tokenspeed.config.server_args")
     result = run("serve", "some/model", "--no-such-flag")
     assert result.returncode == 2
     assert "--no-such-flag" in result.stderr

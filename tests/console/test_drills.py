@@ -47,8 +47,6 @@ from tests.console.drill_fleet import (
 )
 from tests.console.tui_pilot import log_lines, row_cells, row_order, status, text_of, wait_for
 
-pytest.importorskip("tokenspeed.runtime.entrypoints.serve")
-
 SIZE = (170, 45)
 
 

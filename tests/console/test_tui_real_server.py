@@ -26,8 +26,6 @@ from tests.console.tui_support import free_base_port
 
 SIZE = (170, 50)
 
-pytest.importorskip("tokenspeed.runtime.entrypoints.serve")
-
 
 @pytest.fixture(scope="module")
 def real_fleet():

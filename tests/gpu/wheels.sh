@@ -5,7 +5,6 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
-grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 mkdir -p .whl
 mapfile -t pkgs < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' tests/gpu/wheels.txt)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

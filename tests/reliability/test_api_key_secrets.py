@@ -88,7 +88,7 @@ def test_a_profile_key_reaches_its_servers_by_environment_and_the_supervisor_use
     assert refused.returncode == 2 and "require an API key: pass --api-key-file FILE" in refused.stderr
     readable = _key_file(tmp_path, key, 0o644)
     refused = console_fleets.tokenspeed("prometheus", "--state-dir", state, "--api-key-file", str(readable))
-    assert refused.returncode == 2 and f"mode 0644" in refused.stderr and f"chmod 600 {readable}" in refused.stderr
+    assert refused.returncode == 2 and "mode 0644" in refused.stderr and f"chmod 600 {readable}" in refused.stderr
     private = _key_file(tmp_path, key, 0o600)
     config = console_fleets.tokenspeed("prometheus", "--state-dir", state, "--api-key-file", str(private))
     assert config.returncode == 0, config.stderr

@@ -15,6 +15,7 @@ import time
 import httpx
 
 from tests.reliability.conftest import SERVED_NAME, wait_idle
+from tests.server.timed_stream import TimedStream
 
 # Bounds generous enough for a loaded two-core machine, far below what the stall used to cost.
 ANSWER_WITHIN_S = 3.0
@@ -22,30 +23,8 @@ HEALTH_WITHIN_S = 1.0
 MAX_GAP_S = 1.5
 
 
-class _Stream(threading.Thread):
-    """A long stream whose chunk arrival times are recorded."""
-
-    def __init__(self, srv) -> None:
-        super().__init__(daemon=True)
-        self.srv, self.times, self.started = srv, [], threading.Event()
-
-    def run(self) -> None:
-        body = {"model": SERVED_NAME, "prompt": "Once", "max_tokens": 400, "stream": True, "ignore_eos": True}
-        with httpx.Client(base_url=self.srv.url, headers=self.srv.headers, timeout=120) as c:
-            with c.stream("POST", "/v1/completions", json=body) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        self.times.append(time.monotonic())
-                        self.started.set()
-
-    def longest_gap(self, since: float, until: float) -> float:
-        # The gaps that overlap [since, until]: the interval the large requests were being answered in.
-        pairs = zip(self.times, self.times[1:], strict=False)
-        return max((b - a for a, b in pairs if b >= since and a <= until), default=0.0)
-
-
 def test_huge_prompts_are_refused_at_once_and_stall_no_one(served):
-    stream = _Stream(served)
+    stream = TimedStream(served, SERVED_NAME)
     stream.start()
     assert stream.started.wait(60)
     limit = served.server_info()["max_request_bytes"]

@@ -19,6 +19,7 @@ import pytest
 
 from tests.server.conftest import SERVED_NAME
 from tests.server.server_proc import served
+from tests.server.timed_stream import TimedStream
 
 MAX_SEQS = 8
 MAX_QUEUED = 10
@@ -113,27 +114,6 @@ def test_past_the_admission_limit_is_503_with_retry_after(limited):
     assert r.status_code == 200, r.text
 
 
-class _Stream(threading.Thread):
-    """A long stream whose chunk arrival times are recorded."""
-
-    def __init__(self, srv) -> None:
-        super().__init__(daemon=True)
-        self.srv, self.times, self.started = srv, [], threading.Event()
-
-    def run(self) -> None:
-        body = {"model": SERVED_NAME, "prompt": "Once", "max_tokens": 400, "stream": True, "ignore_eos": True}
-        with httpx.Client(base_url=self.srv.url, headers=self.srv.headers, timeout=120) as c:
-            with c.stream("POST", "/v1/completions", json=body) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        self.times.append(time.monotonic())
-                        self.started.set()
-
-    def longest_gap(self, since: float, until: float) -> float:
-        pairs = zip(self.times, self.times[1:], strict=False)
-        return max((b - a for a, b in pairs if b >= since and a <= until), default=0.0)
-
-
 def _nested(depth: int) -> dict:
     value: dict = {}
     for _ in range(depth):
@@ -153,7 +133,7 @@ def test_bodies_refused_on_their_shape_do_not_stall_a_stream(limited):
                                   "metadata": _nested(100)}, None, "invalid_request"),
     ]  # fmt: skip
     bodies = [(path, json.dumps(body).encode(), param, code) for path, body, param, code in cases]
-    stream = _Stream(limited)
+    stream = TimedStream(limited, SERVED_NAME)
     stream.start()
     assert stream.started.wait(60)
     time.sleep(0.3)

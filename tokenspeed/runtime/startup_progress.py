@@ -51,9 +51,6 @@ class Progress:
         self._last_log = self.started
         self._drawn = False
 
-    def _amount(self, n: float) -> str:
-        return human_bytes(n) if self.unit == "bytes" else f"{n:.0f}"
-
     def status(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         if self.unit == "bytes":

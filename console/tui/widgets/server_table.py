@@ -110,13 +110,6 @@ class ServerTable(ScrollView, can_focus=True):
     def current(self) -> str | None:
         return self.names[self.cursor] if 0 <= self.cursor < len(self.names) else None
 
-    def row_text(self, name: str) -> str:
-        """The row of `name` as the terminal shows it (without the cursor marker)."""
-        row = self._rows[self.names.index(name)]
-        return " " + "".join(
-            c.plain + " " * (w - c.cell_len + 2) for c, w in zip(row, self._widths, strict=True)
-        )
-
     # ------------------------------------------------------------------ drawing
 
     def _style(self, cell_style: str, look: int) -> Style:

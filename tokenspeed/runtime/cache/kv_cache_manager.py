@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenspeed.runtime.cache.allocator import PageAllocator
-from tokenspeed.runtime.cache.prefix_cache import PrefixCache
+from tokenspeed.runtime.cache.prefix_interface import PrefixCache
 from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.scheduler.request import Request
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenspeed.runtime.cache.allocator import PageAllocator
-from tokenspeed.runtime.cache.prefix_cache import MatchResult, PrefixCache
+from tokenspeed.runtime.cache.prefix_interface import MatchResult, PrefixCache
 
 
 class TreeNode:

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-
 FRONT_END = "front_end"
 
 

@@ -20,7 +20,8 @@ import torch
 
 from tokenspeed.runtime.layers.sampling.logit_adjust import apply_logit_bias
 from tokenspeed.runtime.layers.sampling.penalties import apply_penalties, needs_penalties
-from tokenspeed.runtime.layers.sampling.sampler import SamplingRequest, mask_min_new_tokens
+from tokenspeed.runtime.layers.sampling.request import SamplingRequest
+from tokenspeed.runtime.layers.sampling.sampler import mask_min_new_tokens
 from tokenspeed.runtime.layers.sampling.torch_sampler import GREEDY_TEMPERATURE, filter_sorted_probs
 
 

@@ -10,32 +10,21 @@ whatever else shares the batch (FlashInfer takes one generator for the whole bat
 
 from __future__ import annotations
 
-import logging
-import random
 from collections.abc import Sequence
 
 import torch
 
-from tokenspeed.runtime.layers.sampling.gpu_params import (
-    SamplingTensors,
-    apply_full_adjustments,
-    ignored_params,
-    to_device,
-)
-from tokenspeed.runtime.layers.sampling.sampler import Sampler, SamplingRequest
-
-logger = logging.getLogger(__name__)
+from tokenspeed.runtime.layers.sampling.gpu_params import SamplingTensors, to_device
+from tokenspeed.runtime.layers.sampling.gpu_sampler import GpuSampler
+from tokenspeed.runtime.layers.sampling.request import SamplingRequest
 
 
-class FlashInferSampler(Sampler):
+class FlashInferSampler(GpuSampler):
     name = "flashinfer"
     applies_penalties = False
-    full = False
 
     def __init__(self, device: torch.device | str, enable_nan_detection: bool = False):
         super().__init__(device, enable_nan_detection)
-        if self.device.type != "cuda":
-            raise ValueError(f"--sampling-backend {self.name} needs a CUDA GPU; use torch or greedy on CPU")
         try:
             import flashinfer.sampling as fs
         except ImportError as exc:  # pragma: no cover - depends on the install
@@ -43,8 +32,6 @@ class FlashInferSampler(Sampler):
                 f"--sampling-backend {self.name} needs the flashinfer-python package; install it or use triton"
             ) from exc
         self.fs = fs
-        self.rng = random.Random()
-        self._warned = False
 
     def _draw(self, logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
         fs = self.fs
@@ -60,18 +47,8 @@ class FlashInferSampler(Sampler):
         return fs.min_p_sampling_from_probs(probs, p.min_p).long()
 
     def _sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
-        if self.full:
-            logits = apply_full_adjustments(logits, reqs, with_bias=False)
-        elif not self._warned and (skipped := ignored_params(reqs)):
-            self._warned = True
-            logger.warning(
-                "--sampling-backend %s ignores %s; use %s_full to apply them",
-                self.name,
-                ", ".join(skipped),
-                self.name,
-            )
+        logits, params = self._prepare(logits, reqs)
         logits = logits.float()
-        params = SamplingTensors.build(reqs, logits.device, self.rng, with_min_p=self.full)
         argmax = torch.argmax(logits, dim=-1)
         if params.all_greedy:
             return argmax

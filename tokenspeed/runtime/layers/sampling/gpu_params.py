@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenspeed.runtime.layers.sampling.sampler import SamplingRequest
+from tokenspeed.runtime.layers.sampling.request import SamplingRequest
 
 _MASK31 = 0x7FFFFFFF
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tokenspeed.runtime.layers.sampling.sampler import SamplingRequest
+from tokenspeed.runtime.layers.sampling.request import SamplingRequest
 
 
 def needs_penalties(reqs: Sequence[SamplingRequest]) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import torch
 
@@ -19,22 +18,8 @@ from tokenspeed.runtime.layers.sampling.logit_adjust import (
     logprobs_wanted,
     read_logprobs,
 )
-from tokenspeed.sampling_params import SamplingParams
-
-
-class SamplingRequest(Protocol):
-    """What a sampler reads from a request (the scheduler's Request satisfies it)."""
-
-    sampling: SamplingParams
-    generator: Any  # torch.Generator or None
-    token_ids: list[int]
-    eos_token_ids: frozenset[int]
-
-    @property
-    def num_prompt_tokens(self) -> int: ...
-
-    @property
-    def num_output_tokens(self) -> int: ...
+from tokenspeed.runtime.layers.sampling.penalties import apply_penalties, needs_penalties
+from tokenspeed.runtime.layers.sampling.request import SamplingRequest
 
 
 @dataclass
@@ -102,8 +87,6 @@ class Sampler(ABC):
         out = DeviceSample(token_ids=token_ids, nan_rows=nan_rows)
         wanted, top = logprobs_wanted(reqs)
         if wanted:
-            from tokenspeed.runtime.layers.sampling.penalties import apply_penalties, needs_penalties
-
             if self.applies_penalties and needs_penalties(reqs):
                 # the distribution the token is drawn from has the penalties in it (a backend that applies
                 # them does so first in its _sample), and OpenAI's logprobs are of that distribution

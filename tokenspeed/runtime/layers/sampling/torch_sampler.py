@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from tokenspeed.runtime.layers.sampling.penalties import apply_penalties, needs_penalties
-from tokenspeed.runtime.layers.sampling.sampler import Sampler, SamplingRequest
+from tokenspeed.runtime.layers.sampling.request import SamplingRequest
+from tokenspeed.runtime.layers.sampling.sampler import Sampler
 
 GREEDY_TEMPERATURE = 1e-5
 
