@@ -121,7 +121,7 @@ def plan(path: str, as_json: bool, gpus_from: str | None, model_config: str | No
 
     # Planned for this machine, the pre-flight of `up` runs too; recorded GPU readings or a given config
     # plan for another machine, whose ports and models are not ours to check.
-    report = preflight(path, models=model_config is None, here=gpus_from is None)
+    report = preflight(path, models=model_config is None and gpus_from is None, here=gpus_from is None)
     if not report.ok:
         click.echo(problems_text(report.problems).replace("nothing was started", "no plan"), err=True)
         return EXIT_USAGE

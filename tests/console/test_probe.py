@@ -132,7 +132,12 @@ def test_cpu_machine_plans_cpu_and_refuses_cuda(tmp_path):
 
 @pytest.mark.skipif(probe_gpus().kind == "nvidia", reason="this machine has a GPU")
 def test_up_refuses_a_gpu_profile_on_a_cpu_machine_and_starts_nothing(tmp_path):
+    # a model the pre-flight finds (a local folder with its config), so what stops `up` is the plan
+    model = tmp_path / "llama-8b"
+    model.mkdir()
+    (model / "config.json").write_text((DATA / "llama-3.1-8b-config.json").read_text())
     path = profile(tmp_path, "", "base_port = 26000")
+    path.write_text(path.read_text().replace('model = "m"', f'model = "{model}"'))
     state = tmp_path / "state"
     result = tokenspeed("up", "-d", str(path), "--state-dir", str(state))
     assert result.returncode == 2
