@@ -260,6 +260,8 @@ class Supervisor:
             # Every server gets a status row each round, so a crash loop without metrics is replayable.
             done = {u.spec.name for u, ok in zip(live, scraped, strict=True) if ok is True}
             now = time.time()
+            for unit in live:
+                self._note_stall(unit, now)
             for unit in self.units.values():
                 if unit.spec.name not in done:
                     self.history.add_status(unit.spec.name, now, self._status(unit))
@@ -295,11 +297,15 @@ class Supervisor:
         except ValueError:
             return False
         self.history.add(name, now, summary, self._status(unit))
-        self._note_changes(unit, now, rebalances)
+        after = scraped.rebalances
+        if rebalances is not None and after is not None and after > rebalances:
+            unit.note(f"experts rebalanced (rebalance #{after:.0f})", "rebalance")
         return True
 
-    def _note_changes(self, unit: ServerUnit, now: float, rebalances_before: float | None) -> None:
-        """Events a scrape reveals: a stall beginning or ending, an expert rebalance."""
+    def _note_stall(self, unit: ServerUnit, now: float) -> None:
+        """A stall beginning or ending, noted each round whether or not the scrape answered: a stall is
+        the time since the last step or heartbeat, so a server too stuck to answer /metrics is the
+        likeliest to be stalled, and its event must not wait for a scrape that never comes."""
         scraped = self.scraped[unit.spec.name]
         stalled = views.stalled_for(self, unit, now)
         unit.stall_result(stalled, now)  # a stall lasting unhealthy_restart_after_s restarts the server
@@ -311,9 +317,6 @@ class Supervisor:
                           "in flight", "stall")  # fmt: skip
             else:
                 unit.note("the scheduler steps again", "stall")
-        after = scraped.rebalances
-        if rebalances_before is not None and after is not None and after > rebalances_before:
-            unit.note(f"experts rebalanced (rebalance #{after:.0f})", "rebalance")
 
     # ------------------------------------------------------------ what the API shows
 

@@ -28,10 +28,10 @@ def _cell(app, server: str, key: str):
     return next(c for c, col in zip(cells, app.screen.shown, strict=True) if col.key == key)
 
 
-def _first_event(fleet, server: str, kind: str, since: float) -> dict:
+def _first_event(fleet, server: str, kind: str, since: float) -> dict | None:
     with SupervisorClient(fleet.state_dir) as client:
         events = client.events(600)["events"]
-    return next(e for e in events if e["server"] == server and e["kind"] == kind and e["t"] >= since)
+    return next((e for e in events if e["server"] == server and e["kind"] == kind and e["t"] >= since), None)
 
 
 async def test_stall_errors_crash_loop_and_drain_as_the_operator_sees_them(make_fleet):
@@ -68,6 +68,8 @@ async def test_stall_errors_crash_loop_and_drain_as_the_operator_sees_them(make_
         fleet.flag(stalled, "stall")
         await wait_for(pilot, lambda: row_cells(app)[stalled]["state"].startswith("STALLED"), timeout=30,
                        what="STALLED on screen")  # fmt: skip
+        # The event is noted at the supervisor's next round, which may come just after the screen's answer.
+        await wait_for(pilot, lambda: _first_event(fleet, stalled, "stall", began) is not None, what="stall noted")
         stall = _first_event(fleet, stalled, "stall", began)
         assert stall["t"] - began <= 5.0, stall
         await wait_for(pilot, lambda: "1 stalled" in status(app), what="1 stalled counted")
