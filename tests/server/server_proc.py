@@ -24,6 +24,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m tokenspeed ARGS` to completion, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "tokenspeed", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def free_port_block(span: int = 16) -> int:
     """A port P with P..P+span-1 free, below the kernel's ephemeral range.
 
