@@ -14,10 +14,9 @@ from console.client import SupervisorClient
 from console.supervisor.paths import default_state_dir
 from console.tui.app import ConsoleApp
 from console.tui.launch import OpenedSource
-from console.tui.live_source import LiveSource
 from console.tui.screens.modals import ConfirmScreen, LeaveScreen
 from tests.console.tui_pilot import row_order, status, table_rows, text_of, wait_for
-from tests.console.tui_support import free_base_port, running_fleet, write_profile
+from tests.console.tui_support import free_base_port, make_app, running_fleet, write_profile
 
 SIZE = (170, 50)
 
@@ -26,10 +25,6 @@ SIZE = (170, 50)
 def fleet():
     with running_fleet("act", replicas=3) as running:
         yield running
-
-
-def make_app(fleet, **kwargs) -> ConsoleApp:
-    return ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5, **kwargs)
 
 
 async def select(pilot, app: ConsoleApp, name: str) -> None:
@@ -159,7 +154,7 @@ async def test_readonly_turns_every_action_off(fleet):
 
 async def test_leaving_a_console_that_started_the_fleet_asks_and_can_stop_it():
     with running_fleet("leave", replicas=1) as small:
-        app = ConsoleApp(LiveSource(small.state_dir, timeout=2.0), interval=0.5, started_fleet=True)
+        app = make_app(small, started_fleet=True)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("q")
             assert isinstance(app.screen, LeaveScreen)
