@@ -38,6 +38,18 @@ def pid_of(fleet, name: str) -> int:
     return fleet.server(name)["pid"]
 
 
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie its parent has not reaped yet counts)."""
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def asked(pilot, app: ConsoleApp, key: str) -> str:
+    """The question `key` asks before acting (it must ask)."""
+    await pilot.press(key)
+    assert isinstance(app.screen, ConfirmScreen)
+    return app.screen.question
+
+
 def log_of(fleet, name: str) -> str:
     return "\n".join(fleet.client.logs(name, 200)["lines"])
 
@@ -47,9 +59,7 @@ async def test_restart_asks_first_and_cancel_leaves_the_server_alone(fleet):
     async with app.run_test(size=SIZE) as pilot:
         await select(pilot, app, "act-1")
         before = pid_of(fleet, "act-1")
-        await pilot.press("R")
-        assert isinstance(app.screen, ConfirmScreen)
-        assert "Restart act-1?" in app.screen.question
+        assert "Restart act-1?" in await asked(pilot, app, "R")
         await pilot.press("n")
         assert not isinstance(app.screen, ConfirmScreen)
         await pilot.pause(1.0)
@@ -59,7 +69,7 @@ async def test_restart_asks_first_and_cancel_leaves_the_server_alone(fleet):
             lambda f: next(s for s in f["servers"] if s["name"] == "act-1")["pid"] not in (before, None)
         )
         fleet.wait_ready()
-        assert not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE
+        assert gone(before)
         await wait_for(pilot, lambda: table_rows(app)["act-1"][3] == "READY", what="READY again on screen")
 
 
@@ -68,11 +78,10 @@ async def test_stop_then_start(fleet):
     async with app.run_test(size=SIZE) as pilot:
         await select(pilot, app, "act-2")
         pid = pid_of(fleet, "act-2")
-        await pilot.press("S")
-        assert isinstance(app.screen, ConfirmScreen)
+        await asked(pilot, app, "S")
         await pilot.press("y")
         await wait_for(pilot, lambda: table_rows(app)["act-2"][3] == "STOPPED", what="STOPPED on screen")
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
         assert "2 ready" in status(app)
         await pilot.press("s")  # start needs no confirmation
         await wait_for(pilot, lambda: table_rows(app)["act-2"][3] == "READY", what="READY after start")
@@ -110,8 +119,7 @@ async def test_rolling_restart_replaces_every_process(fleet):
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: len(table_rows(app)) == 3)
         before = {s["name"]: s["pid"] for s in fleet.servers()}
-        await pilot.press("ctrl+r")
-        assert isinstance(app.screen, ConfirmScreen)
+        await asked(pilot, app, "ctrl+r")
         await pilot.press("y")
 
         def all_replaced(f):
@@ -168,7 +176,7 @@ async def test_leaving_a_console_that_started_the_fleet_asks_and_can_stop_it():
         assert opened.stop_fleet(timeout=30)
         app.source.close()
         assert not small.client.alive()
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
 
 
 async def test_leaving_a_console_that_only_attached_never_asks(fleet):
