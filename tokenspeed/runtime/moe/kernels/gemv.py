@@ -195,7 +195,9 @@ def _down_kernel(
     last = tl.maximum(hi - 1, lo)
     acc = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
     if PREFETCH >= 1:
-        w1 = _down_load(lo, CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we, stride_wn, TOP_K, BLOCK_K, EVEN_K)
+        w1 = _down_load(
+            lo, CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we, stride_wn, TOP_K, BLOCK_K, EVEN_K
+        )
     if PREFETCH >= 2:
         w2 = _down_load(tl.minimum(lo + 1, last), CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we,
                         stride_wn, TOP_K, BLOCK_K, EVEN_K)  # fmt: skip
