@@ -19,8 +19,11 @@ GATE_UP = [
     (16, 256, 8, 2), (16, 512, 8, 1), (32, 256, 8, 1), (4, 256, 2, 2), (8, 256, 2, 1), (16, 128, 4, 2),
 ]  # fmt: skip
 # down: (block_h, block_k, warps, prefetch, split over pairs); K = 768 = 3 x 256. Small block_h fills the
-# GPU at one token without atomics; split > 1 fills it with float32 atomics instead.
+# GPU at one token without atomics; split > 1 fills it with float32 atomics instead. Fewer warps for the
+# same tile give each thread more 16-byte loads in flight (compiled for sm_90 on the CPU: every config's
+# weight loads are 16-byte vectors, 1-4 a thread per chunk).
 DOWN = [
+    (2, 256, 1, 2, 1), (4, 256, 1, 2, 1), (4, 256, 2, 2, 1), (8, 256, 2, 2, 1),
     (1, 256, 1, 2, 1), (2, 256, 2, 2, 1), (4, 256, 4, 1, 1), (4, 256, 4, 2, 1), (8, 256, 4, 2, 1),
     (8, 256, 8, 1, 1), (16, 256, 8, 2, 1), (2, 128, 1, 2, 1), (4, 128, 2, 2, 1), (4, 256, 4, 2, 2),
     (8, 256, 4, 2, 2), (16, 256, 4, 2, 4), (16, 256, 8, 1, 8), (32, 256, 8, 2, 8), (8, 256, 4, 1, 8),

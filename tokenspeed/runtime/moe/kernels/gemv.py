@@ -114,13 +114,16 @@ def _gate_up_kernel(
                 g = _load_tile(g_rows, k, K, nmask, EVEN_K)
                 u = _load_tile(u_rows, k, K, nmask, EVEN_K)
             elif PREFETCH == 1:
-                g, u = g1, u1
+                g = g1
+                u = u1
                 kn = tl.minimum(i + 1, last) * BLOCK_K + offs_k
                 g1 = _load_tile(g_rows, kn, K, nmask, EVEN_K)
                 u1 = _load_tile(u_rows, kn, K, nmask, EVEN_K)
             else:
-                g, u = g1, u1
-                g1, u1 = g2, u2
+                g = g1
+                u = u1
+                g1 = g2
+                u1 = u2
                 kn = tl.minimum(i + 2, last) * BLOCK_K + offs_k
                 g2 = _load_tile(g_rows, kn, K, nmask, EVEN_K)
                 u2 = _load_tile(u_rows, kn, K, nmask, EVEN_K)
@@ -192,14 +195,17 @@ def _down_kernel(
     per_split = tl.cdiv(TOP_K, SPLIT)
     lo = tl.program_id(2) * per_split * CPP
     hi = tl.minimum(lo + per_split * CPP, TOP_K * CPP)
-    last = tl.maximum(hi - 1, lo)
+    # a split past the token's last pair (k not a multiple of SPLIT) runs no loop; its prefetch still
+    # reads the token's last chunk, never past the token's ids
+    first = tl.minimum(lo, hi - 1)
+    last = tl.maximum(hi - 1, first)
     acc = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
     if PREFETCH >= 1:
         w1 = _down_load(
-            lo, CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we, stride_wn, TOP_K, BLOCK_K, EVEN_K
+            first, CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we, stride_wn, TOP_K, BLOCK_K, EVEN_K
         )
     if PREFETCH >= 2:
-        w2 = _down_load(tl.minimum(lo + 1, last), CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we,
+        w2 = _down_load(tl.minimum(first + 1, last), CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we,
                         stride_wn, TOP_K, BLOCK_K, EVEN_K)  # fmt: skip
     for i in range(lo, hi):
         if PREFETCH == 0:
