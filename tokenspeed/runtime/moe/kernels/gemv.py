@@ -15,11 +15,17 @@ and needs a third launch to add each token's k rows. Here:
 
 Filling the GPU in `down` (why atomics are optional): at one token the grid is H / BLOCK_H programs only
 (2048 outputs: 256 programs at BLOCK_H = 8, two an SM on the H200's 132). Small BLOCK_H (1-4 rows, down
-to one warp a program) fills it without atomics, deterministically, in two launches; DOWN_SPLIT > 1
+to one warp a program) fills it without atomics, deterministically, in two launches; `down_split` > 1
 splits the k pairs over programs that add float32 partials atomically (a zeroed buffer and a cast: two
 more graph nodes, and results then depend on scheduling). Which wins is measured, not assumed:
 `benchmarks/moe_tune.py --gemv` times both, and the tuned table (`gemv_table.py`) says which one a shape
 uses. The default, until a table measured on the device says otherwise, stays the tensor-core path.
+
+An earlier CUDA-core GEMV of this layout (no prefetch; down at 16 outputs a program, so 128 programs at
+one token) took 38.8 us a layer at one token on the H200 against 30.7 us for the tensor-core path (limit
+17.7 us, results/gpu_moe_tune.json). What changed: loads in flight (prefetch, fewer warps a tile: 1-4
+16-byte loads a thread per chunk, checked in the sm_90 PTX) and a down grid that fills the GPU. NOT YET
+RUN ON A GPU when written: tests/gpu/test_moe_gemv_gpu.py and `moe_tune.py --gemv` measure it.
 
 FP8 experts (W8A16, `ExpertScales`: per channel [E, N, 1] or per block [E, N / bn, K / bk]) are read as
 e4m3 and dequantized per K chunk with their rows' scales (BLOCK_K shrinks to the scale block), the same
