@@ -17,6 +17,7 @@ from benchmarks.moe_tune import INTER, TOP_K, E, H, bench_layers, workload
 GATE_UP = [
     (4, 512, 4, 1), (4, 512, 4, 2), (8, 256, 4, 1), (8, 256, 4, 2), (8, 512, 4, 1), (16, 256, 4, 1),
     (16, 256, 8, 2), (16, 512, 8, 1), (32, 256, 8, 1), (4, 256, 2, 2), (8, 256, 2, 1), (16, 128, 4, 2),
+    (4, 512, 2, 1),
 ]  # fmt: skip
 # down: (block_h, block_k, warps, prefetch, split over pairs); K = 768 = 3 x 256. Small block_h fills the
 # GPU at one token without atomics; split > 1 fills it with float32 atomics instead. Fewer warps for the

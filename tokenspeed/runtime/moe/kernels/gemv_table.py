@@ -2,8 +2,8 @@
 
 Like vLLM's fused_moe configs, a table is keyed by (E, N, K, M, dtype, device): one file per device under
 `tuned/` (`NVIDIA_H200.json`: the device name with spaces as underscores), holding per expert shape
-("E=128,N=768,K=2048,dtype=bfloat16": E experts, N the intermediate size, K the hidden size, the weights'
-dtype) a map from M (tokens in the step) to a `MoeGemvConfig`'s fields, or null for the tensor-core path.
+("E=128,N=768,K=2048,dtype=bfloat16": E the experts stacked on this rank, redundant slots included, N the
+intermediate size, K the hidden size, the weights' dtype) a map from M (tokens in the step) to a `MoeGemvConfig`'s fields, or null for the tensor-core path.
 A step of T tokens takes the entry of the smallest M >= T; past the largest M, or for a shape or device
 without a table, the tensor-core path (`configs.py`) runs.
 
