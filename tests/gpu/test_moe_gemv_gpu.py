@@ -52,7 +52,7 @@ def test_every_swept_config_matches_reference_on_the_qwen3_shape(tokens):
         assert got.dtype == torch.bfloat16 and got.shape == x.shape
         worst[str(cfg)] = _rel(got, ref)
     print(f"moe gemv tokens={tokens}: {len(worst)} configs, worst rel err {max(worst.values()):.3g}")
-    assert all(e < 1e-2 for e in worst.values()), worst
+    assert all(e < 2e-2 for e in worst.values()), worst
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -70,7 +70,7 @@ def test_odd_sizes_and_remote_experts(dtype, top_k, tokens):
         got = moe_gemv(x, w13, w2, weights, ids, cfg)
         assert float(got[-1].abs().max()) == 0.0
         if tokens > 1:
-            assert _rel(got[:-1], ref[:-1]) < (1e-4 if dtype == torch.float32 else 1e-2)
+            assert _rel(got[:-1], ref[:-1]) < (1e-4 if dtype == torch.float32 else 2e-2)
 
 
 @pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])
@@ -100,7 +100,7 @@ def test_graph_replay_equals_eager():
         ids.copy_(ids_new)
         graph.replay()
         ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
-        assert _rel(out, ref) < 1e-2
+        assert _rel(out, ref) < 2e-2
 
 
 def test_backend_takes_the_gemv_only_where_the_table_says(tmp_path, monkeypatch):
@@ -116,7 +116,7 @@ def test_backend_takes_the_gemv_only_where_the_table_says(tmp_path, monkeypatch)
     backend._gemv = lambda *a: calls.append(a[0].shape[0]) or moe_gemv(*a)
     ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
     for tokens in (1, 2):
-        assert _rel(backend.experts(module, x[:tokens], weights[:tokens], ids[:tokens]), ref[:tokens]) < 1e-2
+        assert _rel(backend.experts(module, x[:tokens], weights[:tokens], ids[:tokens]), ref[:tokens]) < 2e-2
     assert calls == [1]  # 2 tokens: the table's null, the tensor-core path
 
 
