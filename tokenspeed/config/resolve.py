@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenspeed.config.flags import CPU_ATTENTION_BACKENDS, CPU_SAMPLING_BACKENDS, FIELD_CHOICES
 from tokenspeed.config.validate import check_inputs, validate
-from tokenspeed.platform import current_platform
+from tokenspeed.platform import KindChecks, PlatformKind, current_platform
 from tokenspeed.runtime.distributed.mapping import Mapping
 
 if TYPE_CHECKING:
@@ -31,20 +31,12 @@ SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
-class PlatformFacts:
+class PlatformFacts(KindChecks):
     """What resolution needs to know about the machine."""
 
-    kind: str  # "nvidia", "amd" or "cpu"
+    kind: PlatformKind
     is_hopper_or_newer: bool = False
     gpu_memory_gb: float | None = None
-
-    @property
-    def is_nvidia(self) -> bool:
-        return self.kind == "nvidia"
-
-    @property
-    def is_amd(self) -> bool:
-        return self.kind == "amd"
 
 
 def platform_facts(args: ServerArgs, platform: Any = None) -> PlatformFacts:

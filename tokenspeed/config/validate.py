@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenspeed.config.flags import CHOICES_CHECKED_ELSEWHERE, FIELD_CHOICES
 
@@ -98,7 +98,7 @@ def check_inputs(args: ServerArgs) -> None:
             f"--speculative-num-draft-tokens must be >= 1, got {args.speculative_num_draft_tokens}"
         )
     for name in _JSON_OBJECT_FIELDS:
-        _check_json_object(name, vars(args)[name])
+        json_object_flag(name, vars(args)[name])
     _check_preferred_sampling_params(args.preferred_sampling_params)
     _check_kv_scales_file(args)
 
@@ -116,15 +116,20 @@ def _check_kv_scales_file(args: ServerArgs) -> None:
         raise ValueError(f"--quantization-param-path {path}: no such file (a JSON file of KV cache scales)")
 
 
-def _check_json_object(name: str, text: str | None) -> None:
-    if text is None:
-        return
+def json_object_flag(name: str, value: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON object the flag of field ``name`` holds; None when unset. A dict (from a profile or a
+    caller that parsed it already) is taken as it is, copied."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return dict(value)
     try:
-        value = json.loads(text)
+        parsed = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{_flag(name)} is not valid JSON ({exc}); pass a JSON object") from exc
-    if not isinstance(value, dict):
-        raise ValueError(f"{_flag(name)} must be a JSON object ({{...}}), got {text!r}")
+        raise ValueError(f"{_flag(name)} must be a JSON object, got {value!r}: not valid JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{_flag(name)} must be a JSON object ({{...}}), got {value!r}")
+    return parsed
 
 
 def _check_preferred_sampling_params(text: str | None) -> None:
