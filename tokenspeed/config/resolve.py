@@ -199,7 +199,7 @@ def resolve_memory_and_scheduling(args: ServerArgs, facts: PlatformFacts) -> Non
         else:
             args.max_cudagraph_capture_size = 160
     if args.max_num_seqs is None:
-        if args.mapping.has_attn_cp:
+        if args.mapping.attn.has_cp:
             args.max_num_seqs = 1  # context parallelism splits one sequence over ranks: one at a time
         else:
             args.max_num_seqs = 80 if args.speculative_algorithm is not None else 160
@@ -353,8 +353,8 @@ def resolve_communication(args: ServerArgs, facts: PlatformFacts) -> None:
         not args.enable_allreduce_fusion
         and (facts.is_hopper_or_newer or facts.is_amd)
         and mapping.nnodes == 1
-        and mapping.has_attn_tp
-        and not mapping.has_attn_dp
+        and mapping.attn.has_tp
+        and not mapping.attn.has_dp
     ):
         args.enable_allreduce_fusion = True
         logger.info("allreduce fusion on (single-node TP on a supported GPU)")
@@ -376,13 +376,13 @@ def resolve_disaggregation(args: ServerArgs) -> None:
         args.enforce_eager = True
         logger.info("prefill server: CUDA graphs off")
     elif mode == "encode":
-        if args.mapping.has_attn_dp:
+        if args.mapping.attn.has_dp:
             raise ValueError(
                 "--disaggregation-mode encode runs one replica per server: drop --data-parallel-size "
                 f"({args.mapping.attn_dp_size}) and start more encode servers instead"
             )
         args.enable_prefix_caching = False
-    if mode == "prefill" and args.load_balance_method != "round_robin" and args.mapping.has_attn_dp:
+    if mode == "prefill" and args.load_balance_method != "round_robin" and args.mapping.attn.has_dp:
         raise ValueError(
             f"a prefill server with data parallel size {args.mapping.attn_dp_size} needs "
             f"--load-balance-method round_robin (got {args.load_balance_method})"

@@ -168,14 +168,14 @@ def validate(args: ServerArgs) -> None:
             f"--max-num-seqs {args.max_num_seqs} is below the data parallel size {mapping.attn_dp_size}; "
             "every replica needs at least one slot: raise --max-num-seqs"
         )
-    if mapping.has_attn_dp and mapping.nnodes > 1:
+    if mapping.attn.has_dp and mapping.nnodes > 1:
         _check_dp_leaders_on_head(mapping)
-    if mapping.has_attn_cp and args.max_num_seqs > 1:
+    if mapping.attn.has_cp and args.max_num_seqs > 1:
         raise ValueError(
             f"context parallelism (ENABLE_CP=1, size {mapping.attn_cp_size}) serves one sequence at a time: "
             f"set --max-num-seqs 1 (got {args.max_num_seqs})"
         )
-    if mapping.has_attn_dp and args.chunked_prefill_size > args.max_prefill_tokens:
+    if mapping.attn.has_dp and args.chunked_prefill_size > args.max_prefill_tokens:
         raise ValueError(
             f"with data parallelism --chunked-prefill-size ({args.chunked_prefill_size}) must not exceed "
             f"--max-prefill-tokens ({args.max_prefill_tokens}); lower the first or raise the second"

@@ -110,6 +110,14 @@ class ParallelDims:
         return self.tp_size > 1
 
     @property
+    def has_cp(self) -> bool:
+        return self.cp_size > 1
+
+    @property
+    def has_dp(self) -> bool:
+        return self.dp_size > 1
+
+    @property
     def has_ep(self) -> bool:
         return self.ep_size > 1
 
@@ -250,18 +258,6 @@ class Mapping:
     @property
     def moe(self) -> ParallelDims:
         return ParallelDims(tp_size=self.moe_tp_size, dp_size=self.moe_dp_size, ep_size=self.moe_ep_size)
-
-    @property
-    def has_attn_tp(self) -> bool:
-        return self.attn_tp_size > 1
-
-    @property
-    def has_attn_cp(self) -> bool:
-        return self.attn_cp_size > 1
-
-    @property
-    def has_attn_dp(self) -> bool:
-        return self.attn_dp_size > 1
 
     # Groups -------------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ prefix; labels are `model_name` and `dp_rank`, plus `app_key` when `--app-key` i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -30,6 +30,12 @@ _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 1
 # Request phases: a queue wait or a prefill can be a millisecond on an idle server and minutes behind a backlog.
 _PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
                   20.0, 30.0, 40.0, 60.0, 120.0, 240.0, 480.0)  # fmt: skip
+_PHASE_DOCS = {
+    "queue": "Time from arrival to first being scheduled.",
+    "prefill": "Time from first being scheduled to the first token.",
+    "decode": "Time from the first token to finish.",
+    "inference": "Time from first being scheduled to finish.",
+}
 _ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # Tokens per request, prompt or generated: powers of two up to long contexts.
 _REQUEST_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
@@ -166,21 +172,12 @@ class ServerMetrics:
         self.e2e = histogram(
             "e2e_request_latency_seconds", "Request latency, arrival to finish.", _E2E_BUCKETS
         )
-        # Request phases (vLLM's names): observed once per finished request that was ever scheduled.
-        self.queue_time = histogram(
-            "request_queue_time_seconds", "Time from arrival to first being scheduled.", _PHASE_BUCKETS
-        )
-        self.prefill_time = histogram(
-            "request_prefill_time_seconds",
-            "Time from first being scheduled to the first token.",
-            _PHASE_BUCKETS,
-        )
-        self.decode_time = histogram(
-            "request_decode_time_seconds", "Time from the first token to finish.", _PHASE_BUCKETS
-        )
-        self.inference_time = histogram(
-            "request_inference_time_seconds", "Time from first being scheduled to finish.", _PHASE_BUCKETS
-        )
+        # Request phases (vLLM's names, request_<phase>_time_seconds), keyed by RequestPhases' fields:
+        # observed once per finished request that was ever scheduled.
+        self.phase_times = {
+            phase: histogram(f"request_{phase}_time_seconds", doc, _PHASE_BUCKETS)
+            for phase, doc in _PHASE_DOCS.items()
+        }
         self.request_prompt_tokens = histogram(
             "request_prompt_tokens", "Prompt tokens per finished request.", _REQUEST_TOKEN_BUCKETS
         )
@@ -206,8 +203,8 @@ class ServerMetrics:
                        self.num_requests_waiting, self.gen_throughput, self.kv_cache_usage,
                        self.kv_cache_total_tokens, self.kv_cache_used_tokens, self.num_requests_inflight,
                        self.scheduler_steps, self.heartbeat_age,
-                       self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e, self.queue_time,
-                       self.prefill_time, self.decode_time, self.inference_time, self.request_prompt_tokens,
+                       self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e,
+                       *self.phase_times.values(), self.request_prompt_tokens,
                        self.request_generation_tokens):  # fmt: skip
             metric.labels(**labels)
         self.spec.init_rank(labels)
@@ -277,10 +274,8 @@ class ServerMetrics:
         self.request_generation_tokens.labels(**labels).observe(s.completion_tokens)
         phases = s.phases()
         if phases is not None:
-            self.queue_time.labels(**labels).observe(phases.queue)
-            self.prefill_time.labels(**labels).observe(phases.prefill)
-            self.decode_time.labels(**labels).observe(phases.decode)
-            self.inference_time.labels(**labels).observe(phases.inference)
+            for phase, seconds in asdict(phases).items():
+                self.phase_times[phase].labels(**labels).observe(seconds)
 
     def on_http_response(self, status: int) -> None:
         labels = {"model_name": self.model_name, "status": str(status)}
