@@ -12,15 +12,13 @@ import json
 import logging
 import os
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenspeed.config.flags import CPU_ATTENTION_BACKENDS, CPU_SAMPLING_BACKENDS, FIELD_CHOICES
+from tokenspeed.config.server_fields import ServerFields
 from tokenspeed.config.validate import check_inputs, validate
 from tokenspeed.platform import KindChecks, PlatformKind, current_platform
 from tokenspeed.runtime.distributed.mapping import Mapping
-
-if TYPE_CHECKING:
-    from tokenspeed.config.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +37,7 @@ class PlatformFacts(KindChecks):
     gpu_memory_gb: float | None = None
 
 
-def platform_facts(args: ServerArgs, platform: Any = None) -> PlatformFacts:
+def platform_facts(args: ServerFields, platform: Any = None) -> PlatformFacts:
     """Facts from ``platform`` (any object with ``kind``, ``is_hopper_or_newer``, ``gpu_memory_capacity_gb()``).
 
     With ``--device cpu`` the GPU is never probed. Otherwise ``platform=None`` asks
@@ -60,7 +58,7 @@ def platform_facts(args: ServerArgs, platform: Any = None) -> PlatformFacts:
     )
 
 
-def resolve_server_args(args: ServerArgs, platform: Any = None) -> PlatformFacts:
+def resolve_server_args(args: ServerFields, platform: Any = None) -> PlatformFacts:
     """Fill what ``args`` leaves unset and validate it; returns the platform facts it was resolved against."""
     check_inputs(args)
     facts = platform_facts(args, platform)
@@ -90,7 +88,7 @@ def maybe_model_redirect(model: str) -> str:
     return model
 
 
-def resolve_basic_defaults(args: ServerArgs) -> None:
+def resolve_basic_defaults(args: ServerFields) -> None:
     args.model = maybe_model_redirect(args.model)
     if args.kv_cache_dtype == "fp8":
         args.kv_cache_dtype = "fp8_e4m3"
@@ -105,7 +103,7 @@ def resolve_basic_defaults(args: ServerArgs) -> None:
     args.metrics_reporters = list(dict.fromkeys(args.metrics_reporters or ["prometheus"]))
 
 
-def resolve_config_aliases(args: ServerArgs) -> None:
+def resolve_config_aliases(args: ServerFields) -> None:
     """Fold ``--attention-config.*`` and ``--speculative-config`` into the fields they stand for."""
     if args.use_trtllm_ragged_deepseek_prefill is not None:
         args.mla_disable_ragged = not args.use_trtllm_ragged_deepseek_prefill
@@ -153,7 +151,7 @@ def resolve_config_aliases(args: ServerArgs) -> None:
             args.speculative_num_draft_tokens = args.speculative_num_steps + 1
 
 
-def resolve_parallelism(args: ServerArgs) -> None:
+def resolve_parallelism(args: ServerFields) -> None:
     # ENABLE_CP is read here, per call, so a launcher can set it for one server without re-importing.
     args.mapping = Mapping.from_server_args(args)
     if args.enable_expert_parallel and args.ep_size in (None, 1):
@@ -180,7 +178,7 @@ def default_gpu_memory_utilization(world_size: int) -> float:
     return 0.88
 
 
-def resolve_memory_and_scheduling(args: ServerArgs, facts: PlatformFacts) -> None:
+def resolve_memory_and_scheduling(args: ServerFields, facts: PlatformFacts) -> None:
     world_size = args.mapping.world_size
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = default_gpu_memory_utilization(world_size)
@@ -205,7 +203,7 @@ def resolve_memory_and_scheduling(args: ServerArgs, facts: PlatformFacts) -> Non
             args.max_num_seqs = 80 if args.speculative_algorithm is not None else 160
 
 
-def resolve_kernel_backends(args: ServerArgs, facts: PlatformFacts) -> None:
+def resolve_kernel_backends(args: ServerFields, facts: PlatformFacts) -> None:
     # The GPU attention default is left to the attention initializer, which knows the model.
     if args.device == "cpu":
         resolve_cpu_defaults(args)
@@ -221,7 +219,7 @@ def resolve_kernel_backends(args: ServerArgs, facts: PlatformFacts) -> None:
             args.sampling_backend = "greedy"
 
 
-def resolve_cpu_defaults(args: ServerArgs) -> None:
+def resolve_cpu_defaults(args: ServerFields) -> None:
     """``--device cpu``: torch kernels and no CUDA graphs."""
     if args.attention_backend is None:
         args.attention_backend = "torch"
@@ -239,7 +237,7 @@ def resolve_cpu_defaults(args: ServerArgs) -> None:
     args.disable_prefill_graph = True
 
 
-def resolve_cache(args: ServerArgs) -> None:
+def resolve_cache(args: ServerFields) -> None:
     if args.disaggregation_mode in ("decode", "encode"):
         args.enable_kvstore = False
         logger.info("%s server: KVStore off", args.disaggregation_mode)
@@ -266,7 +264,7 @@ def resolve_cache(args: ServerArgs) -> None:
         )
 
 
-def resolve_speculative_decoding(args: ServerArgs) -> None:
+def resolve_speculative_decoding(args: ServerFields) -> None:
     if args.speculative_algorithm is not None and args.drafter_attention_backend is None:
         args.drafter_attention_backend = args.attention_backend
     if args.speculative_algorithm == "MTP" and args.speculative_draft_model_path is None:
@@ -322,7 +320,7 @@ def resolve_speculative_decoding(args: ServerArgs) -> None:
         )
 
 
-def _resolve_chain_steps(args: ServerArgs) -> None:
+def _resolve_chain_steps(args: ServerFields) -> None:
     """Chain drafting runs one draft step per drafted token: steps = draft tokens - 1."""
     expected = args.speculative_num_draft_tokens - 1
     if args.speculative_num_steps == expected:
@@ -338,7 +336,7 @@ def _resolve_chain_steps(args: ServerArgs) -> None:
     )
 
 
-def _check_ngram_windows(args: ServerArgs) -> None:
+def _check_ngram_windows(args: ServerFields) -> None:
     lo, hi = args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size
     if lo < 1 or hi < lo:
         raise ValueError(
@@ -347,7 +345,7 @@ def _check_ngram_windows(args: ServerArgs) -> None:
         )
 
 
-def resolve_communication(args: ServerArgs, facts: PlatformFacts) -> None:
+def resolve_communication(args: ServerFields, facts: PlatformFacts) -> None:
     mapping = args.mapping
     if (
         not args.enable_allreduce_fusion
@@ -369,7 +367,7 @@ def resolve_communication(args: ServerArgs, facts: PlatformFacts) -> None:
         )
 
 
-def resolve_disaggregation(args: ServerArgs) -> None:
+def resolve_disaggregation(args: ServerFields) -> None:
     mode = args.disaggregation_mode
     if mode == "prefill":
         # Prefill batches vary too much in shape for CUDA graphs to pay off.
@@ -389,7 +387,7 @@ def resolve_disaggregation(args: ServerArgs) -> None:
         )
 
 
-def resolve_experts(args: ServerArgs) -> None:
+def resolve_experts(args: ServerFields) -> None:
     if args.enable_eplb and args.expert_distribution_recorder_mode is None:
         # Rebalancing needs load counts; the aggregate mode is the cheapest that gives them.
         args.expert_distribution_recorder_mode = "stat"
@@ -408,5 +406,5 @@ def resolve_experts(args: ServerArgs) -> None:
         )
 
 
-def _field_default(args: ServerArgs, name: str) -> Any:
+def _field_default(args: ServerFields, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(args) if f.name == name)

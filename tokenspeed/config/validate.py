@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenspeed.config.flags import CHOICES_CHECKED_ELSEWHERE, FIELD_CHOICES
-
-if TYPE_CHECKING:
-    from tokenspeed.config.server_args import ServerArgs
-
+from tokenspeed.config.server_fields import ServerFields
 
 _JSON_OBJECT_FIELDS = (
     "hf_overrides",
@@ -49,7 +46,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_inputs(args: ServerArgs) -> None:
+def check_inputs(args: ServerFields) -> None:
     """Reject values no rule could make sense of, before anything is derived from them."""
     if not args.model:
         raise ValueError("a model is required: `tokenspeed serve MODEL` or --model MODEL")
@@ -103,7 +100,7 @@ def check_inputs(args: ServerArgs) -> None:
     _check_kv_scales_file(args)
 
 
-def _check_kv_scales_file(args: ServerArgs) -> None:
+def _check_kv_scales_file(args: ServerFields) -> None:
     path = args.quantization_param_path
     if path is None:
         return
@@ -160,7 +157,7 @@ def _check_dp_leaders_on_head(mapping) -> None:
             )
 
 
-def validate(args: ServerArgs) -> None:
+def validate(args: ServerFields) -> None:
     """Consistency checks on resolved values, plus the expert-placement defaults that depend on them."""
     mapping = args.mapping
     if args.max_num_seqs < mapping.attn_dp_size:
@@ -186,7 +183,7 @@ def validate(args: ServerArgs) -> None:
         )
 
 
-def server_environment(args: ServerArgs) -> dict[str, str]:
+def server_environment(args: ServerFields) -> dict[str, str]:
     """Environment variables the server's processes need for ``args``.
 
     Kept out of resolution so building a ``ServerArgs`` (for ``--print-config``, a profile check or a
