@@ -10,11 +10,13 @@ reads them back).
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import types
+import typing
+from typing import Any, Literal
 
 from tokenspeed.runtime.distributed.mapping import Mapping
 
-__all__ = ["FLA_CHUNK_SIZE", "ServerFields"]
+__all__ = ["FLA_CHUNK_SIZE", "ServerFields", "declared_choices", "type_alternatives"]
 
 # Chunk length of the linear-attention (FLA) kernels; the Mamba cache must align to it.
 FLA_CHUNK_SIZE = 64
@@ -133,7 +135,7 @@ class ServerFields:
     dense_gemv_backend: str = "auto"
     draft_moe_backend: str | None = None
     all2all_backend: str = "none"
-    deepep_mode: Literal["auto", "normal", "low_latency"] = "auto"
+    deepep_mode: Literal["normal", "low_latency", "auto"] = "auto"
     disable_flashinfer_cutlass_moe_fp4_allgather: bool = False
 
     # KVStore (host-memory tier behind the device KV pool)
@@ -263,3 +265,21 @@ class ServerFields:
     @property
     def mamba_cache_chunk_size(self) -> int:
         return max(FLA_CHUNK_SIZE, self.block_size)
+
+
+def type_alternatives(hint: Any) -> list[Any]:
+    """The types a field annotation allows, None left out: ``int | None`` gives ``[int]``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [kind for kind in typing.get_args(hint) if kind is not type(None)]
+    return [hint]
+
+
+def declared_choices() -> dict[str, tuple[Any, ...]]:
+    """The choices of every field typed ``Literal[...]`` (or ``Literal[...] | None``), in their order."""
+    hints = typing.get_type_hints(ServerFields)
+    return {
+        field.name: typing.get_args(kind)
+        for field in dataclasses.fields(ServerFields)
+        for kind in type_alternatives(hints[field.name])
+        if typing.get_origin(kind) is Literal
+    }
