@@ -212,6 +212,23 @@ class OptionalBool(_Named):
         return [spelling(self.flags, field), _text(bool(value))]
 
 
+@dataclasses.dataclass(frozen=True)
+class Positional:
+    """An optional positional argument standing for a flag (``tokenspeed serve MODEL`` for ``--model``):
+    parsed into ``dest``, never spelled back, since the flag spells its field."""
+
+    dest: str
+    metavar: str
+    help: str
+    flags: tuple[str, ...] = ()
+
+    def add(self, group: Any) -> None:
+        group.add_argument(self.dest, nargs="?", metavar=self.metavar, default=None, help=self.help)
+
+    def argv(self, field: str, value: Any) -> list[str]:
+        raise AssertionError(f"the positional {self.metavar} is spelled by its flag")
+
+
 def add_groups(parser: argparse.ArgumentParser, groups: Iterable[tuple[str, Iterable[FlagRow]]]) -> None:
     """Add one argument group per ``(title, rows)``, rows in table order (the order ``--help`` lists)."""
     for title, rows in groups:
