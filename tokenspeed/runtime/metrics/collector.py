@@ -87,23 +87,14 @@ class RequestPhases:
     inference: float
 
 
-@dataclass
-class _Cumulative:
-    """Last cumulative values seen from one rank, so Prometheus counters move by the difference."""
-
-    prefix_cache_hits: int = 0
-    prefix_cache_queries: int = 0
-    num_preemptions: int = 0
-    num_nan_aborted: int = 0
-
-
 class ServerMetrics:
     def __init__(self, model_name: str, app_key: str | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self.app_key = app_key
         labels = ["model_name", "dp_rank"] + (["app_key"] if app_key else [])
-        self._last: dict[int, _Cumulative] = {}
+        # Last snapshot of each rank: its cumulative counts move the Prometheus counters by the difference.
+        self._last: dict[int, StatsSnapshot] = {}
         # process_* (CPU seconds, resident memory, open fds, start time) of this front-end process: a
         # restarted server shows up as a new process_start_time_seconds.
         ProcessCollector(registry=self.registry)
@@ -208,11 +199,10 @@ class ServerMetrics:
                        self.request_generation_tokens):  # fmt: skip
             metric.labels(**labels)
         self.spec.init_rank(labels)
-        self._last.setdefault(dp_rank, _Cumulative())
 
     def observe_stats(self, snap: StatsSnapshot) -> None:
         labels = self._labels(snap.dp_rank)
-        last = self._last.setdefault(snap.dp_rank, _Cumulative())
+        last = self._last.get(snap.dp_rank, StatsSnapshot(dp_rank=snap.dp_rank))
         self.num_requests_running.labels(**labels).set(snap.num_running)
         self.num_requests_waiting.labels(**labels).set(snap.num_waiting)
         self.gen_throughput.labels(**labels).set(snap.gen_throughput)
@@ -229,7 +219,7 @@ class ServerMetrics:
             delta = value - getattr(last, name)
             # A smaller value means the rank restarted its count (flush_cache): count from there.
             counter.labels(**labels).inc(delta if delta >= 0 else value)
-            setattr(last, name, value)
+        self._last[snap.dp_rank] = snap
         hist = self.iteration_tokens.labels(**labels)
         for n in snap.iteration_tokens:
             hist.observe(n)
