@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenspeed.runtime.engine.io_struct import StatsSnapshot
+from tokenspeed.runtime.metrics.families import PREFIX, MetricFamilies
 from tokenspeed.runtime.metrics.spec_metrics import SpecDecodeMetrics
 from tokenspeed.runtime.moe.expert_metrics import ExpertMetrics
 
-PREFIX = "tokenspeed:"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Latency buckets from sub-millisecond CPU decode steps to minute-long requests.
@@ -99,14 +99,8 @@ class ServerMetrics:
         # restarted server shows up as a new process_start_time_seconds.
         ProcessCollector(registry=self.registry)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=self.registry)
-
-        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter(PREFIX + name, doc, labels + list(extra), registry=self.registry)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+        families = MetricFamilies(self.registry, labels)
+        gauge, counter, histogram = families.gauge, families.counter, families.histogram
 
         # Scheduler
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
@@ -177,7 +171,7 @@ class ServerMetrics:
         )
         # MoE expert load and EPLB (series appear once a MoE scheduler reports them)
         self.experts = ExpertMetrics(self.registry, labels)
-        self.spec = SpecDecodeMetrics(self.registry, labels)
+        self.spec = SpecDecodeMetrics(families)
 
     def _labels(self, dp_rank: int) -> dict[str, str]:
         out = {"model_name": self.model_name, "dp_rank": str(dp_rank)}
