@@ -146,38 +146,45 @@ def rotate_head(src, cs, HALF: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rope_kernel(
-    Q,
-    K,
-    QO,
-    KO,
-    CS,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_qot,
-    stride_qoh,
-    stride_kot,
-    stride_koh,
-    stride_cs,
-    NUM_Q_HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+def rotate_qk_head(
+    Q, K, CS, t, h, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
+    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """`rotate_head` of head `h` of token `t` in a RoPE kernel's grid: query head h, or key head
+    h - NUM_Q_HEADS."""
     if h < NUM_Q_HEADS:
         src = Q + t * stride_qt + h * stride_qh
-        dst = QO + t * stride_qot + h * stride_qoh
     else:
         src = K + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
-        dst = KO + t * stride_kot + (h - NUM_Q_HEADS) * stride_koh
-    o1, o2 = rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
+    return rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
+
+
+@triton.jit
+def store_halves(dst, o1, o2, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Write a head's two halves at `dst`, in dst's dtype."""
     offs = tl.arange(0, BLOCK)
     mask = offs < HALF
-    tl.store(dst + offs, o1, mask=mask)
-    tl.store(dst + HALF + offs, o2, mask=mask)
+    dt = dst.dtype.element_ty
+    tl.store(dst + offs, o1.to(dt), mask=mask)
+    tl.store(dst + HALF + offs, o2.to(dt), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    Q, K, QO, KO, CS,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_cs,
+    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    o1, o2 = rotate_qk_head(
+        Q, K, CS, t, h, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, NUM_Q_HEADS, HALF, BLOCK
+    )
+    if h < NUM_Q_HEADS:
+        dst = QO + t * stride_qot + h * stride_qoh
+    else:
+        dst = KO + t * stride_kot + (h - NUM_Q_HEADS) * stride_koh
+    store_halves(dst, o1, o2, HALF, BLOCK)
 
 
 def rope_operands(
