@@ -58,44 +58,20 @@ def rms_norm(
     y = torch.empty((x2.shape[0], n), dtype=out_dtype, device=x.device)
     block = triton.next_power_of_2(n)
     warps = 4 if block <= 1024 else (8 if block <= 4096 else 16)
-    if residual is None:
-        _rmsnorm_kernel[(x2.shape[0],)](
-            x2,
-            x2,
-            weight,
-            y,
-            y,
-            x2.stride(0),
-            0,
-            y.stride(0),
-            0,
-            n,
-            eps,
-            HAS_RES=False,
-            BLOCK=block,
-            num_warps=warps,
-        )
-        return y.view(shape)
-    r2 = residual.reshape(-1, n)
-    if r2.stride(-1) != 1:
-        r2 = r2.contiguous()
-    new_res = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+    has_res = residual is not None
+    r2, new_res = x2, y  # without a residual, R and RO are neither read nor written
+    if has_res:
+        r2 = residual.reshape(-1, n)
+        if r2.stride(-1) != 1:
+            r2 = r2.contiguous()
+        new_res = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     _rmsnorm_kernel[(x2.shape[0],)](
-        x2,
-        r2,
-        weight,
-        y,
-        new_res,
-        x2.stride(0),
-        r2.stride(0),
-        y.stride(0),
-        new_res.stride(0),
-        n,
-        eps,
-        HAS_RES=True,
-        BLOCK=block,
-        num_warps=warps,
-    )
+        x2, r2, weight, y, new_res,
+        x2.stride(0), r2.stride(0) if has_res else 0, y.stride(0), new_res.stride(0) if has_res else 0,
+        n, eps, HAS_RES=has_res, BLOCK=block, num_warps=warps,
+    )  # fmt: skip
+    if not has_res:
+        return y.view(shape)
     return y.view(shape), new_res.view(shape)
 
 
