@@ -25,10 +25,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import gemv_timing as gt  # noqa: E402
 from benchmarks import gpu_common as gc  # noqa: E402
-from benchmarks.gemv_timing import LLAMA_8B_LINEARS as SHAPES  # noqa: E402
-from benchmarks.gemv_timing import parse_args, row_figures, run_shapes, save_results, time_path  # noqa: E402
 
+SHAPES = gt.LLAMA_8B_LINEARS
 LAYERS = 32  # Llama-3.1-8B: each of qkv/o/gate_up/down once per layer, the LM head once per step
 
 
@@ -61,8 +61,8 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
         ref = F.linear(x.float(), wf)
         for path, fns in _paths(name, x, ws).items():
             row = dict(shape=name, n=n, k=k, m=m, path=path, weight_mb=round(nbytes / 1e6, 2))
-            rows.append(time_path(row, fns, ref, nbytes, bf16_gemv._tuned if path == "gemv" else None))
-            print(f"{name:8s} {n:6d}x{k:<6d} m={m} {path:6s} {row_figures(row)}", flush=True)
+            rows.append(gt.time_path(row, fns, ref, nbytes, bf16_gemv._tuned if path == "gemv" else None))
+            print(f"{name:8s} {n:6d}x{k:<6d} m={m} {path:6s} {gt.row_figures(row)}", flush=True)
     del wf, ws
     return rows
 
@@ -84,22 +84,16 @@ def step_estimate(rows: list[dict], m: int) -> dict[str, dict]:
 
 
 def main() -> None:
-    args = parse_args(__doc__, SHAPES, [1, 2, 4], str(ROOT / "benchmarks/results/gpu_bf16_gemv.json"))
+    args = gt.parse_args(__doc__, SHAPES, [1, 2, 4], str(ROOT / "benchmarks/results/gpu_bf16_gemv.json"))
     start = time.perf_counter()
-    bw, rows = run_shapes(bench_shape, SHAPES, args.shapes, args.m)
+    bw, rows = gt.run_shapes(bench_shape, SHAPES, args.shapes, args.m)
     speedup = {}
     print(f"{'shape':8s} {'m':>2s} {'gemv us':>9s} {'cublas us':>9s} {'gemv/4.8':>8s} {'cublas/4.8':>10s} "
           f"{'gemv/copy':>9s} {'speedup':>7s}")  # fmt: skip
-    for r in rows:
-        if r["path"] != "gemv" or "us" not in r:
-            continue
-        base = next(
-            (o for o in rows if (o["shape"], o["m"], o["path"]) == (r["shape"], r["m"], "cublas")), {}
-        )
-        if "us" in base:
-            speedup[f"{r['shape']}/m{r['m']}"] = round(base["us"] / r["us"], 3)
-            print(f"{r['shape']:8s} {r['m']:2d} {r['us']:9.2f} {base['us']:9.2f} {r['of_peak']:8.3f} "
-                  f"{base['of_peak']:10.3f} {r['of_copy_bw']:9.3f} {base['us'] / r['us']:7.2f}x")  # fmt: skip
+    for r, base in gt.against(rows, "cublas"):
+        speedup[f"{r['shape']}/m{r['m']}"] = round(base["us"] / r["us"], 3)
+        print(f"{r['shape']:8s} {r['m']:2d} {r['us']:9.2f} {base['us']:9.2f} {r['of_peak']:8.3f} "
+              f"{base['of_peak']:10.3f} {r['of_copy_bw']:9.3f} {base['us'] / r['us']:7.2f}x")  # fmt: skip
     steps = {f"m{m}": step_estimate(rows, m) for m in args.m}
     for m, est in steps.items():
         print(
@@ -108,7 +102,7 @@ def main() -> None:
         )
     seconds = round(time.perf_counter() - start, 1)
     print(f"total {seconds} s")
-    save_results(
+    gt.save_results(
         args.out,
         "bf16_gemv",
         bw,

@@ -26,17 +26,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import gemv_timing as gt  # noqa: E402
 from benchmarks import gpu_common as gc  # noqa: E402
-from benchmarks.gemv_timing import (  # noqa: E402
-    LLAMA_8B_LINEARS,
-    parse_args,
-    row_figures,
-    run_shapes,
-    save_results,
-    time_path,
-)
 
-SHAPES = {name: shape for name, shape in LLAMA_8B_LINEARS.items() if name != "lm_head"}
+SHAPES = {name: shape for name, shape in gt.LLAMA_8B_LINEARS.items() if name != "lm_head"}
 
 
 def _gemv(x: torch.Tensor, wt: tuple[torch.Tensor, torch.Tensor], block: tuple[int, int] | None):
@@ -99,24 +92,21 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
         for path, (fns, nbytes, kind) in paths.items():
             row = dict(shape=name, n=n, k=k, m=m, path=path, weight_mb=round(nbytes / 1e6, 2))
             tuned = fp8_gemv._tuned if path.startswith("gemv") else None
-            rows.append(time_path(row, fns, ref[kind], nbytes, tuned))
-            print(f"{name:8s} {n:6d}x{k:<6d} m={m:2d} {path:14s} {row_figures(row)}", flush=True)
+            rows.append(gt.time_path(row, fns, ref[kind], nbytes, tuned))
+            print(f"{name:8s} {n:6d}x{k:<6d} m={m:2d} {path:14s} {gt.row_figures(row)}", flush=True)
     return rows
 
 
 def main() -> None:
-    args = parse_args(__doc__, SHAPES, [1, 4, 16], str(ROOT / "benchmarks/results/gpu_fp8_gemv.json"))
+    args = gt.parse_args(__doc__, SHAPES, [1, 4, 16], str(ROOT / "benchmarks/results/gpu_fp8_gemv.json"))
     start = time.perf_counter()
-    bw, rows = run_shapes(bench_shape, SHAPES, args.shapes, args.m)
-    speedup = {}
-    for r in rows:
-        if r["path"] == "gemv" and "us" in r:
-            base = {o["path"]: o.get("us") for o in rows if (o["shape"], o["m"]) == (r["shape"], r["m"])}
-            if base.get("scaled_mm"):
-                speedup[f"{r['shape']}/m{r['m']}"] = round(base["scaled_mm"] / r["us"], 2)
+    bw, rows = gt.run_shapes(bench_shape, SHAPES, args.shapes, args.m)
+    speedup = {
+        f"{r['shape']}/m{r['m']}": round(b["us"] / r["us"], 2) for r, b in gt.against(rows, "scaled_mm")
+    }
     print("gemv speedup over scaled_mm: " + ", ".join(f"{k}={v}" for k, v in speedup.items()))
     seconds = round(time.perf_counter() - start, 1)
-    save_results(args.out, "fp8_gemv", bw, gemv_speedup_over_scaled_mm=speedup, seconds=seconds, rows=rows)
+    gt.save_results(args.out, "fp8_gemv", bw, gemv_speedup_over_scaled_mm=speedup, seconds=seconds, rows=rows)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,16 @@ def run_shapes(
     return bw, rows
 
 
+def against(rows: list[dict], base_path: str, path: str = "gemv") -> list[tuple[dict, dict]]:
+    """(row of `path`, row of `base_path` at the same shape and batch) for each such pair both timed."""
+    timed = {(r["shape"], r["m"], r["path"]): r for r in rows if "us" in r}
+    return [
+        (r, timed[(r["shape"], r["m"], base_path)])
+        for r in rows
+        if r["path"] == path and "us" in r and (r["shape"], r["m"], base_path) in timed
+    ]
+
+
 def save_results(path: str, benchmark: str, bw: float, **fields) -> None:
     """The results file: the device, the ceilings the rows are measured against, then `fields`."""
     gc.save_json(
