@@ -55,7 +55,8 @@ def _device() -> str:
 def provenance() -> dict[str, Any]:
     repo = Path(__file__).resolve().parents[1]
     commit = _git(repo, "rev-parse", "HEAD")
-    status = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    # Results files written by earlier runs do not make the code under test differ from the commit.
+    status = _git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
     return {
         "script": _script(),
         "argv": list(sys.argv[1:]),
