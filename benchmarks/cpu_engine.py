@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.cpu_common import best, machine  # noqa: E402
+from benchmarks.hf_baseline import generate_left_padded  # noqa: E402
 from tests.tiny_models import PAD_ID, load_hf_model, make_tiny_model  # noqa: E402
 from tokenspeed import Engine  # noqa: E402
 from tokenspeed.bench_results import write_results  # noqa: E402
@@ -59,24 +60,9 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int) -> tup
 
 
 def run_transformers(model, prompts: list[list[int]], output_len: int) -> tuple[float, int]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
     start = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=output_len,
-            min_new_tokens=output_len,
-            do_sample=False,
-            pad_token_id=PAD_ID,
-        )
-    elapsed = time.perf_counter() - start
-    return elapsed, int((out.shape[1] - width) * out.shape[0])
+    tokens = generate_left_padded(model, prompts, output_len, PAD_ID)
+    return time.perf_counter() - start, tokens
 
 
 def run_transformers_each(model, prompts: list[list[int]], output_len: int) -> tuple[float, int]:

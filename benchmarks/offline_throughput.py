@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_common as gc  # noqa: E402
+from benchmarks.hf_baseline import generate_left_padded  # noqa: E402
 
 WORKLOADS = {"in1024_out256": (1024, 256), "in128_out1024": (128, 1024)}
 
@@ -43,22 +44,9 @@ def run_transformers(model_dir: str, prompts: list[list[int]], out_len: int, bat
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.eval()
-    pad = 0
 
     def run(chunk):
-        width = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device="cuda")
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device="cuda")
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=out_len,
-                min_new_tokens=out_len,
-                do_sample=False,
-                pad_token_id=pad,
-            )
-        return (out.shape[1] - width) * len(chunk)
+        return generate_left_padded(model, chunk, out_len, pad_id=0)
 
     run(prompts[: min(2, len(prompts))])  # warm-up
     torch.cuda.synchronize()

@@ -27,13 +27,16 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.local_server import start_server  # noqa: E402
 from tokenspeed.bench_results import write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stall_cpu.json"
@@ -59,35 +62,6 @@ def _victim(base_url: str, model: str, headers: dict, stop, out) -> None:
 
 def _gaps(times: list[float], since: float, until: float) -> list[float]:
     return [b - a for a, b in zip(times, times[1:], strict=False) if b >= since and a <= until]
-
-
-def _start_server(port: int, max_request_bytes: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tokenspeed", "serve", "demo", "--device", "cpu", "--port", str(port),
-           "--max-request-bytes", str(max_request_bytes)]  # fmt: skip
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode} while starting")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("the server did not become healthy within 300 s")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _window(args, base_url: str, headers: dict, load: str | None) -> dict:
@@ -211,9 +185,8 @@ def main() -> int:
     proc = None
     base_url = args.base_url
     if base_url is None:
-        port = _free_port()
-        proc = _start_server(port, args.shape_body_bytes)
-        base_url = f"http://127.0.0.1:{port}"
+        serve_args = ["demo", "--device", "cpu", "--max-request-bytes", str(args.shape_body_bytes)]
+        proc, base_url = start_server(serve_args)
     try:
         idle = _window(args, base_url, headers, load=None)
         loaded = _window(args, base_url, headers, load="large")

@@ -45,6 +45,21 @@ def _run(engine: Engine, prompts: list[list[int]], out_len: int, schema: bool, s
     return len(prompts) * out_len / elapsed
 
 
+def schema_over_plain(tput: dict[str, list[float]]) -> dict:
+    """The schema runs' output tok/s over the plain runs': of each adjacent pair, their median, and of the
+    best run of each kind (the runs least disturbed by other work on the machine); printed as well."""
+    ratios = [s / p for s, p in zip(tput["schema"], tput["plain"], strict=True)]
+    out = {
+        "ratio_schema_over_plain": ratios,
+        "median_ratio": statistics.median(ratios),
+        "best_ratio": max(tput["schema"]) / max(tput["plain"]),
+    }
+    print(
+        f"median schema/plain of adjacent runs: {out['median_ratio']:.3f}; best of each: {out['best_ratio']:.3f}"
+    )
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=10)
@@ -62,19 +77,12 @@ def main() -> None:
             for kind in ("plain", "schema") if k % 2 == 0 else ("schema", "plain"):
                 runs[kind].append(_run(engine, prompts, args.output_len, kind == "schema", k))
                 print(f"{kind:6s} run {k}: {runs[kind][-1]:.1f} output tok/s", flush=True)
-    ratios = [s / p for s, p in zip(runs["schema"], runs["plain"], strict=True)]
     result = {
         "config": vars(args),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()},
         "output_tok_s": runs,
-        "ratio_schema_over_plain": ratios,
-        "median_ratio": statistics.median(ratios),
-        # best of each kind: the runs least disturbed by other work on the machine
-        "best_ratio": max(runs["schema"]) / max(runs["plain"]),
+        **schema_over_plain(runs),
     }
-    print(
-        f"median schema/plain of adjacent runs: {result['median_ratio']:.3f}; best of each: {result['best_ratio']:.3f}"
-    )
     write_results(RESULTS, result)
 
 

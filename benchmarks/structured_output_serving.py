@@ -14,49 +14,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
-import socket
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from tokenspeed import bench_serving
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.local_server import start_server  # noqa: E402
+from benchmarks.structured_output import SCHEMA, schema_over_plain  # noqa: E402
+from tokenspeed import bench_serving  # noqa: E402
 from tokenspeed.bench_results import write_results  # noqa: E402
-from tokenspeed.demo_models import DEMO_MODELS
+from tokenspeed.demo_models import DEMO_MODELS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "structured_output_serving_cpu.json"
-SCHEMA = json.dumps({"type": "string", "minLength": 400})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tokenspeed", "serve", str(DEMO_MODELS[0].path), "--device", "cpu",
-           "--port", str(port), "--grammar-backend", "xgrammar", "--served-model-name", "demo"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.terminate()
-    raise RuntimeError(f"the server did not become ready in 300 s; see {log}")
 
 
 def main() -> None:
@@ -67,10 +42,10 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=64)
     args = p.parse_args()
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     log = RESULTS.with_suffix(".server.log")
-    proc = _start_server(port, log)
+    serve_args = [str(DEMO_MODELS[0].path), "--device", "cpu", "--grammar-backend", "xgrammar",
+                  "--served-model-name", "demo"]  # fmt: skip
+    proc, url = start_server(serve_args, log)
     runs: dict[str, list[dict]] = {"plain": [], "schema": []}
     try:
         common = ["--base-url", url, "--model", "demo", "--num-prompts", str(args.num_prompts),
@@ -100,7 +75,6 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=60)
     tput = {kind: [r["output_token_throughput"] for r in rs] for kind, rs in runs.items()}
-    ratios = [s / q for s, q in zip(tput["schema"], tput["plain"], strict=True)]
     result = {
         "what": "tokenspeed bench serving on the CPU demo server (--grammar-backend xgrammar), concurrency "
         f"{args.concurrency}, {args.num_prompts} prompts x {args.output_len} output tokens, with and without "
@@ -108,14 +82,9 @@ def main() -> None:
         "config": vars(args),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": os.getloadavg()},
         "output_tok_s": tput,
-        "ratio_schema_over_plain": ratios,
-        "median_ratio": statistics.median(ratios),
-        "best_ratio": max(tput["schema"]) / max(tput["plain"]),
+        **schema_over_plain(tput),
         "tpot_p50_ms": {kind: [r["tpot"]["p50_ms"] for r in rs] for kind, rs in runs.items()},
     }
-    print(
-        f"median schema/plain of adjacent runs: {result['median_ratio']:.3f}; best of each: {result['best_ratio']:.3f}"
-    )
     write_results(RESULTS, result)
 
 

@@ -40,7 +40,8 @@ _CORPUS = [
     "user assistant system: you are a helpful assistant. Answer briefly and clearly.",
 ]
 
-_BASE = dict(
+# The fields every tiny model shares, whatever its architecture (a test may build its own class from them).
+BASE_CONFIG = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
@@ -112,7 +113,7 @@ def tiny_hf_config(arch: str, vocab_size: int, **overrides):
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig}
     if arch not in classes:
         raise ValueError(f"unknown tiny model arch {arch!r}; choose one of {ARCHS}")
-    kwargs: dict[str, Any] = {**_BASE, **_ARCH_DEFAULTS[arch], "vocab_size": vocab_size, **overrides}
+    kwargs: dict[str, Any] = {**BASE_CONFIG, **_ARCH_DEFAULTS[arch], "vocab_size": vocab_size, **overrides}
     config = classes[arch](**kwargs)
     config.architectures = [config.__class__.__name__.replace("Config", "ForCausalLM")]
     return config

@@ -64,6 +64,21 @@ class TrainSettings:
     eval_every: int
 
 
+class RunLog:
+    """Prints each message behind the seconds since the run began (in `width` columns), keeping the lines
+    for the run's log file."""
+
+    def __init__(self, width: int = 6) -> None:
+        self.start = time.monotonic()
+        self.width = width
+        self.lines: list[str] = []
+
+    def __call__(self, msg: str) -> None:
+        line = f"[{time.monotonic() - self.start:{self.width}.1f}s] {msg}"
+        self.lines.append(line)
+        print(line, flush=True)
+
+
 def load_corpus(path: Path) -> tuple[list[str], list[list[dict]]]:
     texts: list[str] = []
     chats: list[list[dict]] = []
@@ -119,8 +134,9 @@ def pack(docs: list[str], tok: PreTrainedTokenizerFast) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def dense_config(vocab: int, seq_len: int, eos_id: int) -> LlamaConfig:
-    return LlamaConfig(
+def _shared_config(vocab: int, seq_len: int, eos_id: int) -> dict:
+    """What the dense and the MoE demo share: the attention shape, the vocabulary and the special tokens."""
+    return dict(
         vocab_size=vocab,
         hidden_size=256,
         intermediate_size=384,
@@ -129,7 +145,6 @@ def dense_config(vocab: int, seq_len: int, eos_id: int) -> LlamaConfig:
         num_key_value_heads=2,
         head_dim=64,
         max_position_embeddings=seq_len,
-        rms_norm_eps=1e-5,
         rope_theta=10000.0,
         tie_word_embeddings=True,
         bos_token_id=eos_id,
@@ -139,32 +154,23 @@ def dense_config(vocab: int, seq_len: int, eos_id: int) -> LlamaConfig:
     )
 
 
+def dense_config(vocab: int, seq_len: int, eos_id: int) -> LlamaConfig:
+    return LlamaConfig(**_shared_config(vocab, seq_len, eos_id), rms_norm_eps=1e-5)
+
+
 def moe_config(vocab: int, seq_len: int, eos_id: int) -> Qwen3MoeConfig:
     return Qwen3MoeConfig(
-        vocab_size=vocab,
-        hidden_size=256,
-        intermediate_size=384,
+        **_shared_config(vocab, seq_len, eos_id),
+        rms_norm_eps=1e-6,
         moe_intermediate_size=80,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
         num_experts=8,
         num_experts_per_tok=2,
         norm_topk_prob=True,
         decoder_sparse_step=1,
         mlp_only_layers=[],
-        max_position_embeddings=seq_len,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
         # The auxiliary balance loss keeps every expert in use, so expert-load metrics are not degenerate.
         output_router_logits=True,
         router_aux_loss_coef=0.01,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-        torch_dtype="float32",
     )
 
 
@@ -319,13 +325,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["dense", "moe"], default=None)
     args = ap.parse_args()
 
-    t0 = time.monotonic()
-    log_lines: list[str] = []
-
-    def log(msg: str) -> None:
-        line = f"[{time.monotonic() - t0:6.1f}s] {msg}"
-        log_lines.append(line)
-        print(line, flush=True)
+    log = RunLog()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     texts, chats = load_corpus(args.corpus)
@@ -367,7 +367,7 @@ def main() -> None:
         save(model, tok, args.out / folder, eos_ids)
         report["models"][folder] = stats
     (args.out / "train_report.json").write_text(json.dumps(report, indent=2))
-    (args.out / "train_log.txt").write_text("\n".join(log_lines) + "\n")
+    (args.out / "train_log.txt").write_text("\n".join(log.lines) + "\n")
     log("finished")
 
 

@@ -34,7 +34,7 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_target import DemoTarget  # noqa: E402
 from eagle3_draft import DraftShape, Eagle3Draft, load_draft, save_draft  # noqa: E402
-from train_demo_model import IM_END, IM_START, load_corpus  # noqa: E402
+from train_demo_model import IM_END, IM_START, RunLog, load_corpus  # noqa: E402
 
 DEMO = Path(__file__).resolve().parent.parent / "tokenspeed" / "assets" / "demo"
 AUX_LAYERS = (0, 1, 2)
@@ -194,13 +194,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    t0 = time.monotonic()
-    log_lines: list[str] = []
-
-    def log(msg: str) -> None:
-        line = f"[{time.monotonic() - t0:7.1f}s] {msg}"
-        log_lines.append(line)
-        print(line, flush=True)
+    log = RunLog(width=7)
 
     tok = AutoTokenizer.from_pretrained(args.target)
     target = DemoTarget(args.target, AUX_LAYERS)
@@ -299,7 +293,7 @@ def main() -> None:
         "optimizer_steps": step,
         "epochs": epoch,
         "train_seconds": round(train_s, 1),
-        "total_seconds": round(time.monotonic() - t0, 1),
+        "total_seconds": round(time.monotonic() - log.start, 1),
         "before_training": base,
         "held_out": result,
         "torch": torch.__version__,
@@ -307,7 +301,7 @@ def main() -> None:
     if args.report is not None:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(report, indent=2) + "\n")
-        args.report.with_suffix(".log").write_text("\n".join(log_lines) + "\n")
+        args.report.with_suffix(".log").write_text("\n".join(log.lines) + "\n")
     log("finished")
 
 

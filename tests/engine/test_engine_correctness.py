@@ -33,6 +33,30 @@ def make_prompts(vocab: int) -> list[list[int]]:
     return prompts
 
 
+def greedy_references(tmp_path_factory, max_new: int, device: str = "cpu"):
+    """Per arch, built on first use: the model folder, the prompts and transformers' greedy continuations
+    of `max_new` tokens, generated on `device`."""
+    cache: dict[str, tuple[str, list[list[int]], list[list[int]]]] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            path = make_tiny_model(arch, tmp_path_factory.mktemp(arch))
+            hf = load_hf_model(path).to(device)
+            prompts = make_prompts(hf.config.vocab_size)
+            expected = []
+            with torch.no_grad():
+                for p in prompts:
+                    out = hf.generate(
+                        torch.tensor([p], device=device), max_new_tokens=max_new, do_sample=False
+                    )
+                    expected.append(out[0, len(p) :].tolist())
+            del hf
+            cache[arch] = (path, prompts, expected)
+        return cache[arch]
+
+    return get
+
+
 CONFIGS = {
     "default": dict(block_size=4),
     "no_prefix_cache": dict(block_size=4, enable_prefix_caching=False),
@@ -50,23 +74,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    """Per arch: the model folder, the prompts and transformers' greedy continuations (built lazily)."""
-    cache: dict[str, tuple[str, list[list[int]], list[list[int]]]] = {}
-
-    def get(arch: str):
-        if arch not in cache:
-            path = make_tiny_model(arch, tmp_path_factory.mktemp(arch))
-            hf = load_hf_model(path)
-            prompts = make_prompts(hf.config.vocab_size)
-            expected = []
-            with torch.no_grad():
-                for p in prompts:
-                    out = hf.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False)
-                    expected.append(out[0, len(p) :].tolist())
-            cache[arch] = (path, prompts, expected)
-        return cache[arch]
-
-    return get
+    return greedy_references(tmp_path_factory, MAX_NEW)
 
 
 @pytest.mark.parametrize("arch,config", CASES, ids=[f"{a}-{c}" for a, c in CASES])

@@ -9,7 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.tiny_models import PagedHarness, hf_last_logits, load_hf_model, make_tiny_model
+from tests.tiny_models import (
+    BASE_CONFIG,
+    PagedHarness,
+    hf_last_logits,
+    load_hf_model,
+    make_tiny_model,
+    save_tiny_tokenizer,
+)
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.models.loader import load_model, weight_files
 from tokenspeed.runtime.models.model_config import ModelConfig
@@ -167,24 +174,10 @@ def test_unsupported_architecture_and_sliding_window(llama, tmp_path):
 def test_mistral_style_model_matches_hf(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
-    from tests.tiny_models import save_tiny_tokenizer
-
     torch.manual_seed(0)
     vocab = save_tiny_tokenizer(tmp_path)
-    hf = MistralForCausalLM(
-        MistralConfig(
-            vocab_size=vocab,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=256,
-            sliding_window=None,
-            initializer_range=0.25,
-        )
-    ).eval()
+    config = {**BASE_CONFIG, "vocab_size": vocab, "max_position_embeddings": 256, "sliding_window": None}
+    hf = MistralForCausalLM(MistralConfig(**config)).eval()
     hf.save_pretrained(str(tmp_path))
     torch.testing.assert_close(_logits(str(tmp_path)), hf_last_logits(hf, PROMPT), atol=1e-4, rtol=0)
 

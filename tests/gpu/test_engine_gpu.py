@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.test_engine_correctness import make_prompts
+from tests.engine.test_engine_correctness import greedy_references, make_prompts
 from tests.leak_check import assert_no_kv_leak
 from tests.tiny_models import ARCHS, load_hf_model, make_tiny_model
 from tokenspeed import Engine
@@ -48,25 +48,7 @@ CASES = [(arch, c) for arch in ARCHS for c in CONFIGS]
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    cache: dict[str, tuple[str, list[list[int]], list[list[int]]]] = {}
-
-    def get(arch: str):
-        if arch not in cache:
-            path = make_tiny_model(arch, tmp_path_factory.mktemp(arch))
-            hf = load_hf_model(path).to("cuda")
-            prompts = make_prompts(hf.config.vocab_size)
-            expected = []
-            with torch.no_grad():
-                for p in prompts:
-                    out = hf.generate(
-                        torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False
-                    )
-                    expected.append(out[0, len(p) :].tolist())
-            del hf
-            cache[arch] = (path, prompts, expected)
-        return cache[arch]
-
-    return get
+    return greedy_references(tmp_path_factory, MAX_NEW, "cuda")
 
 
 @pytest.mark.parametrize("arch,config", CASES, ids=[f"{a}-{c}" for a, c in CASES])

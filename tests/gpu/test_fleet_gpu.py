@@ -13,9 +13,6 @@ import json
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -24,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.server.server_proc import free_port, run_cli
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -31,18 +30,6 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300
-
-
-def _tokenspeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tokenspeed", *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _kv_usage(metrics: str) -> float:
@@ -111,7 +98,7 @@ def fleet(tmp_path):
             [fleet]
             name = "gpue2e{os.getpid()}"
             gpus = [0]
-            base_port = {_free_port()}
+            base_port = {free_port()}
             startup_timeout_s = {START_TIMEOUT_S}
             stop_timeout_s = 30
 
@@ -121,7 +108,7 @@ def fleet(tmp_path):
     )
     state = tmp_path / "state"
     yield profile, state
-    _tokenspeed("down", "--state-dir", str(state), "--timeout", "60", timeout=120)
+    run_cli("down", "--state-dir", str(state), "--timeout", "60", timeout=120)
 
 
 def test_profile_plan_up_openai_metrics_kill_heal_down(fleet):
@@ -130,13 +117,13 @@ def test_profile_plan_up_openai_metrics_kill_heal_down(fleet):
     from openai import OpenAI
 
     profile, state = fleet
-    result = _tokenspeed("profile", "plan", str(profile), "--json")
+    result = run_cli("profile", "plan", str(profile), "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     plan = json.loads(result.stdout)["servers"][0]
     assert plan["fits"] and plan["kv_tokens"] >= 8192, plan
 
     started = time.monotonic()
-    result = _tokenspeed("up", "-d", str(profile), "--state-dir", str(state), timeout=START_TIMEOUT_S + 60)
+    result = run_cli("up", "-d", str(profile), "--state-dir", str(state), timeout=START_TIMEOUT_S + 60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "READY" in result.stdout
     print(f"\nup -d to READY: {time.monotonic() - started:.1f} s")
@@ -207,7 +194,7 @@ def test_profile_plan_up_openai_metrics_kill_heal_down(fleet):
 
     main = psutil.Process(healed["pid"])
     fleet_procs = [main, *main.children(recursive=True)]
-    down = _tokenspeed("down", "--state-dir", str(state), "--timeout", "60", timeout=120)
+    down = run_cli("down", "--state-dir", str(state), "--timeout", "60", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     _, alive = psutil.wait_procs(fleet_procs, timeout=15)
     alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import time
 import urllib.request
@@ -20,26 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.server.server_proc import free_port, run_cli
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
 START_TIMEOUT_S = 600
-
-
-def _tokenspeed(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tokenspeed", *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _model(path: Path) -> Path:
@@ -68,23 +54,21 @@ def test_server_runs_the_plan_and_the_gpu_view_knows_it(tmp_path):
             [fleet]
             name = "{name}"
             gpus = [0]
-            base_port = {_free_port()}
+            base_port = {free_port()}
             restart = "no"
             startup_timeout_s = {START_TIMEOUT_S}
             stop_timeout_s = 30
             """)
     )
     state = tmp_path / "state"
-    result = _tokenspeed("profile", "plan", str(profile), "--json")
+    result = run_cli("profile", "plan", str(profile), "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     plan = json.loads(result.stdout)["servers"][0]
     print(
         f"\nplan: {json.dumps({k: plan[k] for k in ('kv_tokens', 'free_gib', 'weights_gib', 'reserve_gib')})}"
     )
     try:
-        result = _tokenspeed(
-            "up", "-d", str(profile), "--state-dir", str(state), timeout=START_TIMEOUT_S + 60
-        )
+        result = run_cli("up", "-d", str(profile), "--state-dir", str(state), timeout=START_TIMEOUT_S + 60)
         assert result.returncode == 0, result.stdout + result.stderr
         from console.client import SupervisorClient
 
@@ -116,5 +100,5 @@ def test_server_runs_the_plan_and_the_gpu_view_knows_it(tmp_path):
             # Its own memory counted free, a restart now plans what it runs with.
             assert view["plan"]["servers"][0]["kv_tokens"] == pytest.approx(plan["kv_tokens"], rel=0.01)
     finally:
-        down = _tokenspeed("down", "--state-dir", str(state), "--timeout", "60", timeout=120)
+        down = run_cli("down", "--state-dir", str(state), "--timeout", "60", timeout=120)
         assert down.returncode in (0, 3), down.stderr

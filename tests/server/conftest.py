@@ -43,3 +43,9 @@ def server(tiny_model, tmp_path_factory) -> ServerProc:
         api_key=API_KEY,
     ) as srv:  # fmt: skip
         yield srv
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    """The official `openai` client of the module's own `srv` server (a module defines `srv`)."""
+    return srv.openai_client()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 START_TIMEOUT_S = 240.0  # a loaded 2-core CI machine needs a while to import torch in every process
 
@@ -22,6 +23,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m tokenspeed ARGS` to completion, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "tokenspeed", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def free_port_block(span: int = 16) -> int:
@@ -148,6 +156,19 @@ def served(
         raise
     code = srv.stop(signal.SIGTERM, timeout=stop_timeout)
     assert code == 0, f"server exit status {code}:\n{srv.log()[-3000:]}"
+
+
+def module_server(model: str, logs: str, *args: str):
+    """A module-scoped fixture: `model` served with `args` (see `served`) for all of a module's tests, its
+    log in a fresh folder named after `logs`. The module names it by assignment: `srv = module_server(...)`."""
+
+    @pytest.fixture(scope="module")
+    def fixture(tmp_path_factory) -> Iterator[ServerProc]:
+        """A server of this module's own, started once for its tests."""
+        with served(model, tmp_path_factory.mktemp(logs), *args) as srv:
+            yield srv
+
+    return fixture
 
 
 def launch_all(specs: list[tuple[str, Path, tuple[str, ...]]], **kw) -> list[ServerProc]:

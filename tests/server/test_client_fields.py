@@ -20,58 +20,25 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.server.server_proc import served
+from tests.server.server_proc import module_server, served
+from tests.server.tool_defs import ASK, TIME, TOOLS, WEATHER
 from tokenspeed.demo_models import DEMO_MODELS
 
 MODEL = str(DEMO_MODELS[0].path)
 IGNORED_HEADER = "x-tokenspeed-ignored-fields"
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    # no --grammar-backend, no --enable-output-logprobs: the defaults a client meets
-    with served(
-        MODEL,
-        tmp_path_factory.mktemp("client-fields-logs"),
-        "--served-model-name", "demo",
-        "--tool-call-parser", "hermes",
-        "--disable-any-whitespace",
-    ) as s:  # fmt: skip
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return srv.openai_client()
+# no --grammar-backend, no --enable-output-logprobs: the defaults a client meets
+srv = module_server(
+    MODEL, "client-fields-logs",
+    "--served-model-name", "demo",
+    "--tool-call-parser", "hermes",
+    "--disable-any-whitespace",
+)  # fmt: skip
 
 
 def _post(srv, path: str, body: dict, **kw) -> httpx.Response:
     return httpx.post(f"{srv.url}{path}", json={"model": "demo", **body}, timeout=120, **kw)
-
-
-ASK = [{"role": "user", "content": "Weather in Paris?"}]
-WEATHER = {
-    "name": "get_weather",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 10},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        },
-        "required": ["city", "days"],
-        "additionalProperties": False,
-    },
-}
-TIME = {
-    "name": "get_time",
-    "parameters": {
-        "type": "object",
-        "properties": {"tz": {"enum": ["UTC", "CET"]}},
-        "required": ["tz"],
-        "additionalProperties": False,
-    },
-}
-TOOLS = [{"type": "function", "function": f} for f in (WEATHER, TIME)]
 
 
 # ---- item 6: defaults ---------------------------------------------------------------------------------

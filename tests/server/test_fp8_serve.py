@@ -11,10 +11,9 @@ import sys
 import time
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.server_proc import served
+from tests.server.server_proc import module_server
 from tokenspeed.demo_models import resolve_model_path
 
 # The demo model: 4 layers x 2 KV heads x 64 dims, K and V: 1024 bytes a token in FP8 (bf16: 2048,
@@ -24,17 +23,13 @@ FP8_BYTES_PER_TOKEN = 2 * 4 * 2 * 64
 PAGE = 64
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with served(
-        "demo",
-        tmp_path_factory.mktemp("fp8-serve"),
-        "--quantization", "fp8",
-        "--kv-cache-dtype", "fp8_e4m3",
-        "--cpu-kv-cache-memory-gb", str(BUDGET_GB),
-        "--enable-metrics",
-    ) as s:  # fmt: skip
-        yield s
+server = module_server(
+    "demo", "fp8-serve",
+    "--quantization", "fp8",
+    "--kv-cache-dtype", "fp8_e4m3",
+    "--cpu-kv-cache-memory-gb", str(BUDGET_GB),
+    "--enable-metrics",
+)  # fmt: skip
 
 
 def test_fp8_server_answers_and_sizes_its_kv_cache_in_bytes_of_fp8(server):

@@ -14,7 +14,7 @@ from lm_eval.api.instance import Instance  # the test extra installs lm-eval
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-from tests.server.server_proc import served
+from tests.server.server_proc import module_server
 from tokenspeed.demo_models import DEMO_MODELS
 
 MODEL = str(DEMO_MODELS[0].path)
@@ -72,10 +72,7 @@ def _instances() -> list[Instance]:
     ]
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    with served(MODEL, tmp_path_factory.mktemp("lm-eval-logs"), "--served-model-name", "demo") as s:
-        yield s
+srv = module_server(MODEL, "lm-eval-logs", "--served-model-name", "demo")
 
 
 def test_local_completions_matches_hf_loglikelihoods(srv):

@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 
-from tests.server.server_proc import served
+from tests.server.server_proc import module_server
 from tokenspeed.demo_models import DEMO_MODELS
 
 MODEL = str(DEMO_MODELS[0].path)
@@ -29,22 +29,13 @@ SHORT = "When an exception"
 SAME_TOKENS_ABS = 1e-4
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    with served(
-        MODEL,
-        tmp_path_factory.mktemp("prompt-logprobs-logs"),
-        "--served-model-name", "demo",
-        "--enable-output-logprobs",
-        "--enable-cache-report",
-        "--chunked-prefill-size", "8",
-    ) as s:  # fmt: skip
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return srv.openai_client()
+srv = module_server(
+    MODEL, "prompt-logprobs-logs",
+    "--served-model-name", "demo",
+    "--enable-output-logprobs",
+    "--enable-cache-report",
+    "--chunked-prefill-size", "8",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

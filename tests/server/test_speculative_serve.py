@@ -11,23 +11,19 @@ import httpx
 import pytest
 
 from console.tui.screens.server import live_text
-from tests.server.server_proc import served
+from tests.server.server_proc import module_server
 from tokenspeed import Engine
 
 PROMPT = "To open a file, use the open function. To open a file, use the open function. To open a file,"
 MAX_TOKENS = 32
 
 
-@pytest.fixture(scope="module")
-def ngram_server(tmp_path_factory):
-    with served(
-        "demo",
-        tmp_path_factory.mktemp("spec-logs"),
-        "--speculative-algorithm", "NGRAM",
-        "--speculative-num-draft-tokens", "4",
-        "--enable-metrics",
-    ) as srv:  # fmt: skip
-        yield srv
+ngram_server = module_server(
+    "demo", "spec-logs",
+    "--speculative-algorithm", "NGRAM",
+    "--speculative-num-draft-tokens", "4",
+    "--enable-metrics",
+)  # fmt: skip
 
 
 def _metric(text: str, name: str) -> float:

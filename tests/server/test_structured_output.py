@@ -18,7 +18,8 @@ import openai
 import pytest
 import torch
 
-from tests.server.server_proc import ServerProc, served
+from tests.server.server_proc import ServerProc, module_server, served
+from tests.server.tool_defs import ASK, TOOLS
 from tokenspeed.demo_models import DEMO_MODELS
 
 MODEL = str(DEMO_MODELS[0].path)
@@ -38,25 +39,16 @@ PERSON = {
 }
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    with served(
-        MODEL,
-        tmp_path_factory.mktemp("structured-logs"),
-        "--served-model-name", "demo",
-        "--grammar-backend", "xgrammar",
-        "--disable-any-whitespace",
-        "--enable-output-logprobs",
-        "--chunked-prefill-size", "8",
-        "--tool-call-parser", "hermes",
-        "--reasoning-parser", "qwen3",
-    ) as s:  # fmt: skip
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return srv.openai_client()
+srv = module_server(
+    MODEL, "structured-logs",
+    "--served-model-name", "demo",
+    "--grammar-backend", "xgrammar",
+    "--disable-any-whitespace",
+    "--enable-output-logprobs",
+    "--chunked-prefill-size", "8",
+    "--tool-call-parser", "hermes",
+    "--reasoning-parser", "qwen3",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -276,33 +268,6 @@ def test_top_logprobs_match_a_float64_softmax_of_the_model(srv, client):
         len(m) <= 3 and max(m.values()) == pytest.approx(v)
         for m, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
     )
-
-
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 10},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "parameters": {
-                "type": "object",
-                "properties": {"tz": {"enum": ["UTC", "CET"]}},
-                "required": ["tz"],
-                "additionalProperties": False,
-            },
-        },
-    },
-]
-ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 def _valid_call(name: str, arguments: str) -> bool:
