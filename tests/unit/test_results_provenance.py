@@ -83,5 +83,5 @@ def test_a_benchmark_run_writes_its_provenance(tmp_path: Path):
     if head:  # a checkout with its history (CI clones one)
         assert prov["commit"] == head
     assert prov["device"].startswith("CPU ")
-    written = datetime.datetime.strptime(prov["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
-    assert abs((datetime.datetime.now(datetime.timezone.utc) - written).total_seconds()) < 300
+    written = datetime.datetime.strptime(prov["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    assert abs((datetime.datetime.now(datetime.UTC) - written).total_seconds()) < 300
