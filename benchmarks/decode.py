@@ -29,6 +29,7 @@ give the kernels of one MoE layer, fused against the torch reference.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -224,6 +225,15 @@ def main() -> None:
                 moe_config, **extra,
             )  # fmt: skip
     faster = faster_backend(rows)
+    moe_extra = {}
+    if "num_experts" in model_cfg:
+        # expert recording's share of the step (same run, same batches), and which few-token GEMV table
+        # the fused MoE used (moe/kernels/gemv_table.py: unset = this device's shipped file, if any)
+        moe_extra["recording_cost"] = moe_bench.recording_cost(rows)
+        moe_extra["moe_gemv_table"] = os.environ.get("TOKENSPEED_MOE_GEMV") or "shipped"
+        for key, cost in moe_extra["recording_cost"].items():
+            print(f"recording cost {key}: {cost * 100:+.1f}% of the step")
+        print(f"moe gemv table: {moe_extra['moe_gemv_table']}")
     if len(args.backends) > 1:
         print("faster backend per context/batch: " + ", ".join(f"{k}={v}" for k, v in faster.items()))
     gc.save_json(
@@ -236,6 +246,7 @@ def main() -> None:
             device=gc.device_info(),
             copy_bandwidth_tb_s=round(bw / 1e12, 4),
             faster_backend=faster,
+            **moe_extra,
             rows=rows,
         ),
     )

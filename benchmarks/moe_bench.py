@@ -17,6 +17,22 @@ MOE_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+def recording_cost(rows: list[dict]) -> dict[str, float]:
+    """Per "backend/context/batch" timed both ways in one run: the step time with expert recording on
+    (`record`) over the step without (`default`), minus one (0.05 = recording costs 5% of the step).
+    Graph-replay rows only (eager rows and skipped ones carry no comparable step)."""
+    steps: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if r.get("eager") or "step_ms" not in r or r.get("moe_config") not in ("default", "record"):
+            continue
+        steps[(f"{r['backend']}/{r['context']}/{r['batch']}", r["moe_config"])] = r["step_ms"]
+    return {
+        key: round(steps[(key, "record")] / base - 1, 4)
+        for (key, cfg), base in steps.items()
+        if cfg == "default" and (key, "record") in steps
+    }
+
+
 def make_core(model_dir: str, **server_args: Any):
     """An EngineCore on dummy bf16 weights; with expert flags, the rank engine `serve` builds (recorder,
     EPLB, redundant slots) in this process."""

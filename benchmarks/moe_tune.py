@@ -7,6 +7,17 @@ per layer, the bytes of the experts the routing touched over that time, and the 
 count next to the one the table picks. Writes benchmarks/results/gpu_moe_tune.json.
 
     python benchmarks/moe_tune.py [--tokens 1 2 4 8 16 32 64 128 256]
+
+`--gemv` instead sweeps the CUDA-core GEMV of few-token steps (`moe/kernels/gemv.py`) at each token count
+(default 1 2 4 8 16): gate/up launch configs with a fixed down one, then down configs (split over pairs
+or not) with the best gate/up, each checked against the tensor-core path's output first. Per token count
+it reports the tensor-core path as the table picks it and the best GEMV, each per layer with the share of
+the bandwidth limit (bytes of the routed experts over the copy bandwidth), and writes the tuned table
+(`moe/kernels/gemv_table.py`: the GEMV where it beats the tensor-core path by more than --margin, else
+null) to --table-out (default: the shipped file of this device), then times each token count again as
+that table, read back through the loader, sends it. Results to benchmarks/results/gpu_moe_gemv.json.
+
+    python benchmarks/moe_tune.py --gemv [--tokens 1 2 4 8 16] [--table-out PATH]
 """
 
 from __future__ import annotations
@@ -24,6 +35,20 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import gpu_common as gc  # noqa: E402
 
 E, H, INTER, TOP_K, LAYERS = 128, 2048, 768, 8, 8
+EXPERT_BYTES = 3 * H * INTER * 2
+DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def workload(tokens: int, bw: float):
+    """x, one uniform random routing per layer, the bandwidth limit of a layer (s) and experts touched."""
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    routing = []
+    for _ in range(LAYERS):
+        logits = torch.randn(tokens, E, device="cuda")
+        w, i = torch.softmax(logits, -1).topk(TOP_K, -1)
+        routing.append(((w / w.sum(-1, keepdim=True)).float(), i.to(torch.int32)))
+    touched = sum(int(i.unique().numel()) for _, i in routing) / LAYERS
+    return x, routing, touched * EXPERT_BYTES / bw, touched
 
 
 def candidates():
@@ -48,9 +73,15 @@ def candidates():
 def bench(cfg, tokens: int, weights, x, routing) -> float:
     from tokenspeed.runtime.moe.kernels.fused import fused_experts
 
+    return bench_layers(lambda w13, w2, tw, ti: fused_experts(x, w13, w2, tw, ti, cfg), weights, routing)
+
+
+def bench_layers(layer, weights, routing) -> float:
+    """Seconds a layer of `layer(w13, w2, weights, ids)` over the LAYERS weight sets, replayed in a graph."""
+
     def layers():
         for (w13, w2), (tw, ti) in zip(weights, routing, strict=True):
-            fused_experts(x, w13, w2, tw, ti, cfg)
+            layer(w13, w2, tw, ti)
 
     layers()  # compile
     torch.cuda.synchronize()
@@ -64,8 +95,17 @@ def main() -> None:
     from tokenspeed.runtime.moe.kernels.configs import pick, table_for
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_moe_tune.json"))
+    ap.add_argument("--tokens", nargs="+", type=int, default=DEFAULT_TOKENS)
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default: benchmarks/results/gpu_moe_tune.json (--gemv: gpu_moe_gemv.json)",
+    )
+    ap.add_argument("--gemv", action="store_true", help="sweep the few-token GEMV path and write its table")
+    ap.add_argument(
+        "--table-out", default=None, help="--gemv: the tuned table (default: this device's shipped file)"
+    )
+    ap.add_argument("--margin", type=float, default=0.03, help="--gemv: how much faster the GEMV must be")
     args = ap.parse_args()
     torch.manual_seed(0)
     bw = gc.copy_bandwidth()
@@ -77,19 +117,18 @@ def main() -> None:
         )
         for _ in range(LAYERS)
     ]
-    expert_bytes = 3 * H * INTER * 2
+    if args.gemv:
+        from benchmarks import moe_gemv_tune
+
+        tokens = args.tokens if args.tokens != DEFAULT_TOKENS else [1, 2, 4, 8, 16]
+        out = args.out or str(ROOT / "benchmarks/results/gpu_moe_gemv.json")
+        moe_gemv_tune.run(weights, tokens, bw, out, args.table_out, args.margin)
+        return
     table = table_for(torch.cuda.get_device_name())
     cands = candidates()
     rows = []
     for t in args.tokens:
-        x = torch.randn(t, H, device="cuda", dtype=torch.bfloat16)
-        routing = []
-        for _ in range(LAYERS):
-            logits = torch.randn(t, E, device="cuda")
-            w, i = torch.softmax(logits, -1).topk(TOP_K, -1)
-            routing.append(((w / w.sum(-1, keepdim=True)).float(), i.to(torch.int32)))
-        touched = sum(int(i.unique().numel()) for _, i in routing) / LAYERS
-        limit = touched * expert_bytes / bw
+        x, routing, limit, touched = workload(t, bw)
         results = {}
         for name, cfg in cands.items():
             if cfg.pairs and t > 32:
@@ -120,7 +159,7 @@ def main() -> None:
             )
         )
     gc.save_json(
-        args.out,
+        args.out or str(ROOT / "benchmarks/results/gpu_moe_tune.json"),
         dict(
             benchmark="moe_tune",
             shape=dict(experts=E, hidden=H, intermediate=INTER, top_k=TOP_K),

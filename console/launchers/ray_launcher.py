@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from console.launchers.base import Launcher, ProcessHandle
 from console.profile.schema import ProcessSpec, ServerSpec
@@ -95,14 +97,14 @@ def _killpg(pid: int, sig: int) -> None:
         pass
 
 
+@dataclass(eq=False)  # a handle is one process: compared by identity, as the local ones
 class RayHandle(ProcessHandle):
-    def __init__(self, agent, agent_name: str, key: str, node_rank: int, pid: int, create_time: float):
-        self.agent = agent
-        self.agent_name = agent_name
-        self.key = key
-        self.node_rank = node_rank
-        self.pid = pid
-        self.create_time = create_time
+    agent: Any  # the node's NodeAgent actor
+    agent_name: str
+    key: str  # `server/node_rank`: the name its agent knows the process by
+    node_rank: int
+    pid: int
+    create_time: float
 
     def poll(self) -> ExitInfo | None:
         import ray

@@ -290,20 +290,17 @@ def platform_facts(probe: Probe):
     )
 
 
-def plan_with_platform(
-    resolved,
-    probe: Probe,
-    config: dict | None = None,
-    own_mib: dict[int, float] | None = None,
-    running: bool = False,
-) -> FleetPlan:
-    """Re-resolve the profile for the probed GPUs (the seed's defaults depend on GPU memory), then plan."""
+def resolved_for(resolved, probe: Probe):
+    """The profile resolved again for the probed GPUs: the seed's defaults depend on GPU memory."""
     from console.profile.fleet import resolve_profile
 
     facts = platform_facts(probe)
-    if facts is not None:
-        resolved = resolve_profile(resolved.profile, facts)
-    return plan_fleet(resolved, probe, config, own_mib, running)
+    return resolved if facts is None else resolve_profile(resolved.profile, facts)
+
+
+def plan_with_platform(resolved, probe: Probe, config: dict | None = None) -> FleetPlan:
+    """Re-resolve the profile for the probed GPUs, then plan it against them."""
+    return plan_fleet(resolved_for(resolved, probe), probe, config)
 
 
 def plan_here(
@@ -318,7 +315,7 @@ def plan_here(
     if own is None:
         own = recorded_fleet(default_state_dir(resolved.profile.fleet.name))
     own_mib = own_mib_by_gpu(attribute(probe, own)) if own is not None else None
-    return plan_with_platform(resolved, probe, config, own_mib=own_mib, running=own is not None)
+    return plan_fleet(resolved_for(resolved, probe), probe, config, own_mib=own_mib, running=own is not None)
 
 
 def check_fits(resolved, probe: Probe | None = None, own: FleetProcesses | None = None) -> str | None:

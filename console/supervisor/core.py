@@ -261,7 +261,7 @@ class Supervisor:
             done = {u.spec.name for u, ok in zip(live, scraped, strict=True) if ok is True}
             now = time.time()
             for unit in live:
-                self._note_stall(unit, now)
+                self._note_stall(unit, now, unit.spec.name in done)
             for unit in self.units.values():
                 if unit.spec.name not in done:
                     self.history.add_status(unit.spec.name, now, self._status(unit))
@@ -302,13 +302,15 @@ class Supervisor:
             unit.note(f"experts rebalanced (rebalance #{after:.0f})", "rebalance")
         return True
 
-    def _note_stall(self, unit: ServerUnit, now: float) -> None:
-        """A stall beginning or ending, noted each round whether or not the scrape answered: a stall is
-        the time since the last step or heartbeat, so a server too stuck to answer /metrics is the
-        likeliest to be stalled, and its event must not wait for a scrape that never comes."""
+    def _note_stall(self, unit: ServerUnit, now: float, answered: bool) -> None:
+        """A stall beginning or ending, noted each round whether or not the scrape answered, as the
+        state (views.stalled_for) reads it: the event must not wait for a scrape that never comes. Only
+        an answered scrape counts towards a restart for the stall: a front end that does not answer
+        at all fails its health checks, and is restarted for that (reason `unhealthy`)."""
         scraped = self.scraped[unit.spec.name]
         stalled = views.stalled_for(self, unit, now)
-        unit.stall_result(stalled, now)  # a stall lasting unhealthy_restart_after_s restarts the server
+        if answered:
+            unit.stall_result(stalled, now)  # a stall lasting unhealthy_restart_after_s restarts the server
         if (stalled is not None) != scraped.stall_noted:
             scraped.stall_noted = stalled is not None
             if stalled is not None:

@@ -7,6 +7,7 @@ actions; the six screens (one app mode each) only draw what a poll brought back.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from textual.app import App, SystemCommand
@@ -124,14 +125,7 @@ class ConsoleApp(App):
         previous = self.snapshot
         if snapshot.fleet is None and previous is not None and previous.fleet is not None:
             # Keep showing the last fleet we saw, marked stale by the error line.
-            snapshot = Snapshot(
-                fleet=previous.fleet,
-                error=snapshot.error,
-                polled_at=snapshot.polled_at,
-                extra=snapshot.extra,
-                extra_error=snapshot.extra_error,
-                unreachable=snapshot.unreachable,
-            )
+            snapshot = replace(snapshot, fleet=previous.fleet)
         self.snapshot = snapshot
         if self.selected is None and snapshot.fleet is not None and snapshot.fleet.servers:
             self.selected = snapshot.fleet.servers[0].name
@@ -140,9 +134,7 @@ class ConsoleApp(App):
             return
         if screen is not owner:
             # The operator switched screens mid-poll: the extra data belongs to another screen.
-            snapshot = Snapshot(
-                snapshot.fleet, snapshot.error, snapshot.polled_at, unreachable=snapshot.unreachable
-            )
+            snapshot = replace(snapshot, extra=None, extra_error=None)
         screen.show(snapshot)
         self.refresh_status()
 

@@ -20,24 +20,18 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from supervised_http import flag, metrics_text  # noqa: E402 - this file runs as a script
+from supervised_http import AnswerHandler, flag, metrics_text  # noqa: E402 - this file runs as a script
 
 NAME = os.environ.get("TOKENSPEED_SERVER_NAME", "server")
 REJECTION = "max_tokens must be at most 8 for this test server"
 
 
-class Handler(BaseHTTPRequestHandler):
-    def _send(self, code: int, body: str, ctype: str = "application/json") -> None:
-        data = body.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+class Handler(AnswerHandler):
+    CONTENT_TYPE = "application/json"
 
     def do_GET(self):  # noqa: N802 - the http.server API
         if self.path == "/health":
@@ -57,9 +51,6 @@ class Handler(BaseHTTPRequestHandler):
         else:
             usage = {"prompt_tokens": 4, "completion_tokens": int(body.get("max_tokens") or 1)}
             self._send(200, json.dumps({"id": "x", "choices": [{"text": " ok"}], "usage": usage}))
-
-    def log_message(self, *args):
-        pass
 
 
 def chatter(lines_per_s: float) -> None:

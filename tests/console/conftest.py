@@ -49,6 +49,13 @@ def tokenspeed(*args: str, timeout: float = 120, env: dict | None = None) -> sub
     )
 
 
+def tokenspeed_running(*args: str, **popen) -> subprocess.Popen:
+    """`tokenspeed ARGS` left running (a log follower, a foreground `up`), its stdout a text pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tokenspeed", *args], stdout=subprocess.PIPE, text=True, **popen
+    )
+
+
 @dataclass
 class Fleet:
     root: Path
@@ -58,6 +65,7 @@ class Fleet:
     name: str
     base_port: int
     replicas: int
+    model: str = "fake-model"  # what its profile's [server] model names
 
     def server(self, i: int) -> str:
         return f"{self.name}-{i}"
@@ -206,7 +214,7 @@ def make_fleet(tmp_path):
         base = free_base_port(replicas)
         profile = root / "fleet.toml"
         write_profile(profile, name, base, control, replicas, server, model, **fleet_settings)
-        fleet = Fleet(root, profile, root / "state", control, name, base, replicas)
+        fleet = Fleet(root, profile, root / "state", control, name, base, replicas, model)
         made.append(fleet)
         return fleet
 
@@ -215,3 +223,18 @@ def make_fleet(tmp_path):
         if fleet.state_dir.exists():
             tokenspeed("down", "--state-dir", str(fleet.state_dir), "--timeout", "10")
             _kill_all(fleet)
+
+
+@pytest.fixture
+def make_tiny_fleet(make_fleet, tmp_path):
+    """A one-server fleet of the real `tokenspeed serve` over a tiny random llama: restarted on failure, given
+    five minutes to start (imports and warm-up on a shared CPU) and 30 s to stop unless told otherwise."""
+
+    def make(name: str, server: str, **fleet_settings) -> Fleet:
+        from tests.tiny_models import make_tiny_model
+
+        settings = {"restart": "on-failure", "startup_timeout_s": 300, "stop_timeout_s": 30, **fleet_settings}
+        model = make_tiny_model("llama", tmp_path / "models")
+        return make_fleet(replicas=1, name=name, model=model, server=server, command=None, **settings)
+
+    return make

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from console.client import SupervisorClient, SupervisorError
+from console.client import SupervisorClient
 from console.tui.launch import start_supervisor
-from tests.console.tui_support import free_base_port
+from tests.console.tui_support import free_base_port, shutdown
 from tokenspeed.bench_results import write_results
 
 MAIN, COPY, MOE = "drill-main-0", "drill-copy-0", "drill-moe-0"
@@ -113,12 +113,7 @@ def drill_fleet():
         wait_all_ready(client, START_TIMEOUT_S)
         yield Fleet(root, profile, state_dir, client, copy)
     finally:
-        with contextlib.suppress(SupervisorError):
-            client.shutdown()
-        deadline = time.monotonic() + 30
-        while client.alive() and time.monotonic() < deadline:
-            time.sleep(0.3)
-        client.close()
+        shutdown(client, timeout=30)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -19,7 +19,9 @@ import signal
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from supervised_http import AnswerHandler  # this file runs as a script, from its own folder
 
 LAYERS = 4
 EXPERTS = 8
@@ -116,14 +118,8 @@ def _histogram(name: str, bounds: tuple[float, ...], count: int, median: float) 
 
 
 def make_handler(endpoint: Endpoint):
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, code: int, body: str, kind: str = "application/json") -> None:
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    class Handler(AnswerHandler):
+        CONTENT_TYPE = "application/json"
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             path = self.path.split("?")[0]
@@ -151,9 +147,6 @@ def make_handler(endpoint: Endpoint):
                 self._send(404, json.dumps({"error": f"no route {path}"}))
                 return
             self._send(200, json.dumps({"ok": True}))
-
-        def log_message(self, format: str, *args) -> None:  # noqa: A002 - scrapes would flood the log
-            return
 
     return Handler
 

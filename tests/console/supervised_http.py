@@ -87,14 +87,26 @@ def metrics_text() -> str:
     )
 
 
-class Handler(BaseHTTPRequestHandler):
-    def _send(self, code: int, body: str, ctype: str = "text/plain") -> None:
+class AnswerHandler(BaseHTTPRequestHandler):
+    """Answers with one whole body, and logs no request line: the log holds what the server itself says.
+    The stand-in servers (this one, busy_http.py, metrics_endpoint.py) handle requests on top of it."""
+
+    #: the Content-Type of an answer that names none
+    CONTENT_TYPE = "text/plain"
+
+    def _send(self, code: int, body: str, ctype: str | None = None) -> None:
         data = body.encode()
         self.send_response(code)
-        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Type", ctype or self.CONTENT_TYPE)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+        return
+
+
+class Handler(AnswerHandler):
 
     def do_GET(self):  # noqa: N802 - the http.server API
         if self.path == "/health":
@@ -115,9 +127,6 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, '{"flushed": true}', "application/json")
         else:
             self._send(404, "")
-
-    def log_message(self, *args):
-        pass
 
 
 def main() -> None:

@@ -33,7 +33,6 @@ import psutil
 import pytest
 
 from console.tui.app import ConsoleApp
-from console.tui.live_source import LiveSource
 from console.tui.screens.modals import ConfirmScreen
 from tests.console.drill_fleet import (
     COPY,
@@ -46,6 +45,7 @@ from tests.console.drill_fleet import (
     wait_ready,
 )
 from tests.console.tui_pilot import log_lines, row_cells, row_order, status, text_of, wait_for
+from tests.console.tui_support import make_app
 
 SIZE = (170, 45)
 
@@ -63,10 +63,6 @@ def fleet():
         yield fleet
 
 
-def console(fleet, **kw) -> ConsoleApp:
-    return ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5, **kw)
-
-
 def cell_style(app: ConsoleApp, name: str, key: str) -> str:
     cells = dict(zip((c.key for c in app.screen.shown), app.screen.cells[name], strict=True))
     return str(cells[key].style)
@@ -82,7 +78,7 @@ async def test_drill_kv_pressure_fixed_from_the_profile_editor(fleet, drill_log)
     # First of the drills: the server has seen no load yet, so the red cells are this drill's own.
     profile, client = fleet.profile, fleet.client
     server = wait_ready(client, MAIN, 120)
-    app = console(fleet, profile_path=str(profile))
+    app = make_app(fleet, profile_path=str(profile))
     async with app.run_test(size=SIZE) as pilot:
         drill = drill_log.start("KV pressure", "4 clients of 96-word prompts on a 256-token KV pool")
         with Load.text(server["url"], workers=4, prompt_words=96, max_tokens=120):
@@ -118,7 +114,7 @@ async def test_drill_kv_pressure_fixed_from_the_profile_editor(fleet, drill_log)
 async def test_drill_a_stopped_scheduler_reads_stalled_within_5s(fleet, drill_log):
     client = fleet.client
     server = wait_ready(client, MAIN, 120)
-    app = console(fleet)
+    app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
         with Load.text(server["url"], workers=2, prompt_words=16, max_tokens=200):
             await wait_for(pilot, lambda: (client.server(MAIN)["metrics"] or {}).get("in_flight"),
@@ -150,7 +146,7 @@ async def test_drill_crash_loop_from_truncated_weights(fleet, drill_log):
     server = wait_ready(client, COPY, 120)
     weights = next(fleet.copy_model.glob("*.safetensors"))
     good = weights.read_bytes()
-    app = console(fleet)
+    app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: row_cells(app)[COPY]["state"] == "READY", what="READY row")
         drill = drill_log.start("crash loop", "weights file truncated to half, then the server killed")
@@ -194,7 +190,7 @@ async def test_drill_expert_imbalance_rebalanced_from_the_experts_screen(fleet, 
     url = wait_ready(client, MOE, 120)["url"]
     prompt, _ = lopsided_prompt(url, fleet.root / "dumps")
     body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1}}
-    app = console(fleet)
+    app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: row_cells(app)[MOE]["state"] == "READY", what="READY row")
         # the window restarts: what the console shows from here on is the drill's traffic alone

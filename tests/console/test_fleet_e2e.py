@@ -9,21 +9,13 @@ import httpx
 import psutil
 
 from console.client import SupervisorClient
-from tests.tiny_models import make_tiny_model
 
 
-def test_up_serves_a_tiny_model_and_down_leaves_no_process(make_fleet, tmp_path):
-    model = make_tiny_model("llama", tmp_path / "models")
-    fleet = make_fleet(
-        replicas=1,
-        name="e2e",
-        model=model,
+def test_up_serves_a_tiny_model_and_down_leaves_no_process(make_tiny_fleet):
+    fleet = make_tiny_fleet(
+        "e2e",
         # With an API key every route but /health needs it: the supervisor's scrapes and proxies send it.
-        server='max_model_len = 256\nmax_num_seqs = 4\napi_key = "fleet-key"',
-        command=None,  # the real `tokenspeed serve`
-        restart="on-failure",
-        startup_timeout_s=300,
-        stop_timeout_s=30,
+        'max_model_len = 256\nmax_num_seqs = 4\napi_key = "fleet-key"',
         metrics_interval_s=1.0,
     )
     result = fleet.up("--timeout", "360", timeout=400)
@@ -45,7 +37,7 @@ def test_up_serves_a_tiny_model_and_down_leaves_no_process(make_fleet, tmp_path)
 
     response = httpx.post(
         server["url"] + "/v1/completions",
-        json={"model": model, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0},
+        json={"model": fleet.model, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0},
         headers={"Authorization": "Bearer fleet-key"},
         timeout=120,
     )

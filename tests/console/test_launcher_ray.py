@@ -100,24 +100,15 @@ def agent_processes() -> list[str]:
     return found
 
 
-def test_two_node_tiny_model_fleet_on_cpu_through_ray(ray_cluster, make_fleet, tmp_path):
+def test_two_node_tiny_model_fleet_on_cpu_through_ray(ray_cluster, make_tiny_fleet):
     import httpx
 
-    from tests.tiny_models import make_tiny_model
-
-    model = make_tiny_model("llama", tmp_path / "models")
-    fleet = make_fleet(
-        replicas=1,
-        name="raytiny",
-        model=model,
-        server="attn_tp_size = 2\nnnodes = 2\nmax_model_len = 256\nmax_num_seqs = 4",
-        command=None,  # the real `tokenspeed serve --node-rank i` on each node
-        launcher="ray",
+    fleet = make_tiny_fleet(
+        "raytiny",
+        "attn_tp_size = 2\nnnodes = 2\nmax_model_len = 256\nmax_num_seqs = 4",
+        launcher="ray",  # the real `tokenspeed serve --node-rank i` on each node
         nodes=["127.0.0.1", "127.0.0.1"],
         ray_address=ray_cluster.address,
-        restart="on-failure",
-        startup_timeout_s=300,
-        stop_timeout_s=30,
         dist_init_port=fleet_port_hint(),
     )
     (fleet.profile).write_text(fleet.profile.read_text() + 'GLOO_SOCKET_IFNAME = "lo"\n')
@@ -130,7 +121,7 @@ def test_two_node_tiny_model_fleet_on_cpu_through_ray(ray_cluster, make_fleet, t
     server = fleet.servers()["raytiny-0"]
     response = httpx.post(
         server["url"] + "/v1/completions",
-        json={"model": model, "prompt": "Hello there", "max_tokens": 4, "temperature": 0},
+        json={"model": fleet.model, "prompt": "Hello there", "max_tokens": 4, "temperature": 0},
         timeout=120,
     )
     assert response.status_code == 200, response.text

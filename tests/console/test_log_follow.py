@@ -8,11 +8,12 @@ rotated files themselves must hold every line (rotation loses nothing on disk).
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from tests.console.conftest import tokenspeed_running
 
 HERE = Path(__file__).resolve().parent
 BUSY = HERE / "busy_http.py"
@@ -25,22 +26,7 @@ class Follower:
     """`tokenspeed logs NAME -f -n 0` in a subprocess, its lines collected by a thread."""
 
     def __init__(self, name: str, state_dir: Path):
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tokenspeed",
-                "logs",
-                name,
-                "-f",
-                "-n",
-                "0",
-                "--state-dir",
-                str(state_dir),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        self.proc = tokenspeed_running("logs", name, "-f", "-n", "0", "--state-dir", str(state_dir))
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

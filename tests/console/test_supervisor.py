@@ -10,6 +10,8 @@ import time
 import httpx
 import psutil
 
+from tests.console.conftest import tokenspeed_running
+
 
 def test_killed_server_is_back_after_backoff_with_exit_recorded(make_fleet):
     fleet = make_fleet(replicas=2)
@@ -163,8 +165,6 @@ def test_down_without_a_supervisor_still_stops_the_servers(make_fleet):
 
 
 def test_operator_commands_rolling_restart_follow_logs_ps_and_probe(make_fleet):
-    import subprocess
-    import sys
 
     from console.client import SupervisorClient
 
@@ -184,22 +184,7 @@ def test_operator_commands_rolling_restart_follow_logs_ps_and_probe(make_fleet):
     assert unknown.returncode == 2 and "no server named 'nosuch'" in unknown.stderr
 
     name = fleet.server(0)
-    follow = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tokenspeed",
-            "logs",
-            name,
-            "-f",
-            "-n",
-            "1",
-            "--state-dir",
-            str(fleet.state_dir),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    follow = tokenspeed_running("logs", name, "-f", "-n", "1", "--state-dir", str(fleet.state_dir))
     try:
         # Attached before the restart (its `-n 1` tail line is out), so no line of the restart can be missed.
         assert follow.stdout.readline(), "logs -f printed nothing"
@@ -232,14 +217,11 @@ def test_operator_commands_rolling_restart_follow_logs_ps_and_probe(make_fleet):
 def test_foreground_up_shows_states_and_ctrl_c_stops_the_fleet(make_fleet):
     import signal
     import subprocess
-    import sys
 
     fleet = make_fleet(replicas=1)
-    up = subprocess.Popen(
-        [sys.executable, "-m", "tokenspeed", "up", str(fleet.profile), "--state-dir", str(fleet.state_dir)],
-        stdout=subprocess.PIPE,
+    up = tokenspeed_running(
+        *("up", str(fleet.profile), "--state-dir", str(fleet.state_dir)),
         stderr=subprocess.STDOUT,
-        text=True,
         # Started as a script's `trap '' INT` or a background job would start it: SIGINT ignored, which
         # exec inherits. Ctrl-C must still stop the fleet.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),

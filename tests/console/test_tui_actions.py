@@ -14,10 +14,9 @@ from console.client import SupervisorClient
 from console.supervisor.paths import default_state_dir
 from console.tui.app import ConsoleApp
 from console.tui.launch import OpenedSource
-from console.tui.live_source import LiveSource
 from console.tui.screens.modals import ConfirmScreen, LeaveScreen
 from tests.console.tui_pilot import row_order, status, table_rows, text_of, wait_for
-from tests.console.tui_support import free_base_port, running_fleet, write_profile
+from tests.console.tui_support import free_base_port, make_app, running_fleet, write_profile
 
 SIZE = (170, 50)
 
@@ -26,10 +25,6 @@ SIZE = (170, 50)
 def fleet():
     with running_fleet("act", replicas=3) as running:
         yield running
-
-
-def make_app(fleet, **kwargs) -> ConsoleApp:
-    return ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5, **kwargs)
 
 
 async def select(pilot, app: ConsoleApp, name: str) -> None:
@@ -43,6 +38,18 @@ def pid_of(fleet, name: str) -> int:
     return fleet.server(name)["pid"]
 
 
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie its parent has not reaped yet counts)."""
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def asked(pilot, app: ConsoleApp, key: str) -> str:
+    """The question `key` asks before acting (it must ask)."""
+    await pilot.press(key)
+    assert isinstance(app.screen, ConfirmScreen)
+    return app.screen.question
+
+
 def log_of(fleet, name: str) -> str:
     return "\n".join(fleet.client.logs(name, 200)["lines"])
 
@@ -52,9 +59,7 @@ async def test_restart_asks_first_and_cancel_leaves_the_server_alone(fleet):
     async with app.run_test(size=SIZE) as pilot:
         await select(pilot, app, "act-1")
         before = pid_of(fleet, "act-1")
-        await pilot.press("R")
-        assert isinstance(app.screen, ConfirmScreen)
-        assert "Restart act-1?" in app.screen.question
+        assert "Restart act-1?" in await asked(pilot, app, "R")
         await pilot.press("n")
         assert not isinstance(app.screen, ConfirmScreen)
         await pilot.pause(1.0)
@@ -64,7 +69,7 @@ async def test_restart_asks_first_and_cancel_leaves_the_server_alone(fleet):
             lambda f: next(s for s in f["servers"] if s["name"] == "act-1")["pid"] not in (before, None)
         )
         fleet.wait_ready()
-        assert not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE
+        assert gone(before)
         await wait_for(pilot, lambda: table_rows(app)["act-1"][3] == "READY", what="READY again on screen")
 
 
@@ -73,11 +78,10 @@ async def test_stop_then_start(fleet):
     async with app.run_test(size=SIZE) as pilot:
         await select(pilot, app, "act-2")
         pid = pid_of(fleet, "act-2")
-        await pilot.press("S")
-        assert isinstance(app.screen, ConfirmScreen)
+        await asked(pilot, app, "S")
         await pilot.press("y")
         await wait_for(pilot, lambda: table_rows(app)["act-2"][3] == "STOPPED", what="STOPPED on screen")
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
         assert "2 ready" in status(app)
         await pilot.press("s")  # start needs no confirmation
         await wait_for(pilot, lambda: table_rows(app)["act-2"][3] == "READY", what="READY after start")
@@ -115,8 +119,7 @@ async def test_rolling_restart_replaces_every_process(fleet):
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: len(table_rows(app)) == 3)
         before = {s["name"]: s["pid"] for s in fleet.servers()}
-        await pilot.press("ctrl+r")
-        assert isinstance(app.screen, ConfirmScreen)
+        await asked(pilot, app, "ctrl+r")
         await pilot.press("y")
 
         def all_replaced(f):
@@ -159,7 +162,7 @@ async def test_readonly_turns_every_action_off(fleet):
 
 async def test_leaving_a_console_that_started_the_fleet_asks_and_can_stop_it():
     with running_fleet("leave", replicas=1) as small:
-        app = ConsoleApp(LiveSource(small.state_dir, timeout=2.0), interval=0.5, started_fleet=True)
+        app = make_app(small, started_fleet=True)
         async with app.run_test(size=SIZE) as pilot:
             await pilot.press("q")
             assert isinstance(app.screen, LeaveScreen)
@@ -173,7 +176,7 @@ async def test_leaving_a_console_that_started_the_fleet_asks_and_can_stop_it():
         assert opened.stop_fleet(timeout=30)
         app.source.close()
         assert not small.client.alive()
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert gone(pid)
 
 
 async def test_leaving_a_console_that_only_attached_never_asks(fleet):

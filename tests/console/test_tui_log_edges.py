@@ -40,3 +40,30 @@ async def test_log_lines_have_no_stray_glyph_at_their_right_edge(long_log_record
         # Followed to its end, with a scrollbar beside it; no eighth block anywhere (nothing else draws one).
         assert any(f"step {LOG_LINES - 1}:" in line for line in lines)
         assert not [line for line in lines if EIGHTH_BLOCKS & set(line)], "\n".join(lines)
+
+
+async def test_supervisor_notes_are_not_taken_for_the_error_above_them(tmp_path):
+    """A line without a level continues the one above (a traceback's frames stay with it), but the
+    supervisor's own notes are never the server's output: at level ERROR the frame shows, the note not."""
+    root = tmp_path / "rec"
+    write_recording(root)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T0))
+    (root / "logs" / "demo-0.log").write_text(
+        f"{stamp} INFO scheduler: step 1\n"
+        f"{stamp} ERROR scheduler: the step failed\n"
+        '  File "model_runner.py", line 12, in forward\n'
+        f"[supervisor {stamp}] demo-0: experts rebalanced (rebalance #1)\n"
+        f"[supervisor {stamp}] demo-0: FATAL: refused: no GPU fits\n"
+    )
+    app = replay_app(root)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("4")
+        await wait_for(pilot, lambda: len(log_lines(app)) == 5, what="the whole log")
+        await pilot.press("v", "v", "v")  # DEBUG -> INFO -> WARNING -> ERROR
+        await wait_for(pilot, lambda: len(log_lines(app)) == 3, what="the ERROR lines")
+        lines = log_lines(app)
+        assert any("the step failed" in line for line in lines)
+        assert any("model_runner.py" in line for line in lines)
+        assert any("FATAL: refused" in line for line in lines)
+        assert not any("experts rebalanced" in line for line in lines)

@@ -8,7 +8,6 @@ supervisor and the notification gives the balancedness before and after.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import time
@@ -22,7 +21,7 @@ from console.tui.app import ConsoleApp
 from console.tui.launch import start_supervisor
 from console.tui.live_source import LiveSource
 from tests.console.tui_pilot import log_lines, table_rows, text_of, wait_for
-from tests.console.tui_support import free_base_port
+from tests.console.tui_support import free_base_port, shutdown
 
 SIZE = (170, 50)
 
@@ -74,12 +73,7 @@ interval_s = 1.0
             raise AssertionError("the real server did not become READY")
         yield client, f"http://127.0.0.1:{port}"
     finally:
-        with contextlib.suppress(SupervisorError):
-            client.shutdown()
-        deadline = time.monotonic() + 30
-        while client.alive() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        client.close()
+        shutdown(client, timeout=30)
         shutil.rmtree(root, ignore_errors=True)
 
 

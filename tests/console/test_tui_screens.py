@@ -27,7 +27,7 @@ from tests.console.tui_pilot import (
     text_of,
     wait_for,
 )
-from tests.console.tui_support import running_fleet
+from tests.console.tui_support import make_app, running_fleet
 
 SIZE = (170, 50)
 
@@ -38,8 +38,10 @@ def fleet():
         yield running
 
 
-def make_app(fleet, **kwargs) -> ConsoleApp:
-    return ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5, **kwargs)
+async def open_screen(pilot, app: ConsoleApp, key: str) -> None:
+    """Once the fleet's three servers are listed, the screen of number key `key` (on the cursor server)."""
+    await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+    await pilot.press(key)
 
 
 async def test_fleet_screen_shows_every_server_with_its_metrics(fleet):
@@ -127,8 +129,7 @@ async def test_server_screen_fetches_only_new_samples_and_plots_what_the_supervi
     then holds (and plots) is the supervisor's recording, sample for sample."""
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
-        await pilot.press("2")
+        await open_screen(pilot, app, "2")
         name = app.selected
         screen = app.screen
         await wait_for(pilot, lambda: screen._history is not None and screen._history[1].samples, what="history")
@@ -185,15 +186,20 @@ async def test_screens_redrawn_line_by_line_show_what_a_whole_redraw_shows(fleet
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == collector
 
 
+async def server_args(pilot, app: ConsoleApp) -> DataTable:
+    """The cursor server's ServerArgs table on the Server screen, once the supervisor's answer filled it."""
+    await open_screen(pilot, app, "2")
+    args = app.screen.query_one("#server-args", DataTable)
+    await wait_for(pilot, lambda: args.row_count > 0, what="server args")
+    return args
+
+
 async def test_server_args_lines_have_no_stray_glyph_at_their_right_edge(fleet):
     """The ServerArgs table's right edge holds its scrollbar: drawn in whole cells, never a `▁▁` that reads
     as part of the line beside it (30 lines: the table shows fewer rows than there are arguments)."""
     app = make_app(fleet)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
-        await pilot.press("2")
-        args = app.screen.query_one("#server-args", DataTable)
-        await wait_for(pilot, lambda: args.row_count > 0, what="server args")
+        args = await server_args(pilot, app)
         await pilot.pause(0.3)
         assert args.max_scroll_y > 0  # a scrollbar beside the arguments
         lines = screen_lines(app)
@@ -207,10 +213,7 @@ async def test_server_args_are_reachable_at_80x24(fleet):
     process list and live state, a few rows high, never squeezed to nothing."""
     app = make_app(fleet)
     async with app.run_test(size=(80, 24)) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
-        await pilot.press("2")
-        args = app.screen.query_one("#server-args", DataTable)
-        await wait_for(pilot, lambda: args.row_count > 0, what="server args")
+        await server_args(pilot, app)
         app.screen.query_one("#server-side").scroll_end(animate=False)
         await pilot.pause(0.3)
         lines = screen_lines(app)
@@ -221,8 +224,7 @@ async def test_server_args_are_reachable_at_80x24(fleet):
 async def test_experts_screen_draws_the_load_heatmap(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
-        await pilot.press("3")
+        await open_screen(pilot, app, "3")
         assert app.current_mode == "experts"
         heat = await wait_for(
             pilot, lambda: "balance" in text_of(app, "#experts-heatmap") and text_of(app, "#experts-heatmap")
@@ -240,8 +242,7 @@ async def test_experts_screen_draws_the_load_heatmap(fleet):
 async def test_logs_screen_follows_searches_and_filters_by_level(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
-        await pilot.press("4")
+        await open_screen(pilot, app, "4")
         assert app.current_mode == "logs"
         await wait_for(
             pilot, lambda: any("listening on" in line for line in log_lines(app)), what="log lines"

@@ -118,16 +118,23 @@ async def loaded(pilot) -> None:
     await pilot.pause(0.3)
 
 
+def pressing(*keys: str, settle: float = 0.3):
+    """A `run_before` that waits for the recording's rows, presses `keys` and lets the screen settle."""
+
+    async def run_before(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press(*keys)
+        await pilot.pause(settle)
+
+    return run_before
+
+
 def test_fleet_screen_snapshot(recorded, snap_compare):
     assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=loaded)
 
 
 def test_fleet_screen_filtered_and_sorted_snapshot(recorded, snap_compare):
-    async def run_before(pilot):
-        await loaded(pilot)
-        await pilot.press("slash", *"node-b", "enter", "K")  # shift+k: sort by KV usage
-        await pilot.pause(0.3)
-
+    run_before = pressing("slash", *"node-b", "enter", "K")  # shift+k: sort by KV usage
     assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
 
 
@@ -145,30 +152,17 @@ def test_fleet_screen_80x24_snapshot(recorded, snap_compare):
 
 
 def test_server_screen_snapshot(recorded, snap_compare):
-    async def run_before(pilot):
-        await loaded(pilot)
-        await pilot.press("enter")
-        await pilot.pause(0.8)
-
+    run_before = pressing("enter", settle=0.8)
     assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
 
 
 def test_logs_screen_snapshot(recorded, snap_compare):
-    async def run_before(pilot):
-        await loaded(pilot)
-        await pilot.press("4", "v")  # INFO and up
-        await pilot.pause(0.8)
-
+    run_before = pressing("4", "v", settle=0.8)  # INFO and up
     assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
 
 
 def test_help_snapshot(recorded, snap_compare):
-    async def run_before(pilot):
-        await loaded(pilot)
-        await pilot.press("question_mark")
-        await pilot.pause(0.3)
-
-    assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(replay_app(recorded), terminal_size=SIZE, run_before=pressing("question_mark"))
 
 
 async def test_cursor_row_stands_out_in_256_colours(recorded):

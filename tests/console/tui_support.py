@@ -20,7 +20,9 @@ from pathlib import Path
 import psutil
 
 from console.client import SupervisorClient, SupervisorError
+from console.tui.app import ConsoleApp
 from console.tui.launch import start_supervisor
+from console.tui.live_source import LiveSource
 
 ENDPOINT = Path(__file__).with_name("metrics_endpoint.py")
 
@@ -108,13 +110,19 @@ failures = 2
     return path
 
 
-def shutdown(fleet: RunningFleet, timeout: float = 20.0) -> None:
+def make_app(fleet, **kwargs) -> ConsoleApp:
+    """A console on a running fleet (anything with its `state_dir`), polling every half second."""
+    return ConsoleApp(LiveSource(fleet.state_dir, timeout=2.0), interval=0.5, **kwargs)
+
+
+def shutdown(client: SupervisorClient, timeout: float = 20.0) -> None:
+    """Ask the supervisor to stop its fleet and wait (up to `timeout`) until its socket no longer answers."""
     with contextlib.suppress(SupervisorError):
-        fleet.client.shutdown()
+        client.shutdown()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and fleet.client.alive():
+    while time.monotonic() < deadline and client.alive():
         time.sleep(0.1)
-    fleet.client.close()
+    client.close()
 
 
 @contextlib.contextmanager
@@ -132,7 +140,7 @@ def running_fleet(name: str = "tui", replicas: int = 3, extra_fleet: str = "") -
     finally:
         with contextlib.suppress(Exception):
             pids = {p for s in fleet.servers() for p in s.get("pids") or [s.get("pid")] if p}
-        shutdown(fleet)
+        shutdown(fleet.client)
         leftovers = [
             pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
         ]

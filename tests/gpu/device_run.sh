@@ -14,6 +14,12 @@
 #                                       cuBLAS on the Llama-3.1-8B shapes, M = 1, 2, 4) -> $OUT/gpu_bf16_gemv.json
 #   moe-all = moetests moetune moedecode moeoffline   fused MoE tests, block-size sweep, decode per config,
 #                                       the offline Engine per config (default record eplb torch)
+#   moegemv                             the few-token MoE GEMV: its GPU tests, then `moe_tune.py --gemv` (launch-config
+#                                       sweep; tensor-core path vs GEMV per layer at 1-16 tokens with the bandwidth
+#                                       share) -> $OUT/gpu_moe_gemv.json and the tuned table $OUT/moe_gemv_table.json
+#                                       (copy it to tokenspeed/runtime/moe/kernels/tuned/NVIDIA_H200.json to ship it)
+#   moegemvdecode                       Qwen3-30B-A3B decode steps (bs 1-16, 64), recording off and on, with the
+#                                       GEMV table (MOE_GEMV_TABLE, default the shipped one) and with it off
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
@@ -139,6 +145,24 @@ part_moedecode() {  # the roofline rows per MoE kernel configuration
   run ${T_MOE_DECODE:-100} python3 benchmarks/decode.py --model qwen3moe --backends triton \
     --moe-configs ${MOE_CONFIGS:-default record} --contexts 1024 --batch-sizes 1 16 64 256 \
     --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe.json"
+}
+part_moegemv() {  # the few-token MoE GEMV: tests, then the sweep that writes its table and compares the paths
+  stage moe-gemv
+  run ${T_MOEGEMV_TESTS:-300} $PYT --timeout 280 -s tests/gpu/test_moe_gemv_gpu.py  # ~70 kernel variants
+  grep -E "^moe gemv tokens=" "$LOG" | tail -8
+  run ${T_MOEGEMV_TUNE:-240} python3 benchmarks/moe_tune.py --gemv --tokens ${GEMV_TOKENS:-1 2 4 8 16} \
+    --out "$OUT/gpu_moe_gemv.json" --table-out "$OUT/moe_gemv_table.json"
+  grep -E "copy bandwidth|tensor-core path|BEST GEMV|as tuned|WRONG|skipped" "$LOG" | tail -40
+}
+part_moegemvdecode() {  # whole decode steps: the GEMV table vs the tensor-core path; recording off and on
+  stage bench-decode-moe-gemv
+  run ${T_MOEGEMV_DECODE:-200} env TOKENSPEED_MOE_GEMV=${MOE_GEMV_TABLE:-} python3 benchmarks/decode.py --model qwen3moe \
+    --backends triton --moe-configs default record --contexts 1024 --batch-sizes 1 2 4 8 16 64 \
+    --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe_gemv.json"
+  run ${T_MOEGEMV_DECODE:-200} env TOKENSPEED_MOE_GEMV=off python3 benchmarks/decode.py --model qwen3moe \
+    --backends triton --moe-configs default --contexts 1024 --batch-sizes 1 2 4 8 16 64 \
+    --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe_tc.json"
+  grep -E "ratio=|recording cost|moe gemv table" "$LOG" | tail -40
 }
 part_moeoffline() {  # the offline Engine per MoE configuration
   stage bench-moe-offline

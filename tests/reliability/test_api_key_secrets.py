@@ -13,10 +13,10 @@ import pytest
 
 from console.client import SupervisorClient
 from tests.console import conftest as console_fleets
-from tests.tiny_models import make_tiny_model
 from tokenspeed.config.cli import prepare_server_args
 
 make_fleet = console_fleets.make_fleet
+make_tiny_fleet = console_fleets.make_tiny_fleet
 
 
 def _cmdlines(pid: int) -> list[bytes]:
@@ -32,19 +32,10 @@ def _key_file(tmp_path: Path, key: str, mode: int) -> Path:
     return path
 
 
-def test_a_profile_key_reaches_its_servers_by_environment_and_the_supervisor_uses_it(make_fleet, tmp_path):
+def test_a_profile_key_reaches_its_servers_by_environment_and_the_supervisor_uses_it(make_tiny_fleet, tmp_path):
     key = "profile-secret-7c1e"
-    model = make_tiny_model("llama", tmp_path / "models")
-    fleet = make_fleet(
-        replicas=1,
-        name="keyed",
-        model=model,
-        server=f'max_model_len = 256\nmax_num_seqs = 4\napi_key = "{key}"',
-        command=None,  # the real `tokenspeed serve`
-        restart="on-failure",
-        startup_timeout_s=300,
-        stop_timeout_s=30,
-        metrics_interval_s=1.0,
+    fleet = make_tiny_fleet(
+        "keyed", f'max_model_len = 256\nmax_num_seqs = 4\napi_key = "{key}"', metrics_interval_s=1.0
     )
     # A health path behind the key: READY only if the supervisor's checks carry it.
     profile = fleet.profile.read_text().replace("[fleet.health]", '[fleet.health]\npath = "/v1/models"')

@@ -20,10 +20,11 @@ import httpx
 import psutil
 
 from tests.console import conftest as console_fleets
-from tests.tiny_models import make_tiny_model
+from tests.console.waiting import wait_until
 from tokenspeed.runtime.engine.scheduler_liveness import SchedulerLiveness
 
 make_fleet = console_fleets.make_fleet
+make_tiny_fleet = console_fleets.make_tiny_fleet
 
 SCHEDULER_TIMEOUT_S = 4
 STALL_AFTER_S = 2
@@ -34,14 +35,6 @@ def _scheduler_pid(url: str) -> int:
     children = httpx.get(url + "/get_server_info", timeout=10).json()["child_pids"]
     assert len(children) == 1, children  # one rank: its scheduler process
     return next(iter(children.values()))
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 def _health(url: str) -> tuple[int, dict]:
@@ -84,7 +77,7 @@ def _stop_scheduler_until_restarted(fleet, name: str, busy: bool) -> dict:
     try:
         fleet.wait_for(lambda s: s[name]["state"] == "STALLED", timeout=30, what="STALLED")
         stalled_s = time.monotonic() - stopped_at
-        code, body = _wait(lambda: (h := _health(url))[0] == 503 and h, 30, "/health 503")
+        code, body = wait_until(lambda: (h := _health(url))[0] == 503 and h, 30, "/health 503")
         health_s = time.monotonic() - stopped_at
         assert body["status"] == "stalled" and "TOKENSPEED_SCHEDULER_TIMEOUT" in body["message"], body
         refused = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
@@ -110,18 +103,9 @@ def _stop_scheduler_until_restarted(fleet, name: str, busy: bool) -> dict:
     return servers[name]
 
 
-def test_a_stopped_scheduler_is_503_ends_its_stream_with_an_error_and_is_restarted(make_fleet, tmp_path):
-    model = make_tiny_model("llama", tmp_path / "models")
-    fleet = make_fleet(
-        replicas=1,
-        name="hang",
-        model=model,
-        server="max_model_len = 512\nmax_num_seqs = 4",
-        command=None,  # the real `tokenspeed serve`
-        restart="on-failure",
-        startup_timeout_s=300,
-        stop_timeout_s=10,
-        metrics_interval_s=0.5,
+def test_a_stopped_scheduler_is_503_ends_its_stream_with_an_error_and_is_restarted(make_tiny_fleet):
+    fleet = make_tiny_fleet(
+        "hang", "max_model_len = 512\nmax_num_seqs = 4", stop_timeout_s=10, metrics_interval_s=0.5
     )
     text = fleet.profile.read_text().replace("[env]", f'[env]\nTOKENSPEED_SCHEDULER_TIMEOUT = "{SCHEDULER_TIMEOUT_S}"')
     text += f"\n[supervisor]\nstall_after_s = {STALL_AFTER_S}\nunhealthy_restart_after_s = {RESTART_AFTER_S}\n"

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx
 import psutil
 
 from tests.console import conftest as console_fleets
 from tests.console.profile_files import error_of, write
+from tests.console.waiting import wait_until
 
 make_fleet = console_fleets.make_fleet
 
@@ -50,14 +50,6 @@ def _gone(proc: psutil.Process) -> bool:
         return proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 def test_hung_server_is_restarted_with_reason_unhealthy(make_fleet):
@@ -104,16 +96,16 @@ def test_killed_log_pump_is_restarted_and_keeps_the_lines_written_meanwhile(make
     supervisor.suspend()
     try:
         pump.kill()
-        _wait(lambda: _gone(pump), 5, "the pump to die")
+        wait_until(lambda: _gone(pump), 5, "the pump to die")
         for i in range(30):
             assert httpx.get(f"{url}/say?while-no-pump-{i}", timeout=5).status_code == 200
     finally:
         supervisor.resume()
-    (again,) = _wait(lambda: _pumps(fleet, name), 10, "a new log pump")
+    (again,) = wait_until(lambda: _pumps(fleet, name), 10, "a new log pump")
     assert again.pid != pump.pid
     for i in range(30):
         assert httpx.get(f"{url}/say?after-{i}", timeout=5).status_code == 200
-    _wait(lambda: "after-29" in _log(fleet, name), 10, "the last line in the log")
+    wait_until(lambda: "after-29" in _log(fleet, name), 10, "the last line in the log")
     lines = _log(fleet, name).splitlines()
     expected = [f"while-no-pump-{i}" for i in range(30)] + [f"after-{i}" for i in range(30)]
     assert [line for line in lines if line in expected] == expected
@@ -144,8 +136,8 @@ def test_after_a_supervisor_crash_exits_say_what_is_known_and_pumps_are_still_ke
     assert after[kept]["pid"] == before[kept]["pid"]
     (pump,) = _pumps(fleet, kept)
     pump.kill()
-    _wait(lambda: _gone(pump), 5, "the pump to die")
+    wait_until(lambda: _gone(pump), 5, "the pump to die")
     for i in range(10):
         assert httpx.get(f"{after[kept]['url']}/say?adopted-{i}", timeout=5).status_code == 200
-    _wait(lambda: "adopted-9" in _log(fleet, kept), 10, "the adopted server's lines in its log")
+    wait_until(lambda: "adopted-9" in _log(fleet, kept), 10, "the adopted server's lines in its log")
     assert "log pump ended" in _log(fleet, kept)

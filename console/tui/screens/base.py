@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Header, Static
 
+from console.tui.console_host import ConsoleHost
 from console.tui.model import Snapshot
 from console.tui.source import DataSource
 from console.tui.widgets.key_hints import KeyHints
-
-if TYPE_CHECKING:
-    from console.tui.app import ConsoleApp
 
 PollRequest = Callable[[DataSource], Any]
 
@@ -47,8 +45,8 @@ class ConsoleScreen(Screen):
     ]
 
     @property
-    def console(self) -> ConsoleApp:
-        return self.app  # type: ignore[return-value]
+    def console(self) -> ConsoleHost:
+        return cast(ConsoleHost, self.app)
 
     def compose_header(self):
         yield Header(icon="⚡")

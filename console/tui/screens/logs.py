@@ -27,13 +27,17 @@ class LogData:
 
 
 def line_levels(lines: tuple[str, ...]) -> list[int]:
-    """Level rank of each line; a line without one (a traceback frame) belongs to the line above."""
+    """Level rank of each line; a line without one (a traceback frame) belongs to the line above, except
+    the supervisor's own notes (`[supervisor ...]`), which are never part of the server's output before
+    them: INFO unless they name a level (`FATAL: ...`)."""
     levels, current = [], 1
     for line in lines:
         match = _LEVEL_RE.search(line)
         if match:
             word = match.group(1)
             current = 3 if word == "Traceback" else _LEVEL_RANK[word]
+        elif line.startswith("[supervisor "):
+            current = 1
         levels.append(current)
     return levels
 

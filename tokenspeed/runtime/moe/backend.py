@@ -4,8 +4,9 @@
   batch, which waits on the device once per layer, so a decode step with it cannot be a CUDA graph);
   correct everywhere, the one used on the CPU.
 - `triton`: one fused routing kernel (top-k, renormalisation, replica dispatch, load counting) and the
-  fused experts (`moe/kernels/fused.py`); needs a CUDA GPU, never waits on the host, so decode steps are
-  captured whole.
+  fused experts (`moe/kernels/fused.py`; few-token steps take the CUDA-core GEMV `moe/kernels/gemv.py`
+  only where the device's tuned table `moe/kernels/gemv_table.py` says so); needs a CUDA GPU, never waits
+  on the host, so decode steps are captured whole.
 - `auto` (the default): `triton` on CUDA when Triton imports, else `torch`.
 
 The backend is chosen once from a registry of lazy factories, and each MoE block is handed the object
@@ -16,6 +17,7 @@ implement fail at start-up naming the available ones.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Protocol
 
@@ -122,12 +124,19 @@ class TritonMoe:
     name = "triton"
 
     def __init__(self, device: torch.device):
-        from tokenspeed.runtime.moe.kernels import configs, fused, routing
+        from tokenspeed.runtime.moe.kernels import configs, fused, gemv, gemv_table, routing
 
         self._fused = fused.fused_experts
+        self._gemv = gemv.moe_gemv
         self._route = routing.fused_route
         self._pick = configs.pick
-        self.table = configs.table_for(torch.cuda.get_device_name(device))
+        name = torch.cuda.get_device_name(device)
+        self.table = configs.table_for(name)
+        # Few-token steps take the CUDA-core GEMV only where this device's tuned table (or
+        # TOKENSPEED_MOE_GEMV) says so: the tensor-core path stays the default until measured otherwise.
+        self.gemv_table = gemv_table.table_for_device(name, os.environ)
+        if self.gemv_table.shapes or self.gemv_table.force_all:
+            logger.info("MoE GEMV table for few-token steps: %s", self.gemv_table.source)
 
     def route(self, logits, top_k, renormalize, dispatch=None, counts=None, token_mask=None):
         if not logits.is_cuda:
@@ -139,7 +148,11 @@ class TritonMoe:
         if not x.is_cuda:
             return torch_experts(x, module.w13, module.w2, weights, ids, scales)
         # FP8 experts: the fused kernels read e4m3 and apply the scales per K tile (not yet run on a GPU)
-        return self._fused(x, module.w13, module.w2, weights, ids, self._pick(self.table, x.shape[0]), scales)
+        w13, w2 = module.w13, module.w2
+        cfg = self.gemv_table.pick(w2.shape[0], w2.shape[2], w2.shape[1], w13.dtype, x.shape[0])
+        if cfg is not None:
+            return self._gemv(x, w13, w2, weights, ids, cfg, scales)
+        return self._fused(x, w13, w2, weights, ids, self._pick(self.table, x.shape[0]), scales)
 
 
 class UsesMoeBackend(nn.Module):

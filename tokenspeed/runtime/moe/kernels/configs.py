@@ -7,7 +7,8 @@ into two accumulators, so its `block_n` covers 2 * block_n rows of `w13`.
 
 The H200 rows were measured on the Qwen3-30B-A3B expert shape (128 experts, hidden 2048, intermediate
 768, top-8) with `benchmarks/moe_tune.py`; other GPUs start from the same rows (a Hopper-class default)
-until someone measures theirs.
+until someone measures theirs. Few-token steps take the CUDA-core GEMV (`gemv.py`) instead only where the
+device's tuned table (`gemv_table.py`) says so.
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""The MoE GEMV (`moe/kernels/gemv.py`) run by Triton's interpreter on the CPU (`TRITON_INTERPRET=1`, set by
+tests/engine/test_moe_gemv_interpreter.py before Triton is imported): 1-4 tokens, top-2 and top-8, remote
+experts (id < 0), hidden and intermediate sizes that no block divides, every prefetch depth, the down
+kernel split over pairs (atomics) or not, and FP8 experts with per-channel and block scales, against the
+float32 reference loop (`backend.torch_experts`). Prints one JSON object: case -> relative error.
+
+float32 activations and weights: products are exact, so the bound checks the indexing, not rounding.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
+from tokenspeed.runtime.layers.quantization.fp8_math import quantize_block, quantize_per_channel
+from tokenspeed.runtime.moe.backend import torch_experts
+from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig, moe_gemv
+
+# E experts, hidden 70 (no BLOCK_K divides it), intermediate 36 (no BLOCK_N or down BLOCK_K divides it)
+E, HIDDEN, INTER = 10, 70, 36
+CONFIGS = {
+    "p1": MoeGemvConfig(block_n=8, block_k=32, down_block_h=4, down_block_k=16),
+    "p2split": MoeGemvConfig(
+        block_n=16, block_k=16, prefetch=2, down_block_h=8, down_block_k=16, down_prefetch=2, down_split=3
+    ),
+    "p0h1": MoeGemvConfig(
+        block_n=4, block_k=64, prefetch=0, down_block_h=1, down_block_k=64, down_prefetch=0
+    ),
+}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b).norm() / b.norm())
+
+
+def _routing(tokens: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    weights, ids = torch.softmax(torch.randn(tokens, E), -1).topk(top_k, dim=-1)
+    ids = ids.to(torch.int32)
+    ids[0, 0] = -1  # an expert held by another rank: contributes nothing
+    if tokens > 2:
+        ids[2, :] = -1  # a token whose experts are all remote: zeros
+    return weights, ids
+
+
+def bf16_like() -> dict[str, float]:
+    out = {}
+    w13, w2 = torch.randn(E, 2 * INTER, HIDDEN) * 0.05, torch.randn(E, HIDDEN, INTER) * 0.05
+    for top_k in (2, 8):
+        for tokens in (1, 2, 3, 4):
+            x = torch.randn(tokens, HIDDEN)
+            weights, ids = _routing(tokens, top_k)
+            ref = torch_experts(x, w13, w2, weights, ids)
+            # one config a case, in turn (the interpreter is slow): each config meets both top-k
+            for name in [list(CONFIGS)[(tokens + (top_k == 8)) % len(CONFIGS)]]:
+                got = moe_gemv(x, w13, w2, weights, ids, CONFIGS[name])
+                assert got.shape == x.shape and got.dtype == x.dtype
+                out[f"t{tokens}_k{top_k}_{name}"] = _rel(got, ref)
+                if tokens > 2:
+                    out[f"t{tokens}_k{top_k}_{name}_remote_token_max"] = float(got[2].abs().max())
+    return out
+
+
+def fp8() -> dict[str, float]:
+    out = {}
+    w13, w2 = torch.randn(E, 2 * INTER, HIDDEN) * 0.05, torch.randn(E, HIDDEN, INTER) * 0.05
+    x = torch.randn(3, HIDDEN)
+    weights, ids = _routing(3, 4)
+    for label, block in (("channel", None), ("block16", (16, 16))):
+        quant = quantize_per_channel if block is None else (lambda t, b=block: quantize_block(t, b))
+        (q13, s13), (q2, s2) = quant(w13), quant(w2)
+        scales = ExpertScales(s13, s2, block)
+        ref = torch_experts(x, q13, q2, weights, ids, scales)
+        for name in ("p1",) if block is None else ("p2split",):
+            out[f"fp8_{label}_{name}"] = _rel(moe_gemv(x, q13, q2, weights, ids, CONFIGS[name], scales), ref)
+    return out
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    print(json.dumps({**bf16_like(), **fp8()}))

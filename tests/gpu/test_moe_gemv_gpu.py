@@ -1,0 +1,130 @@
+"""The few-token MoE GEMV (`moe/kernels/gemv.py`) on the GPU against the float32 reference: the Qwen3-30B-A3B
+expert shape and odd ones, every launch config `benchmarks/moe_tune.py --gemv` sweeps, remote experts, FP8
+experts, CUDA-graph replay, and the engine decoding in graphs with the GEMV forced on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.gpu.test_fused_moe import PARAMS, _engine, moe_reference  # noqa: F401  (a fixture)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+pytest.importorskip("triton")
+
+from benchmarks.moe_gemv_tune import DOWN, GATE_UP, down_config, gate_up_config  # noqa: E402
+from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales  # noqa: E402
+from tokenspeed.runtime.layers.quantization.fp8_math import quantize_block, quantize_per_channel  # noqa: E402
+from tokenspeed.runtime.moe.backend import TritonMoe, torch_experts  # noqa: E402
+from tokenspeed.runtime.moe.kernels import gemv_table  # noqa: E402
+from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig, moe_gemv  # noqa: E402
+
+SWEPT = [gate_up_config(MoeGemvConfig(), *c) for c in GATE_UP] + [
+    down_config(MoeGemvConfig(), *c) for c in DOWN
+]
+
+
+def _case(tokens, num_experts, hidden, inter, top_k, dtype, seed=0):
+    torch.manual_seed(seed)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, device="cuda") * 0.03).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, device="cuda") * 0.03).to(dtype)
+    x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+    weights, ids = torch.softmax(torch.randn(tokens, num_experts, device="cuda"), -1).topk(top_k, dim=-1)
+    return x, w13, w2, weights, ids.to(torch.int32)
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 4, 16])
+def test_every_swept_config_matches_reference_on_the_qwen3_shape(tokens):
+    x, w13, w2, weights, ids = _case(tokens, 128, 2048, 768, 8, torch.bfloat16, tokens)
+    ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
+    worst = {}
+    for cfg in SWEPT:
+        got = moe_gemv(x, w13, w2, weights, ids, cfg)
+        assert got.dtype == torch.bfloat16 and got.shape == x.shape
+        worst[str(cfg)] = _rel(got, ref)
+    print(f"moe gemv tokens={tokens}: {len(worst)} configs, worst rel err {max(worst.values()):.3g}")
+    assert all(e < 2e-2 for e in worst.values()), worst
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("top_k", [2, 8])
+@pytest.mark.parametrize("tokens", [1, 3, 7])
+def test_odd_sizes_and_remote_experts(dtype, top_k, tokens):
+    x, w13, w2, weights, ids = _case(tokens, 24, 200, 72, top_k, dtype, tokens + top_k)
+    ids[0, 0] = -1
+    ids[-1, :] = -1  # all of the last token's experts remote: zeros
+    ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
+    for cfg in (
+        MoeGemvConfig(),
+        MoeGemvConfig(block_n=8, block_k=64, prefetch=2, down_block_h=8, down_split=2),
+    ):
+        got = moe_gemv(x, w13, w2, weights, ids, cfg)
+        assert float(got[-1].abs().max()) == 0.0
+        if tokens > 1:
+            assert _rel(got[:-1], ref[:-1]) < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_fp8_experts_match_dequantized_reference(block, tokens):
+    x, w13, w2, weights, ids = _case(tokens, 16, 256, 384, 4, torch.float32, tokens)
+    quant = quantize_per_channel if block is None else (lambda w: quantize_block(w, block))
+    (q13, s13), (q2, s2) = quant(w13), quant(w2)
+    scales = ExpertScales(s13, s2, block)
+    ref = torch_experts(x, q13, q2, weights, ids, scales)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = moe_gemv(x.to(dtype), q13, q2, weights, ids, MoeGemvConfig(block_k=512), scales)
+        assert _rel(got, ref) < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+def test_graph_replay_equals_eager():
+    cfg = MoeGemvConfig(down_split=4)  # the atomics and the zeroed buffer inside the graph too
+    for tokens in (1, 4):
+        x, w13, w2, weights, ids = _case(tokens, 32, 256, 128, 4, torch.bfloat16, tokens)
+        moe_gemv(x, w13, w2, weights, ids, cfg)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe_gemv(x, w13, w2, weights, ids, cfg)
+        x2, _, _, w_new, ids_new = _case(tokens, 32, 256, 128, 4, torch.bfloat16, tokens + 100)
+        x.copy_(x2)
+        weights.copy_(w_new)
+        ids.copy_(ids_new)
+        graph.replay()
+        ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
+        assert _rel(out, ref) < 2e-2
+
+
+def test_backend_takes_the_gemv_only_where_the_table_says(tmp_path, monkeypatch):
+    x, w13, w2, weights, ids = _case(2, 16, 128, 64, 4, torch.bfloat16)
+    module = torch.nn.Module()
+    module.w13, module.w2 = torch.nn.Parameter(w13, False), torch.nn.Parameter(w2, False)
+    key = gemv_table.shape_key(16, 64, 128, torch.bfloat16)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(gemv_table.to_json("x", {key: {1: MoeGemvConfig(), 4: None}}, {})))
+    monkeypatch.setenv(gemv_table.ENV, str(path))
+    backend = TritonMoe(torch.device("cuda"))
+    calls = []
+    backend._gemv = lambda *a: calls.append(a[0].shape[0]) or moe_gemv(*a)
+    ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
+    for tokens in (1, 2):
+        assert _rel(backend.experts(module, x[:tokens], weights[:tokens], ids[:tokens]), ref[:tokens]) < 2e-2
+    assert calls == [1]  # 2 tokens: the table's null, the tensor-core path
+
+
+def test_engine_decodes_in_graphs_with_the_gemv_forced(moe_reference, monkeypatch):  # noqa: F811
+    """Greedy output with the GEMV forced for every captured batch (1-8) equals transformers'."""
+    monkeypatch.setenv(gemv_table.ENV, "force")
+    path, prompts, expected = moe_reference
+    with _engine(path, enable_expert_distribution_metrics=True) as engine:
+        assert engine.core.runner.graph_runner is not None
+        outs = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=PARAMS)]
+    assert outs == expected

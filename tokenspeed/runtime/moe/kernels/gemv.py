@@ -1,0 +1,292 @@
+"""MoE experts for a few decode tokens as two GEMVs on the CUDA cores: only the routed experts' rows are read.
+
+At batch 1-16 a decode step routes T * k (token, expert) pairs, nearly all to different experts, and the
+tensor-core path (`gemm.py`, one pair per BLOCK_M tile under `pairs_as_blocks`) wastes 15/16 of each tile
+and needs a third launch to add each token's k rows. Here:
+
+- `_gate_up_kernel`: program (pair, block of BLOCK_N intermediate columns) streams BLOCK_N gate rows and
+  the matching BLOCK_N up rows of the pair's expert once, walking K in BLOCK_K chunks with PREFETCH chunks
+  loaded ahead (a short K loop is latency-bound without it: see `kernels/bf16_gemv.py`), multiplying on
+  the CUDA cores into float32 accumulators of the tile's shape (one reduction after the loop), and writes
+  act[pair] = SiLU(gate) * up in x's dtype. Pairs of remote experts (id < 0) return at once.
+- `_down_kernel`: program (token, block of BLOCK_H outputs[, split]) walks the token's k pairs and each
+  pair's K chunks as one flattened stream (the prefetch runs across pair boundaries), scaling each pair's
+  activations by its routing weight, so the k-sum needs no `sum_pairs` launch and no per-pair buffer.
+
+Filling the GPU in `down` (why atomics are optional): at one token the grid is H / BLOCK_H programs only
+(2048 outputs: 256 programs at BLOCK_H = 8, two an SM on the H200's 132). Small BLOCK_H (1-4 rows, down
+to one warp a program) fills it without atomics, deterministically, in two launches; `down_split` > 1
+splits the k pairs over programs that add float32 partials atomically (a zeroed buffer and a cast: two
+more graph nodes, and results then depend on scheduling). Which wins is measured, not assumed:
+`benchmarks/moe_tune.py --gemv` times both, and the tuned table (`gemv_table.py`) says which one a shape
+uses. The default, until a table measured on the device says otherwise, stays the tensor-core path.
+
+An earlier CUDA-core GEMV of this layout (no prefetch; down at 16 outputs a program, so 128 programs at
+one token) took 38.8 us a layer at one token on the H200 against 30.7 us for the tensor-core path (limit
+17.7 us, results/gpu_moe_tune.json). What changed: loads in flight (prefetch, fewer warps a tile: 1-4
+16-byte loads a thread per chunk, checked in the sm_90 PTX) and a down grid that fills the GPU. NOT YET
+RUN ON A GPU when written: tests/gpu/test_moe_gemv_gpu.py and `moe_tune.py --gemv` measure it.
+
+FP8 experts (W8A16, `ExpertScales`: per channel [E, N, 1] or per block [E, N / bn, K / bk]) are read as
+e4m3 and dequantized per K chunk with their rows' scales (BLOCK_K shrinks to the scale block), the same
+arithmetic as `gemm.py`. Every shape depends only on the token count, so the layer captures in a graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenspeed.runtime.moe.kernels.gemm import WeightScale, scale_args
+
+
+@dataclass(frozen=True)
+class MoeGemvConfig:
+    """Launch configuration of both GEMVs (what `gemv_table.py` reads per shape and token count)."""
+
+    block_n: int = 16  # gate rows (and as many up rows) per gate/up program
+    block_k: int = 256
+    num_warps: int = 4
+    prefetch: int = 1  # K chunks loaded ahead of the one being multiplied (0, 1 or 2)
+    down_block_h: int = 4  # outputs per down program
+    down_block_k: int = 256
+    down_num_warps: int = 4
+    down_prefetch: int = 1
+    down_split: int = 1  # programs the k pairs of one token are split over (> 1: float32 atomics)
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "down_block_h", "down_block_k", "num_warps", "down_num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"MoeGemvConfig.{name} must be a power of two, got {v}")
+        if not (0 <= self.prefetch <= 2 and 0 <= self.down_prefetch <= 2):
+            raise ValueError("MoeGemvConfig.prefetch and down_prefetch must be 0, 1 or 2")
+        if self.down_split < 1:
+            raise ValueError(f"MoeGemvConfig.down_split must be >= 1, got {self.down_split}")
+
+
+@triton.jit
+def _load_tile(rows, k, K, rmask, EVEN_K: tl.constexpr):
+    # a weight tile read once this step (evict first); rmask is constant along K, so loads stay vectors
+    if EVEN_K:
+        w = tl.load(rows + k[None, :], mask=rmask[:, None], other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(rows + k[None, :], mask=rmask[:, None] & (k < K)[None, :], other=0.0,
+                    eviction_policy="evict_first")  # fmt: skip
+    return w
+
+
+@triton.jit
+def _load_vec(ptr, kk, K, EVEN_K: tl.constexpr):
+    # activations as a tile of the weight tile's shape: the same layout, repeats are L1 hits
+    if EVEN_K:
+        return tl.load(ptr + kk).to(tl.float32)
+    return tl.load(ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gate_up_kernel(
+    X, W, Act, Ids, S, INTER, K, stride_xm, stride_we, stride_wn, stride_am, stride_se, stride_sn, stride_sk,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr,
+):  # fmt: skip
+    p = tl.program_id(0)
+    e = tl.load(Ids + p)
+    if e >= 0:
+        tok = (p // TOP_K).to(tl.int64)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < INTER
+        offs_k = tl.arange(0, BLOCK_K)
+        g_rows = W + e.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        u_rows = g_rows + INTER * stride_wn
+        x_row = X + tok * stride_xm
+        chunks = tl.cdiv(K, BLOCK_K)
+        last = chunks - 1  # prefetched chunk indices are clamped to it: a repeat comes from cache
+        acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        if PREFETCH >= 1:
+            g1 = _load_tile(g_rows, offs_k, K, nmask, EVEN_K)
+            u1 = _load_tile(u_rows, offs_k, K, nmask, EVEN_K)
+        if PREFETCH >= 2:
+            k2 = tl.minimum(1, last) * BLOCK_K + offs_k
+            g2 = _load_tile(g_rows, k2, K, nmask, EVEN_K)
+            u2 = _load_tile(u_rows, k2, K, nmask, EVEN_K)
+        for i in range(0, chunks):
+            k = i * BLOCK_K + offs_k
+            if PREFETCH == 0:
+                g = _load_tile(g_rows, k, K, nmask, EVEN_K)
+                u = _load_tile(u_rows, k, K, nmask, EVEN_K)
+            elif PREFETCH == 1:
+                g = g1
+                u = u1
+                kn = tl.minimum(i + 1, last) * BLOCK_K + offs_k
+                g1 = _load_tile(g_rows, kn, K, nmask, EVEN_K)
+                u1 = _load_tile(u_rows, kn, K, nmask, EVEN_K)
+            else:
+                g = g1
+                u = u1
+                g1 = g2
+                u1 = u2
+                kn = tl.minimum(i + 2, last) * BLOCK_K + offs_k
+                g2 = _load_tile(g_rows, kn, K, nmask, EVEN_K)
+                u2 = _load_tile(u_rows, kn, K, nmask, EVEN_K)
+            kk = tl.broadcast_to(k[None, :], [BLOCK_N, BLOCK_K])
+            xv = _load_vec(x_row, kk, K, EVEN_K)
+            gf = g.to(tl.float32)
+            uf = u.to(tl.float32)
+            if HAS_SCALE:
+                # FP8 rows: the scale of each row's block this chunk lies in (BLOCK_K <= GK)
+                s_row = S + e.to(tl.int64) * stride_se + ((i * BLOCK_K) // GK) * stride_sk
+                sg = tl.load(s_row + (offs_n // GN) * stride_sn, mask=nmask, other=0.0)
+                su = tl.load(s_row + ((INTER + offs_n) // GN) * stride_sn, mask=nmask, other=0.0)
+                gf = gf * sg[:, None]
+                uf = uf * su[:, None]
+            acc_g += gf * xv
+            acc_u += uf * xv
+        gate = tl.sum(acc_g, axis=1)
+        up = tl.sum(acc_u, axis=1)
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(Act + p.to(tl.int64) * stride_am + offs_n, h.to(Act.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _down_step(acc, i, CPP, t, offs_h, hmask, offs_k, Act, W, Ids, Weights, S, N, K, stride_am, stride_we,
+               stride_wn, stride_se, stride_sn, stride_sk, w_tile,
+               TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+               HAS_SCALE: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr):  # fmt: skip
+    # multiply chunk i of the flattened (pair, K chunk) stream, whose weight tile is `w_tile`
+    p = t * TOP_K + i // CPP
+    k = (i % CPP) * BLOCK_K + offs_k
+    e = tl.load(Ids + p)
+    rw = tl.where(e >= 0, tl.load(Weights + p), 0.0)
+    kk = tl.broadcast_to(k[None, :], [BLOCK_H, BLOCK_K])
+    live = (kk * 0 + e) >= 0  # (a vector mask: the interpreter takes no scalar one)
+    a = tl.load(Act + p * stride_am + kk, mask=(kk < K) & live, other=0.0).to(tl.float32)
+    wf = w_tile.to(tl.float32)
+    if HAS_SCALE:
+        sb = tl.load(
+            S + tl.maximum(e, 0).to(tl.int64) * stride_se + ((i % CPP) * BLOCK_K // GK) * stride_sk
+            + (offs_h // GN) * stride_sn,
+            mask=hmask & ((offs_h * 0 + e) >= 0), other=0.0,
+        )  # fmt: skip
+        wf = wf * sb[:, None]
+    return acc + wf * (a * rw)
+
+
+@triton.jit
+def _down_load(i, CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we, stride_wn,
+               TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):  # fmt: skip
+    # the weight tile of chunk i: BLOCK_H rows of the pair's expert (nothing read for a remote expert)
+    p = t * TOP_K + i // CPP
+    e = tl.load(Ids + p)
+    rows = W + tl.maximum(e, 0).to(tl.int64) * stride_we + offs_h[:, None].to(tl.int64) * stride_wn
+    return _load_tile(rows, (i % CPP) * BLOCK_K + offs_k, K, hmask & ((offs_h * 0 + e) >= 0), EVEN_K)
+
+
+@triton.jit
+def _down_kernel(
+    Act, W, Out, Acc, Ids, Weights, S, N, K, stride_am, stride_we, stride_wn, stride_om,
+    stride_se, stride_sn, stride_sk,
+    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
+    SPLIT: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = offs_h < N
+    offs_k = tl.arange(0, BLOCK_K)
+    CPP = tl.cdiv(K, BLOCK_K)  # K chunks per pair
+    per_split = tl.cdiv(TOP_K, SPLIT)
+    lo = tl.program_id(2) * per_split * CPP
+    hi = tl.minimum(lo + per_split * CPP, TOP_K * CPP)
+    # a split past the token's last pair (k not a multiple of SPLIT) runs no loop; its prefetch still
+    # reads the token's last chunk, never past the token's ids
+    first = tl.minimum(lo, hi - 1)
+    last = tl.maximum(hi - 1, first)
+    acc = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+    if PREFETCH >= 1:
+        w1 = _down_load(
+            first, CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we, stride_wn, TOP_K, BLOCK_K, EVEN_K
+        )
+    if PREFETCH >= 2:
+        w2 = _down_load(tl.minimum(first + 1, last), CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we,
+                        stride_wn, TOP_K, BLOCK_K, EVEN_K)  # fmt: skip
+    for i in range(lo, hi):
+        if PREFETCH == 0:
+            w = _down_load(i, CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we, stride_wn, TOP_K, BLOCK_K,
+                           EVEN_K)  # fmt: skip
+        elif PREFETCH == 1:
+            w = w1
+            w1 = _down_load(tl.minimum(i + 1, last), CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we,
+                            stride_wn, TOP_K, BLOCK_K, EVEN_K)  # fmt: skip
+        else:
+            w = w1
+            w1 = w2
+            w2 = _down_load(tl.minimum(i + 2, last), CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we,
+                            stride_wn, TOP_K, BLOCK_K, EVEN_K)  # fmt: skip
+        acc = _down_step(acc, i, CPP, t, offs_h, hmask, offs_k, Act, W, Ids, Weights, S, N, K, stride_am,
+                         stride_we, stride_wn, stride_se, stride_sn, stride_sk, w, TOP_K, BLOCK_H, BLOCK_K,
+                         EVEN_K, HAS_SCALE, GN, GK)  # fmt: skip
+    y = tl.sum(acc, axis=1)
+    off = t * stride_om + offs_h
+    if SPLIT == 1:
+        tl.store(Out + off, y.to(Out.dtype.element_ty), mask=hmask)
+    else:
+        tl.atomic_add(Acc + off, y, mask=hmask, sem="relaxed")
+
+
+def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether `moe_gemv` takes these experts: weights contiguous in their last dimension."""
+    return w13.stride(-1) == 1 and w2.stride(-1) == 1 and x.dim() == 2
+
+
+def moe_gemv(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    config: MoeGemvConfig,
+    scales=None,
+) -> torch.Tensor:
+    """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, k] -> [T, H] in x's
+    dtype: sum over k of weight * expert(x). `scales`: the `ExpertScales` of FP8 experts."""
+    t, hidden = x.shape
+    if t == 0:
+        return torch.empty_like(x)
+    if not supported(x, w13, w2):
+        raise ValueError("moe_gemv needs expert weights contiguous in their last dimension")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    ids = topk_ids.to(torch.int32).contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()
+    top_k = ids.shape[1]
+    inter = w13.shape[1] // 2
+    s13: WeightScale | None = (scales.w13_scale, scales.block) if scales is not None else None
+    s2: WeightScale | None = (scales.w2_scale, scales.block) if scales is not None else None
+
+    act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
+    sa, sc, bk = scale_args(w13, s13, config.block_k)
+    _gate_up_kernel[(t * top_k, triton.cdiv(inter, config.block_n))](
+        x, w13, act, ids, sa[0], inter, hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        *sa[1:], TOP_K=top_k, BLOCK_N=config.block_n, BLOCK_K=bk, PREFETCH=config.prefetch,
+        EVEN_K=hidden % bk == 0, HAS_SCALE=sc.get("HAS_SCALE", False), GN=sc.get("GN", 1), GK=sc.get("GK", 1),
+        num_warps=config.num_warps, num_stages=1,
+    )  # fmt: skip
+
+    out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
+    split = min(config.down_split, top_k)
+    acc = torch.zeros((t, hidden), dtype=torch.float32, device=x.device) if split > 1 else out
+    sa, sc, bk = scale_args(w2, s2, config.down_block_k)
+    _down_kernel[(t, triton.cdiv(hidden, config.down_block_h), split)](
+        act, w2, out, acc, ids, weights, sa[0], hidden, inter, act.stride(0), w2.stride(0), w2.stride(1),
+        out.stride(0), *sa[1:], TOP_K=top_k, BLOCK_H=config.down_block_h, BLOCK_K=bk,
+        PREFETCH=config.down_prefetch, SPLIT=split, EVEN_K=inter % bk == 0,
+        HAS_SCALE=sc.get("HAS_SCALE", False), GN=sc.get("GN", 1), GK=sc.get("GK", 1),
+        num_warps=config.down_num_warps, num_stages=1,
+    )  # fmt: skip
+    if split > 1:
+        out.copy_(acc)
+    return out
