@@ -16,10 +16,8 @@ each output's relative error to the float32 reference. Writes benchmarks/results
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -28,11 +26,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import gemv_timing as gt  # noqa: E402
 from benchmarks import gpu_common as gc  # noqa: E402
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-PEAK = 4.8e12  # H200 HBM3e, datasheet
-CALLS = 20
+SHAPES = {name: shape for name, shape in gt.LLAMA_8B_LINEARS.items() if name != "lm_head"}
 
 
 def _gemv(x: torch.Tensor, wt: tuple[torch.Tensor, torch.Tensor], block: tuple[int, int] | None):
@@ -94,71 +91,22 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
             paths["gemv_block128"] = ([_gemv(x, w, (128, 128)) for w in bl_w], block_bytes, "block")
         for path, (fns, nbytes, kind) in paths.items():
             row = dict(shape=name, n=n, k=k, m=m, path=path, weight_mb=round(nbytes / 1e6, 2))
-            try:
-                t0 = time.perf_counter()
-                err = float((fns[0]().float() - ref[kind]).norm() / ref[kind].norm())  # also tunes the GEMV
-                tune_s = time.perf_counter() - t0
-                if path.startswith("gemv"):
-                    row["config"] = str(fp8_gemv._tuned.best_config)
-                    row["first_call_s"] = round(tune_s, 2)
-                t = gc.graph_seconds([fns[i % len(fns)] for i in range(CALLS)])
-                row.update(
-                    us=round(t * 1e6, 2), gb_s=round(nbytes / t / 1e9, 1), of_peak=round(nbytes / t / PEAK, 3),
-                    rel_err=float(f"{err:.3g}"),
-                )  # fmt: skip
-            except Exception as e:  # one failing path must not lose the others' figures
-                traceback.print_exc()
-                row["error"] = repr(e)[:500]
-            rows.append(row)
-            print(
-                f"{name:8s} {n:6d}x{k:<6d} m={m:2d} {path:14s} "
-                + (
-                    f"{row['us']:8.2f} us {row['gb_s']:7.1f} GB/s {row['of_peak']:.3f} of 4.8 TB/s "
-                    f"err {row['rel_err']:.2e} {row.get('config', '')}"
-                    if "us" in row
-                    else f"FAILED {row['error']}"
-                ),
-                flush=True,
-            )
+            tuned = fp8_gemv._tuned if path.startswith("gemv") else None
+            rows.append(gt.time_path(row, fns, ref[kind], nbytes, tuned))
+            print(f"{name:8s} {n:6d}x{k:<6d} m={m:2d} {path:14s} {gt.row_figures(row)}", flush=True)
     return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--m", nargs="+", type=int, default=[1, 4, 16])
-    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=list(SHAPES))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_fp8_gemv.json"))
-    args = ap.parse_args()
+    args = gt.parse_args(__doc__, SHAPES, [1, 4, 16], str(ROOT / "benchmarks/results/gpu_fp8_gemv.json"))
     start = time.perf_counter()
-    bw = gc.copy_bandwidth(1 << 30)
-    print(f"device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)", flush=True)
-    rows = []
-    for name in args.shapes:
-        rows += bench_shape(name, *SHAPES[name], args.m)
-        torch.cuda.empty_cache()
-    for r in rows:
-        if "gb_s" in r:
-            r["of_copy_bw"] = round(r["gb_s"] * 1e9 / bw, 3)
-    speedup = {}
-    for r in rows:
-        if r["path"] == "gemv" and "us" in r:
-            base = {o["path"]: o.get("us") for o in rows if (o["shape"], o["m"]) == (r["shape"], r["m"])}
-            if base.get("scaled_mm"):
-                speedup[f"{r['shape']}/m{r['m']}"] = round(base["scaled_mm"] / r["us"], 2)
+    bw, rows = gt.run_shapes(bench_shape, SHAPES, args.shapes, args.m)
+    speedup = {
+        f"{r['shape']}/m{r['m']}": round(b["us"] / r["us"], 2) for r, b in gt.against(rows, "scaled_mm")
+    }
     print("gemv speedup over scaled_mm: " + ", ".join(f"{k}={v}" for k, v in speedup.items()))
-    gc.save_json(
-        args.out,
-        dict(
-            benchmark="fp8_gemv",
-            device=gc.device_info(),
-            peak_tb_s=PEAK / 1e12,
-            copy_bandwidth_tb_s=round(bw / 1e12, 4),
-            calls_per_graph=CALLS,
-            gemv_speedup_over_scaled_mm=speedup,
-            seconds=round(time.perf_counter() - start, 1),
-            rows=rows,
-        ),
-    )
+    seconds = round(time.perf_counter() - start, 1)
+    gt.save_results(args.out, "fp8_gemv", bw, gemv_speedup_over_scaled_mm=speedup, seconds=seconds, rows=rows)
 
 
 if __name__ == "__main__":

@@ -28,15 +28,11 @@ _NO_NVIDIA_GPU = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVM
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Platform:
+class KindChecks:
+    """`is_nvidia` / `is_amd` / `is_cpu` for any class with a `kind` (the probed `Platform` and the facts
+    `config.resolve` keeps of it), so the spelling of each kind is written once."""
+
     kind: PlatformKind
-    device_name: str
-    compute_capability: tuple[int, int] | None
-    is_hopper_or_newer: bool
-    num_gpus: int
-    # Set when NVML failed for another reason than "no NVIDIA GPU here" (the platform is then `cpu`).
-    nvml_error: str | None = None
 
     @property
     def is_nvidia(self) -> bool:
@@ -49,6 +45,17 @@ class Platform:
     @property
     def is_cpu(self) -> bool:
         return self.kind == "cpu"
+
+
+@dataclass(frozen=True)
+class Platform(KindChecks):
+    kind: PlatformKind
+    device_name: str
+    compute_capability: tuple[int, int] | None
+    is_hopper_or_newer: bool
+    num_gpus: int
+    # Set when NVML failed for another reason than "no NVIDIA GPU here" (the platform is then `cpu`).
+    nvml_error: str | None = None
 
     @property
     def is_hopper_plus(self) -> bool:

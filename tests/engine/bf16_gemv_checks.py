@@ -16,10 +16,9 @@ import json
 
 import torch
 import torch.nn.functional as F
-import triton
 
+from tests.engine.gemv_autotune import prefer_split, tuned_then_cached
 from tokenspeed.runtime.kernels import bf16_gemv
-from tokenspeed.runtime.kernels.gemv_common import cast_partials
 
 # label -> (N, K, dtype, batch sizes): N = 37 is no multiple of any BLOCK_N and K = 300 leaves a tail in every
 # K chunking (masked loads), shorter than one 512-wide chunk; 16 x 1024 needs no mask at all and has several
@@ -61,31 +60,13 @@ def autotuned() -> dict[str, float]:
     out = {}
     for want in (4, 1):
         n, k, dtype, _ = CASES["even"]
-        ran: list[int] = []
-
-        def post(nargs: dict, exception: BaseException | None = None, ran=ran) -> None:
-            ran.append(nargs["SPLIT_K"])
-            cast_partials(nargs, exception)
-
-        def timing(kernel_call, quantiles=None, want=want, ran=ran) -> list[float]:
-            kernel_call()
-            return [0.5 if ran[-1] == want else 1.0] * 3
-
-        bf16_gemv._tuned = triton.autotune(
-            configs=[c.triton_config() for c in bf16_gemv.CONFIGS],
-            key=["N", "K", "BLOCK_M", "HAS_BIAS"],
-            prune_configs_by={"early_config_prune": bf16_gemv._prune},
-            post_hook=post,
-            do_bench=timing,
-        )(bf16_gemv._launch)
+        ran = prefer_split(bf16_gemv, bf16_gemv.CONFIGS, ["N", "K", "BLOCK_M", "HAS_BIAS"], want)
         w = (torch.randn(n, k) * 0.05).to(dtype)
         x = torch.randn(1, k).to(dtype)
         ref = F.linear(x.float(), w.float())
-        first = bf16_gemv.dense_gemv(x, w, None, torch.float32)  # tunes
-        chosen = bf16_gemv._tuned.best_config.kwargs["SPLIT_K"]
-        timed = len(ran)
-        again = bf16_gemv.dense_gemv(x, w, None, torch.float32)  # from the cache: nothing timed
-        assert chosen == want and len(ran) == timed and timed >= 10, (want, chosen, timed, ran)
+        first, again = tuned_then_cached(
+            bf16_gemv, want, ran, bf16_gemv.dense_gemv, x, w, None, torch.float32
+        )
         out[f"autotuned_split{want}"] = max(_rel(first, ref), _rel(again, ref))
     return out
 

@@ -14,10 +14,9 @@ import json
 
 import torch
 import torch.nn.functional as F
-import triton
 
+from tests.engine.gemv_autotune import prefer_split, tuned_then_cached
 from tokenspeed.runtime.kernels import fp8_gemv
-from tokenspeed.runtime.kernels.gemv_common import cast_partials
 from tokenspeed.runtime.layers.quantization.fp8_math import dequantize, quantize_block, quantize_per_channel
 
 # label -> (scale tiles, N, K): N is no multiple of the wider BLOCK_N; K = 300 leaves a tail in every K
@@ -52,38 +51,16 @@ def check() -> dict[str, float]:
 
 
 def autotuned() -> dict[str, float]:
-    """The autotuned entry point as `fp8_linear` calls it (pruning, the split-K pre-hook that zeroes the
-    partials and the post-hook that casts them, the config cache), with the autotuner's timing function
-    replaced by one that prefers a given SPLIT_K: the CPU cannot time GPU kernels, everything else is real."""
+    """The autotuned entry point as `fp8_linear` calls it (`gemv_autotune.py`)."""
     out = {}
     for label, want in (("channel", 4), ("block128", 1)):
         block, n, k = CASES[label]
-        ran: list[int] = []
-
-        def post(nargs: dict, exception: BaseException | None = None, ran=ran) -> None:
-            ran.append(nargs["SPLIT_K"])
-            cast_partials(nargs, exception)
-
-        def timing(kernel_call, quantiles=None, want=want, ran=ran) -> list[float]:
-            kernel_call()
-            return [0.5 if ran[-1] == want else 1.0] * 3
-
-        fp8_gemv._tuned = triton.autotune(
-            configs=[c.triton_config() for c in fp8_gemv.ALL_CONFIGS],
-            key=["N", "K", "M_BUCKET", "GK", "GN"],
-            prune_configs_by={"early_config_prune": fp8_gemv._prune},
-            post_hook=post,
-            do_bench=timing,
-        )(fp8_gemv._launch)
+        ran = prefer_split(fp8_gemv, fp8_gemv.ALL_CONFIGS, ["N", "K", "M_BUCKET", "GK", "GN"], want)
         w0 = torch.randn(n, k) * 0.05
         w, s = quantize_per_channel(w0) if block is None else quantize_block(w0, block)
         x, bias = torch.randn(1, k), torch.randn(n)
         ref = F.linear(x, dequantize(w, s, block, torch.float32), bias)
-        first = fp8_gemv.fp8_gemv(x, w, s, block, bias)  # tunes
-        chosen = fp8_gemv._tuned.best_config.kwargs["SPLIT_K"]
-        timed = len(ran)
-        again = fp8_gemv.fp8_gemv(x, w, s, block, bias)  # from the cache: nothing timed
-        assert chosen == want and len(ran) == timed and timed >= 10, (label, want, chosen, timed, ran)
+        first, again = tuned_then_cached(fp8_gemv, want, ran, fp8_gemv.fp8_gemv, x, w, s, block, bias)
         out[f"autotuned_{label}_split{want}"] = max(_rel(first, ref), _rel(again, ref))
     return out
 

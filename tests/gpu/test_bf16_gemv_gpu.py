@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.gemv_timing import LLAMA_8B_LINEARS as SHAPES
+from tests.gpu.kernel_launches import cuda_kernel_names
 from tests.tiny_models import PagedHarness
 from tokenspeed.demo_models import resolve_model_path
 from tokenspeed.runtime.models.loader import load_model
@@ -21,13 +23,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-SHAPES = {
-    "qkv": (6144, 4096),
-    "o": (4096, 4096),
-    "gate_up": (28672, 4096),
-    "down": (4096, 14336),
-    "lm_head": (128256, 4096),
-}
 BF16_OUT = 5e-3  # the output's rounding to bf16 (2^-9 relative at most per element) and nothing more
 FP32_OUT = 1e-4
 
@@ -104,8 +99,6 @@ def test_autotuned_and_split_k_replay_in_a_cuda_graph(shape, m):
 
 
 def test_bs1_decode_runs_the_gemv_for_every_dense_layer():
-    from torch.profiler import ProfilerActivity, profile
-
     from tokenspeed.runtime.layers.dense_gemv import apply_dense_gemv_backend
     from tokenspeed.runtime.layers.embedding import LMHead
     from tokenspeed.runtime.layers.linear import LinearBase
@@ -127,10 +120,7 @@ def test_bs1_decode_runs_the_gemv_for_every_dense_layer():
         assert a.dtype == b.dtype == torch.float32
         assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item() > 0.999
         assert torch.equal(a.argmax(-1), b.argmax(-1))
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        harness.step([("r", [10])])
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = cuda_kernel_names(lambda: harness.step([("r", [10])]))
     launches = sum("_dense_gemv_kernel" in name for name in names)
     print(f"bs1 decode step: {len(names)} kernels, {launches} dense GEMV launches for {dense} dense layers")
     assert dense > 0 and launches == dense, sorted(set(names))

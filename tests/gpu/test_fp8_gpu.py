@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.gpu.kernel_launches import cuda_kernel_names
 from tests.tiny_models import PagedHarness
 from tokenspeed import Engine
 from tokenspeed.demo_models import resolve_model_path
@@ -207,8 +208,6 @@ def test_fp8_linear_decode_batches_take_the_autotuned_gemv(block, shape, m):
 
 
 def test_bs1_decode_with_fp8_weights_runs_the_gemv_for_every_fp8_layer():
-    from torch.profiler import ProfilerActivity, profile
-
     from tokenspeed.runtime.layers.quantization.fp8 import Fp8Linear
 
     path = str(resolve_model_path("demo"))
@@ -219,10 +218,7 @@ def test_bs1_decode_with_fp8_weights_runs_the_gemv_for_every_fp8_layer():
     harness.step([("r", [5, 300, 17, 42])])
     for token in (7, 8):  # decode steps: the batch-1 configs are tuned here, before the profiled one
         harness.step([("r", [token])])
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        harness.step([("r", [9])])
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = cuda_kernel_names(lambda: harness.step([("r", [9])]))
     gemv = sum("_fp8_gemv_kernel" in name for name in names)
     print(f"bs1 decode step: {len(names)} kernels, {gemv} FP8 GEMV launches for {fp8_layers} FP8 layers")
     assert fp8_layers > 0 and gemv == fp8_layers, sorted(set(names))

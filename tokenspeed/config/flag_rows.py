@@ -13,13 +13,13 @@ import argparse
 import dataclasses
 import functools
 import json
-import types
 import typing
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from tokenspeed.config.flags import FIELD_ALIASES, FIELD_CHOICES, str_to_bool
 from tokenspeed.config.server_args import ServerArgs
+from tokenspeed.config.server_fields import type_alternatives
 
 # Mark "not given": the row then takes the default, or the value type, of its ``ServerArgs`` field.
 _FIELD_DEFAULT: Any = object()
@@ -40,9 +40,7 @@ def field_defaults() -> dict[str, Any]:
 def field_type(name: str) -> Callable[[str], Any]:
     """The type a flag parses a value of field ``name`` (or a flag alias of it) into, read from the field's
     annotation: ``int | None`` gives int, ``list[int]`` int (one per value), a Literal its values' type."""
-    hint = typing.get_type_hints(ServerArgs)[FIELD_ALIASES.get(name, name)]
-    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    kinds = [k for k in typing.get_args(hint) if k is not type(None)] if is_union else [hint]
+    kinds = type_alternatives(typing.get_type_hints(ServerArgs)[FIELD_ALIASES.get(name, name)])
     assert len(kinds) == 1, f"{name}: a field of several types needs its flag row to name one"
     kind = kinds[0]
     if typing.get_origin(kind) is typing.Literal:
@@ -212,6 +210,23 @@ class OptionalBool(_Named):
 
     def argv(self, field: str, value: Any) -> list[str]:
         return [spelling(self.flags, field), _text(bool(value))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Positional:
+    """An optional positional argument standing for a flag (``tokenspeed serve MODEL`` for ``--model``):
+    parsed into ``dest``, never spelled back, since the flag spells its field."""
+
+    dest: str
+    metavar: str
+    help: str
+    flags: tuple[str, ...] = ()
+
+    def add(self, group: Any) -> None:
+        group.add_argument(self.dest, nargs="?", metavar=self.metavar, default=None, help=self.help)
+
+    def argv(self, field: str, value: Any) -> list[str]:
+        raise AssertionError(f"the positional {self.metavar} is spelled by its flag")
 
 
 def add_groups(parser: argparse.ArgumentParser, groups: Iterable[tuple[str, Iterable[FlagRow]]]) -> None:

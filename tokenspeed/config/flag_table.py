@@ -11,36 +11,15 @@ profile servers with ``to_argv``), the flag a message or ``--print-config`` name
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
-from typing import Any
 
-from tokenspeed.config.flag_rows import FlagRow, Opt, OptionalBool, Switch, SwitchPair, Toggle
+from tokenspeed.config.flag_rows import FlagRow, Opt, OptionalBool, Positional, Switch, SwitchPair, Toggle
 from tokenspeed.config.flags import nullable_str
 
-
-@dataclasses.dataclass(frozen=True)
-class _ModelPositional:
-    """``tokenspeed serve MODEL``: the model may be given without ``--model`` (which spells it back)."""
-
-    flags: tuple[str, ...] = ()
-    dest: str = "model_path"
-
-    def add(self, group: Any) -> None:
-        group.add_argument(
-            "model_path",
-            nargs="?",
-            metavar="model",
-            default=None,
-            help="Model to serve: a local directory or a Hugging Face repo id (same as --model).",
-        )
-
-    def argv(self, field: str, value: Any) -> list[str]:
-        raise AssertionError("the positional model is spelled by --model")
-
-
 MODEL_FLAGS: tuple[FlagRow, ...] = (
-    _ModelPositional(),
+    Positional(
+        "model_path", "model", "Model to serve: a local directory or a Hugging Face repo id (same as --model)."
+    ),
     Opt("--model", "Model directory or repo id.", aliases=("--model-path",)),
     Opt("--tokenizer", "Tokenizer path; defaults to the model."),
     Opt("--host", "Address the HTTP server binds (loopback unless you widen it)."),

@@ -1,7 +1,8 @@
 """Allowed values of ``ServerArgs`` fields and the value parsers of their flags.
 
 The choices are shared by the parser (so ``--help`` lists them) and by resolution (so a ``ServerArgs``
-built from a profile, without argparse, is checked the same way). The flag helpers that read field
+built from a profile, without argparse, is checked the same way). A field typed ``Literal[...]`` in
+``config.server_fields`` states its choices there; ``FIELD_CHOICES`` reads them back rather than repeat them. The flag helpers that read field
 defaults are in ``config.flag_table``.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tokenspeed.config.server_fields import declared_choices
 from tokenspeed.config.support import REASONING_PARSERS_IMPLEMENTED
 
 ATTENTION_BACKENDS = (
@@ -56,15 +58,6 @@ FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
     "log_requests_level": (0, 1, 2),
     "metrics_reporters": ("prometheus",),
     "load_balance_method": ("round_robin", "shortest_queue", "minimum_cache_usage"),
-    "ep_dispatch_algorithm": (
-        "static",
-        "dynamic",
-        "fake",
-        "static_with_zero_expert",
-        "dynamic_with_zero_expert",
-    ),
-    "expert_distribution_recorder_mode": ("stat", "stat_approx", "per_pass", "per_token"),
-    "deepep_mode": ("normal", "low_latency", "auto"),
     "attention_backend": ATTENTION_BACKENDS,
     "drafter_attention_backend": ATTENTION_BACKENDS,
     "sampling_backend": SAMPLING_BACKENDS,
@@ -78,6 +71,8 @@ FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
     "mm_attention_backend": ("fa3", "fa4", "triton_attn", "flashinfer_cudnn"),
     "disaggregation_mode": ("null", "prefill", "decode", "encode"),
     "disaggregation_transfer_backend": ("mooncake", "mooncake_async"),
+    # Fields typed Literal[...] (ep_dispatch_algorithm, deepep_mode, ...): their type spells the choices.
+    **declared_choices(),
 }
 
 # Checked by a dedicated rule with a more precise message than a choices error.

@@ -107,7 +107,7 @@ class PortArgs:
         mapping = server_args.mapping
         if mapping.nnodes == 1 and server_args.dist_init_addr is None:
             # DP ranks compute their scheduler ports independently, so they need an agreed base.
-            if mapping.has_attn_dp:
+            if mapping.attn.has_dp:
                 raise ValueError(
                     f"data parallel size {mapping.attn_dp_size} > 1 needs a fixed port base: pass "
                     "--dist-init-addr, e.g. --dist-init-addr 127.0.0.1:4000"
@@ -186,7 +186,7 @@ def fixed_ports(server_args: ServerArgs) -> dict[str, int]:
     _host, base = split_host_port(server_args.dist_init_addr)
     ports = _cluster(base, None)
     mapping = server_args.mapping
-    if mapping.has_attn_dp:
+    if mapping.attn.has_dp:
         ports.update({f"scheduler_input_dp{r}": base + 6 + r for r in range(mapping.attn_dp_size)})
     return ports
 

@@ -12,15 +12,13 @@ import json
 import logging
 import os
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tokenspeed.config.flags import CPU_ATTENTION_BACKENDS, CPU_SAMPLING_BACKENDS, FIELD_CHOICES
+from tokenspeed.config.server_fields import ServerFields
 from tokenspeed.config.validate import check_inputs, validate
-from tokenspeed.platform import current_platform
+from tokenspeed.platform import KindChecks, PlatformKind, current_platform
 from tokenspeed.runtime.distributed.mapping import Mapping
-
-if TYPE_CHECKING:
-    from tokenspeed.config.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -31,23 +29,15 @@ SPECULATIVE_CONFIG_KEYS = ("method", "model", "num_speculative_tokens")
 
 
 @dataclasses.dataclass(frozen=True)
-class PlatformFacts:
+class PlatformFacts(KindChecks):
     """What resolution needs to know about the machine."""
 
-    kind: str  # "nvidia", "amd" or "cpu"
+    kind: PlatformKind
     is_hopper_or_newer: bool = False
     gpu_memory_gb: float | None = None
 
-    @property
-    def is_nvidia(self) -> bool:
-        return self.kind == "nvidia"
 
-    @property
-    def is_amd(self) -> bool:
-        return self.kind == "amd"
-
-
-def platform_facts(args: ServerArgs, platform: Any = None) -> PlatformFacts:
+def platform_facts(args: ServerFields, platform: Any = None) -> PlatformFacts:
     """Facts from ``platform`` (any object with ``kind``, ``is_hopper_or_newer``, ``gpu_memory_capacity_gb()``).
 
     With ``--device cpu`` the GPU is never probed. Otherwise ``platform=None`` asks
@@ -68,7 +58,7 @@ def platform_facts(args: ServerArgs, platform: Any = None) -> PlatformFacts:
     )
 
 
-def resolve_server_args(args: ServerArgs, platform: Any = None) -> PlatformFacts:
+def resolve_server_args(args: ServerFields, platform: Any = None) -> PlatformFacts:
     """Fill what ``args`` leaves unset and validate it; returns the platform facts it was resolved against."""
     check_inputs(args)
     facts = platform_facts(args, platform)
@@ -98,7 +88,7 @@ def maybe_model_redirect(model: str) -> str:
     return model
 
 
-def resolve_basic_defaults(args: ServerArgs) -> None:
+def resolve_basic_defaults(args: ServerFields) -> None:
     args.model = maybe_model_redirect(args.model)
     if args.kv_cache_dtype == "fp8":
         args.kv_cache_dtype = "fp8_e4m3"
@@ -113,7 +103,7 @@ def resolve_basic_defaults(args: ServerArgs) -> None:
     args.metrics_reporters = list(dict.fromkeys(args.metrics_reporters or ["prometheus"]))
 
 
-def resolve_config_aliases(args: ServerArgs) -> None:
+def resolve_config_aliases(args: ServerFields) -> None:
     """Fold ``--attention-config.*`` and ``--speculative-config`` into the fields they stand for."""
     if args.use_trtllm_ragged_deepseek_prefill is not None:
         args.mla_disable_ragged = not args.use_trtllm_ragged_deepseek_prefill
@@ -161,7 +151,7 @@ def resolve_config_aliases(args: ServerArgs) -> None:
             args.speculative_num_draft_tokens = args.speculative_num_steps + 1
 
 
-def resolve_parallelism(args: ServerArgs) -> None:
+def resolve_parallelism(args: ServerFields) -> None:
     # ENABLE_CP is read here, per call, so a launcher can set it for one server without re-importing.
     args.mapping = Mapping.from_server_args(args)
     if args.enable_expert_parallel and args.ep_size in (None, 1):
@@ -188,7 +178,7 @@ def default_gpu_memory_utilization(world_size: int) -> float:
     return 0.88
 
 
-def resolve_memory_and_scheduling(args: ServerArgs, facts: PlatformFacts) -> None:
+def resolve_memory_and_scheduling(args: ServerFields, facts: PlatformFacts) -> None:
     world_size = args.mapping.world_size
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = default_gpu_memory_utilization(world_size)
@@ -207,13 +197,13 @@ def resolve_memory_and_scheduling(args: ServerArgs, facts: PlatformFacts) -> Non
         else:
             args.max_cudagraph_capture_size = 160
     if args.max_num_seqs is None:
-        if args.mapping.has_attn_cp:
+        if args.mapping.attn.has_cp:
             args.max_num_seqs = 1  # context parallelism splits one sequence over ranks: one at a time
         else:
             args.max_num_seqs = 80 if args.speculative_algorithm is not None else 160
 
 
-def resolve_kernel_backends(args: ServerArgs, facts: PlatformFacts) -> None:
+def resolve_kernel_backends(args: ServerFields, facts: PlatformFacts) -> None:
     # The GPU attention default is left to the attention initializer, which knows the model.
     if args.device == "cpu":
         resolve_cpu_defaults(args)
@@ -229,7 +219,7 @@ def resolve_kernel_backends(args: ServerArgs, facts: PlatformFacts) -> None:
             args.sampling_backend = "greedy"
 
 
-def resolve_cpu_defaults(args: ServerArgs) -> None:
+def resolve_cpu_defaults(args: ServerFields) -> None:
     """``--device cpu``: torch kernels and no CUDA graphs."""
     if args.attention_backend is None:
         args.attention_backend = "torch"
@@ -247,7 +237,7 @@ def resolve_cpu_defaults(args: ServerArgs) -> None:
     args.disable_prefill_graph = True
 
 
-def resolve_cache(args: ServerArgs) -> None:
+def resolve_cache(args: ServerFields) -> None:
     if args.disaggregation_mode in ("decode", "encode"):
         args.enable_kvstore = False
         logger.info("%s server: KVStore off", args.disaggregation_mode)
@@ -274,7 +264,7 @@ def resolve_cache(args: ServerArgs) -> None:
         )
 
 
-def resolve_speculative_decoding(args: ServerArgs) -> None:
+def resolve_speculative_decoding(args: ServerFields) -> None:
     if args.speculative_algorithm is not None and args.drafter_attention_backend is None:
         args.drafter_attention_backend = args.attention_backend
     if args.speculative_algorithm == "MTP" and args.speculative_draft_model_path is None:
@@ -330,7 +320,7 @@ def resolve_speculative_decoding(args: ServerArgs) -> None:
         )
 
 
-def _resolve_chain_steps(args: ServerArgs) -> None:
+def _resolve_chain_steps(args: ServerFields) -> None:
     """Chain drafting runs one draft step per drafted token: steps = draft tokens - 1."""
     expected = args.speculative_num_draft_tokens - 1
     if args.speculative_num_steps == expected:
@@ -346,7 +336,7 @@ def _resolve_chain_steps(args: ServerArgs) -> None:
     )
 
 
-def _check_ngram_windows(args: ServerArgs) -> None:
+def _check_ngram_windows(args: ServerFields) -> None:
     lo, hi = args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size
     if lo < 1 or hi < lo:
         raise ValueError(
@@ -355,14 +345,14 @@ def _check_ngram_windows(args: ServerArgs) -> None:
         )
 
 
-def resolve_communication(args: ServerArgs, facts: PlatformFacts) -> None:
+def resolve_communication(args: ServerFields, facts: PlatformFacts) -> None:
     mapping = args.mapping
     if (
         not args.enable_allreduce_fusion
         and (facts.is_hopper_or_newer or facts.is_amd)
         and mapping.nnodes == 1
-        and mapping.has_attn_tp
-        and not mapping.has_attn_dp
+        and mapping.attn.has_tp
+        and not mapping.attn.has_dp
     ):
         args.enable_allreduce_fusion = True
         logger.info("allreduce fusion on (single-node TP on a supported GPU)")
@@ -377,27 +367,27 @@ def resolve_communication(args: ServerArgs, facts: PlatformFacts) -> None:
         )
 
 
-def resolve_disaggregation(args: ServerArgs) -> None:
+def resolve_disaggregation(args: ServerFields) -> None:
     mode = args.disaggregation_mode
     if mode == "prefill":
         # Prefill batches vary too much in shape for CUDA graphs to pay off.
         args.enforce_eager = True
         logger.info("prefill server: CUDA graphs off")
     elif mode == "encode":
-        if args.mapping.has_attn_dp:
+        if args.mapping.attn.has_dp:
             raise ValueError(
                 "--disaggregation-mode encode runs one replica per server: drop --data-parallel-size "
                 f"({args.mapping.attn_dp_size}) and start more encode servers instead"
             )
         args.enable_prefix_caching = False
-    if mode == "prefill" and args.load_balance_method != "round_robin" and args.mapping.has_attn_dp:
+    if mode == "prefill" and args.load_balance_method != "round_robin" and args.mapping.attn.has_dp:
         raise ValueError(
             f"a prefill server with data parallel size {args.mapping.attn_dp_size} needs "
             f"--load-balance-method round_robin (got {args.load_balance_method})"
         )
 
 
-def resolve_experts(args: ServerArgs) -> None:
+def resolve_experts(args: ServerFields) -> None:
     if args.enable_eplb and args.expert_distribution_recorder_mode is None:
         # Rebalancing needs load counts; the aggregate mode is the cheapest that gives them.
         args.expert_distribution_recorder_mode = "stat"
@@ -416,5 +406,5 @@ def resolve_experts(args: ServerArgs) -> None:
         )
 
 
-def _field_default(args: ServerArgs, name: str) -> Any:
+def _field_default(args: ServerFields, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(args) if f.name == name)

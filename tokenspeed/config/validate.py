@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tokenspeed.config.flags import CHOICES_CHECKED_ELSEWHERE, FIELD_CHOICES
-
-if TYPE_CHECKING:
-    from tokenspeed.config.server_args import ServerArgs
-
+from tokenspeed.config.server_fields import ServerFields
 
 _JSON_OBJECT_FIELDS = (
     "hf_overrides",
@@ -49,7 +46,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_inputs(args: ServerArgs) -> None:
+def check_inputs(args: ServerFields) -> None:
     """Reject values no rule could make sense of, before anything is derived from them."""
     if not args.model:
         raise ValueError("a model is required: `tokenspeed serve MODEL` or --model MODEL")
@@ -98,12 +95,12 @@ def check_inputs(args: ServerArgs) -> None:
             f"--speculative-num-draft-tokens must be >= 1, got {args.speculative_num_draft_tokens}"
         )
     for name in _JSON_OBJECT_FIELDS:
-        _check_json_object(name, vars(args)[name])
+        json_object_flag(name, vars(args)[name])
     _check_preferred_sampling_params(args.preferred_sampling_params)
     _check_kv_scales_file(args)
 
 
-def _check_kv_scales_file(args: ServerArgs) -> None:
+def _check_kv_scales_file(args: ServerFields) -> None:
     path = args.quantization_param_path
     if path is None:
         return
@@ -116,15 +113,20 @@ def _check_kv_scales_file(args: ServerArgs) -> None:
         raise ValueError(f"--quantization-param-path {path}: no such file (a JSON file of KV cache scales)")
 
 
-def _check_json_object(name: str, text: str | None) -> None:
-    if text is None:
-        return
+def json_object_flag(name: str, value: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON object the flag of field ``name`` holds; None when unset. A dict (from a profile or a
+    caller that parsed it already) is taken as it is, copied."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return dict(value)
     try:
-        value = json.loads(text)
+        parsed = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{_flag(name)} is not valid JSON ({exc}); pass a JSON object") from exc
-    if not isinstance(value, dict):
-        raise ValueError(f"{_flag(name)} must be a JSON object ({{...}}), got {text!r}")
+        raise ValueError(f"{_flag(name)} must be a JSON object, got {value!r}: not valid JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{_flag(name)} must be a JSON object ({{...}}), got {value!r}")
+    return parsed
 
 
 def _check_preferred_sampling_params(text: str | None) -> None:
@@ -155,7 +157,7 @@ def _check_dp_leaders_on_head(mapping) -> None:
             )
 
 
-def validate(args: ServerArgs) -> None:
+def validate(args: ServerFields) -> None:
     """Consistency checks on resolved values, plus the expert-placement defaults that depend on them."""
     mapping = args.mapping
     if args.max_num_seqs < mapping.attn_dp_size:
@@ -163,14 +165,14 @@ def validate(args: ServerArgs) -> None:
             f"--max-num-seqs {args.max_num_seqs} is below the data parallel size {mapping.attn_dp_size}; "
             "every replica needs at least one slot: raise --max-num-seqs"
         )
-    if mapping.has_attn_dp and mapping.nnodes > 1:
+    if mapping.attn.has_dp and mapping.nnodes > 1:
         _check_dp_leaders_on_head(mapping)
-    if mapping.has_attn_cp and args.max_num_seqs > 1:
+    if mapping.attn.has_cp and args.max_num_seqs > 1:
         raise ValueError(
             f"context parallelism (ENABLE_CP=1, size {mapping.attn_cp_size}) serves one sequence at a time: "
             f"set --max-num-seqs 1 (got {args.max_num_seqs})"
         )
-    if mapping.has_attn_dp and args.chunked_prefill_size > args.max_prefill_tokens:
+    if mapping.attn.has_dp and args.chunked_prefill_size > args.max_prefill_tokens:
         raise ValueError(
             f"with data parallelism --chunked-prefill-size ({args.chunked_prefill_size}) must not exceed "
             f"--max-prefill-tokens ({args.max_prefill_tokens}); lower the first or raise the second"
@@ -181,7 +183,7 @@ def validate(args: ServerArgs) -> None:
         )
 
 
-def server_environment(args: ServerArgs) -> dict[str, str]:
+def server_environment(args: ServerFields) -> dict[str, str]:
     """Environment variables the server's processes need for ``args``.
 
     Kept out of resolution so building a ``ServerArgs`` (for ``--print-config``, a profile check or a

@@ -19,11 +19,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    # only in annotations: ServerArgs resolution builds its Mapping through this module
-    from tokenspeed.config.server_args import ServerArgs
+
+class ParallelFields(Protocol):
+    """The user-given size fields ``Mapping.from_server_args`` reads (a ``ServerArgs`` has them all).
+
+    Declared here, not imported: the configuration holds a ``Mapping``, so this module stays below it."""
+
+    world_size: int | None
+    attn_tp_size: int | None
+    data_parallel_size: int | None
+    dense_tp_size: int | None
+    moe_tp_size: int | None
+    ep_size: int
+    enable_expert_parallel: bool
+    nprocs_per_node: int | None
+    nnodes: int
+    base_gpu_id: int
+    gpu_id_step: int
+
 
 GROUP_KINDS = ("attn_tp", "attn_cp", "attn_dp", "dense_tp", "dense_dp", "moe_tp", "moe_ep", "moe_dp")
 
@@ -108,6 +123,14 @@ class ParallelDims:
     @property
     def has_tp(self) -> bool:
         return self.tp_size > 1
+
+    @property
+    def has_cp(self) -> bool:
+        return self.cp_size > 1
+
+    @property
+    def has_dp(self) -> bool:
+        return self.dp_size > 1
 
     @property
     def has_ep(self) -> bool:
@@ -206,7 +229,7 @@ class Mapping:
             )
 
     @classmethod
-    def from_server_args(cls, args: ServerArgs, enable_cp: bool | None = None) -> Mapping:
+    def from_server_args(cls, args: ParallelFields, enable_cp: bool | None = None) -> Mapping:
         """The mapping a ``ServerArgs`` asks for, from its user-given (unresolved) size fields.
 
         ``enable_cp`` defaults to the ``ENABLE_CP`` environment variable, read now (not at import) so a
@@ -250,18 +273,6 @@ class Mapping:
     @property
     def moe(self) -> ParallelDims:
         return ParallelDims(tp_size=self.moe_tp_size, dp_size=self.moe_dp_size, ep_size=self.moe_ep_size)
-
-    @property
-    def has_attn_tp(self) -> bool:
-        return self.attn_tp_size > 1
-
-    @property
-    def has_attn_cp(self) -> bool:
-        return self.attn_cp_size > 1
-
-    @property
-    def has_attn_dp(self) -> bool:
-        return self.attn_dp_size > 1
 
     # Groups -------------------------------------------------------------------------------------------
 

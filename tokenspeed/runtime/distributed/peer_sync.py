@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -23,17 +23,16 @@ from torch import nn
 from tokenspeed.config.ports import split_host_port
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.config.slices import ExpertPlan
+from tokenspeed.runtime.cache.req_to_token import ReqToTokenTable
 from tokenspeed.runtime.distributed.batch_sync import PageMirror, decode_batch, encode_batch
 from tokenspeed.runtime.distributed.comm import broadcast_object, min_over_group
 from tokenspeed.runtime.distributed.groups import ParallelGroups, init_parallel, shutdown_parallel
 from tokenspeed.runtime.distributed.tensor_parallel import load_parallel_model, local_kv_heads
+from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 from tokenspeed.runtime.models.loader import load_model
 from tokenspeed.runtime.moe.expert_parallel import ExpertParallelState
 from tokenspeed.runtime.moe.rank_experts import ExpertController
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch
-
-if TYPE_CHECKING:
-    from tokenspeed.runtime.execution.model_runner import ModelRunner
 
 KEEPALIVE_S = 5.0
 
@@ -55,6 +54,16 @@ class PeerSync(Protocol):
     def before_forward(self, batch: ScheduledBatch) -> None: ...
     def keepalive(self, rebalance: bool = False) -> None: ...
     def close(self) -> None: ...
+
+
+class StepRunner(Protocol):
+    """What a peer's ``follow`` drives: the model runner (execution/model_runner.py), which sits above this
+    module since it asks its peers for the model and the pool size."""
+
+    req_to_token: ReqToTokenTable
+
+    def prepare(self, batch: ScheduledBatch) -> ForwardBatch: ...
+    def run(self, fb: ForwardBatch) -> torch.Tensor: ...
 
 
 class NoPeers:
@@ -172,7 +181,7 @@ class GroupPeers:
             shutdown_parallel(self.groups)
 
     # ---- peers ----------------------------------------------------------------------------------
-    def follow(self, runner: ModelRunner) -> None:
+    def follow(self, runner: StepRunner) -> None:
         """A peer's whole life: apply rank 0's decisions until it says stop."""
         while True:
             msg = broadcast_object(None, self.tp)

@@ -151,14 +151,22 @@ class _VocabRange:
         return dst.numel()
 
 
-class VocabParallelEmbedding(VocabEmbedding):
-    def __init__(self, full: VocabEmbedding, group: RankGroup):
+class _VocabRows:
+    """This rank's range of vocabulary rows and their loading: what the sharded embedding and LM head share
+    (listed first among their bases, so its ``__init__`` and ``load`` stand in for the full layer's)."""
+
+    def __init__(self, full: VocabEmbedding | LMHead, group: RankGroup):
         nn.Module.__init__(self)
         self.group = group
         self.vocab_size = full.vocab_size
         self.range = _VocabRange(full.vocab_size, group)
         self.weight = _new_param(full.weight, (self.range.per_rank, full.weight.shape[1]))
 
+    def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
+        return self.range.load_rows(self.weight, tensor, name)
+
+
+class VocabParallelEmbedding(_VocabRows, VocabEmbedding):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1:
             return F.embedding(input_ids, self.weight)
@@ -168,21 +176,8 @@ class VocabParallelEmbedding(VocabEmbedding):
         out = out.masked_fill(outside.unsqueeze(-1), 0)
         return all_reduce(out, self.group)
 
-    def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
-        return self.range.load_rows(self.weight, tensor, name)
 
-
-class VocabParallelLMHead(LMHead):
-    def __init__(self, full: LMHead, group: RankGroup):
-        nn.Module.__init__(self)
-        self.group = group
-        self.vocab_size = full.vocab_size
-        self.range = _VocabRange(full.vocab_size, group)
-        self.weight = _new_param(full.weight, (self.range.per_rank, full.weight.shape[1]))
-
+class VocabParallelLMHead(_VocabRows, LMHead):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.quant.logits(self, hidden)
         return all_gather(logits, self.group, dim=-1)[..., : self.vocab_size]
-
-    def load(self, param_name: str, tensor: torch.Tensor, name: str) -> int:
-        return self.range.load_rows(self.weight, tensor, name)

@@ -33,11 +33,9 @@ LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_cache_usage")
 
 @dataclass
 class GroupLoad:
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
-    block_size: int = 1
-    kv_pages_total: int = 0
+    """A DP group's last stats snapshot, and what the controller sent it since (not in that snapshot yet)."""
+
+    snapshot: StatsSnapshot = field(default_factory=StatsSnapshot)
     dispatched_since_snapshot: int = 0
     # Prompt tokens dispatched since the last snapshot: the KV pages they will take are not counted yet.
     pending_tokens: int = 0
@@ -61,11 +59,7 @@ class LoadBalancer:
     def observe(self, snap: StatsSnapshot) -> None:
         if not 0 <= snap.dp_rank < self.dp_size:
             return
-        g = self.loads[snap.dp_rank]
-        g.running, g.waiting, g.kv_usage = snap.num_running, snap.num_waiting, snap.kv_usage
-        g.block_size, g.kv_pages_total = snap.block_size, snap.kv_pages_total
-        g.dispatched_since_snapshot = 0
-        g.pending_tokens = 0
+        self.loads[snap.dp_rank] = GroupLoad(snap)
 
     def pick(self, num_tokens: int) -> int:
         if self.method == "round_robin":
@@ -82,13 +76,13 @@ class LoadBalancer:
 
     def _queue(self, g: int) -> int:
         load = self.loads[g]
-        return load.running + load.waiting + load.dispatched_since_snapshot
+        return load.snapshot.num_running + load.snapshot.num_waiting + load.dispatched_since_snapshot
 
     def _cache_usage(self, g: int) -> float:
         load = self.loads[g]
-        capacity = load.kv_pages_total * load.block_size
+        capacity = load.snapshot.kv_pages_total * load.snapshot.block_size
         pending = load.pending_tokens / capacity if capacity else 0.0
-        return load.kv_usage + pending
+        return load.snapshot.kv_usage + pending
 
 
 def run_data_parallel_controller(server_args: ServerArgs, endpoints: ServerEndpoints, parent_pid: int) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenspeed.config.server_args import ServerArgs
+from tokenspeed.config.validate import json_object_flag
 from tokenspeed.runtime.engine.async_llm import AsyncLLM
 from tokenspeed.runtime.entrypoints.body_parser import BodyParser
 from tokenspeed.runtime.entrypoints.request_shape import ShapeLimits
@@ -61,12 +61,4 @@ def parse_preferred_sampling_params(server_args: ServerArgs) -> dict[str, Any] |
     raw = server_args.preferred_sampling_params
     if not raw:
         return None
-    if isinstance(raw, dict):
-        return raw
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--preferred-sampling-params must be a JSON object, got {raw!r}: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ValueError(f"--preferred-sampling-params must be a JSON object, got {raw!r}")
-    return value
+    return json_object_flag("preferred_sampling_params", raw)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed.runtime.kernels import gemv_common
-from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, zero_partials
+from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, split_k_share, zero_partials
 
 # Batches up to this many rows take the GEMV: beyond, the CUDA cores' FMAs per weight byte start to bound
 # it and cuBLAS's tensor-core GEMM is as fast.
@@ -144,15 +144,8 @@ def _dense_gemv_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
 ):  # fmt: skip
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < N
+    pid_k, offs_n, nmask, chunks, lo, hi = split_k_share(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
     offs_k = tl.arange(0, BLOCK_K)
-    chunks = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(chunks, SPLIT_K)
-    lo = pid_k * per_split
-    hi = tl.minimum(lo + per_split, chunks)
     last = tl.maximum(hi - 1, 0)  # prefetched chunk indices are clamped to it: a repeat comes from cache
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
     # one accumulator per batch row; rows past M repeat row M - 1 (in bounds; their results are not stored)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tokenspeed.runtime.kernels.online_softmax import attend_keys
+from tokenspeed.runtime.kernels.online_softmax import attend_keys, cache_strides
 
 # Below this many tokens per split, a split's fixed cost (loading q, writing a partial row) outweighs
 # the parallelism it adds.
@@ -34,36 +34,13 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
 
 @triton.jit
 def _decode_stage1_kernel(
-    Q,
-    K_buf,
-    V_buf,
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    Mid_O,
-    Mid_lse,
-    sm_scale,
-    stride_qb,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_r2t,
-    stride_mob,
-    stride_moh,
-    stride_mos,
-    stride_lb,
-    stride_lh,
-    KV_GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
-    FP32_PV: tl.constexpr,
-):
+    Q, K_buf, V_buf, req_to_token, req_pool_indices, seq_lens, Mid_O, Mid_lse, sm_scale,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
+    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
+    KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr, FP32_PV: tl.constexpr,
+):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -110,21 +87,10 @@ def _decode_stage1_kernel(
 
 @triton.jit
 def _decode_stage2_kernel(
-    Mid_O,
-    Mid_lse,
-    O,  # noqa: E741 - the attention output, named as in the literature
-    stride_mob,
-    stride_moh,
-    stride_mos,
-    stride_lb,
-    stride_lh,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+    Mid_O, Mid_lse, O,  # noqa: E741 - O: the attention output, named as in the literature
+    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -168,52 +134,16 @@ def decode_attention(
     ieee = q.dtype.itemsize == 4
     block_n = 32 if ieee or block_d > 128 else 64
     _decode_stage1_kernel[(bs, num_kv_heads, num_splits)](
-        q,
-        k_buf,
-        v_buf,
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        mid_o,
-        mid_lse,
-        sm_scale,
-        q.stride(0),
-        q.stride(1),
-        k_buf.stride(0),
-        k_buf.stride(1),
-        v_buf.stride(0),
-        v_buf.stride(1),
-        req_to_token.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        KV_GROUP=group,
-        HEAD_DIM=head_dim,
-        NUM_SPLITS=num_splits,
-        BLOCK_H=block_h,
-        BLOCK_N=block_n,
-        BLOCK_D=block_d,
-        IEEE=ieee,
-        FP32_PV=reduce_in_fp32,
-        num_warps=4,
-        num_stages=2,
-    )
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,
+        q.stride(0), q.stride(1), *cache_strides(k_buf, v_buf, req_to_token),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        KV_GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_N=block_n,
+        BLOCK_D=block_d, IEEE=ieee, FP32_PV=reduce_in_fp32, num_warps=4, num_stages=2,
+    )  # fmt: skip
     _decode_stage2_kernel[(bs, num_heads)](
-        mid_o,
-        mid_lse,
-        out,
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=head_dim,
-        NUM_SPLITS=num_splits,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-        BLOCK_D=block_d,
-        num_warps=4 if block_d <= 128 else 8,
-    )
+        mid_o, mid_lse, out,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_D=block_d, num_warps=4 if block_d <= 128 else 8,
+    )  # fmt: skip

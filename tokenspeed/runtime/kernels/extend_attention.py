@@ -15,38 +15,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tokenspeed.runtime.kernels.online_softmax import attend_keys
+from tokenspeed.runtime.kernels.online_softmax import attend_keys, cache_strides
 
 
 @triton.jit
 def _extend_kernel(
-    Q,
-    O,  # noqa: E741 - the attention output, named as in the literature
-    K_buf,
-    V_buf,
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    extend_lens,
-    qo_start,
-    sm_scale,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_r2t,
-    KV_GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
-    FP32_PV: tl.constexpr,
-):
+    Q, O, K_buf, V_buf,  # noqa: E741 - O: the attention output, named as in the literature
+    req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start, sm_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
+    KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, IEEE: tl.constexpr, FP32_PV: tl.constexpr,
+):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
     mblk = tl.program_id(2)
@@ -123,32 +102,8 @@ def extend_attention(
         block_m = min(block_m, 64)
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
-        q,
-        out,
-        k_buf,
-        v_buf,
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        extend_lens,
-        qo_start,
-        sm_scale,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_buf.stride(0),
-        k_buf.stride(1),
-        v_buf.stride(0),
-        v_buf.stride(1),
-        req_to_token.stride(0),
-        KV_GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_D=block_d,
-        IEEE=q.dtype.itemsize == 4,
-        FP32_PV=reduce_in_fp32,
-        num_warps=warps,
-        num_stages=stages,
-    )
+        q, out, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start, sm_scale,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides(k_buf, v_buf, req_to_token),
+        KV_GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        IEEE=q.dtype.itemsize == 4, FP32_PV=reduce_in_fp32, num_warps=warps, num_stages=stages,
+    )  # fmt: skip

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed.runtime.kernels import gemv_common
-from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, zero_partials
+from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, split_k_share, zero_partials
 
 # Batches up to this many rows take the GEMV; larger ones are compute-bound enough for the GEMM paths.
 GEMV_MAX_M = 16
@@ -171,17 +171,10 @@ def _fp8_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
     PREFETCH: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < N
+    pid_k, offs_n, nmask, chunks, lo, hi = split_k_share(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
     offs_m = tl.arange(0, BLOCK_M)
     mmask = offs_m < M
     offs_k = tl.arange(0, BLOCK_K)
-    chunks = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(chunks, SPLIT_K)
-    lo = pid_k * per_split
-    hi = tl.minimum(lo + per_split, chunks)
     w_rows = W + offs_n[:, None].to(tl.int64) * stride_wn
     if GK != 0:
         s_rows = S + (offs_n // GN).to(tl.int64) * stride_sn

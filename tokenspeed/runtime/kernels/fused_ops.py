@@ -58,44 +58,20 @@ def rms_norm(
     y = torch.empty((x2.shape[0], n), dtype=out_dtype, device=x.device)
     block = triton.next_power_of_2(n)
     warps = 4 if block <= 1024 else (8 if block <= 4096 else 16)
-    if residual is None:
-        _rmsnorm_kernel[(x2.shape[0],)](
-            x2,
-            x2,
-            weight,
-            y,
-            y,
-            x2.stride(0),
-            0,
-            y.stride(0),
-            0,
-            n,
-            eps,
-            HAS_RES=False,
-            BLOCK=block,
-            num_warps=warps,
-        )
-        return y.view(shape)
-    r2 = residual.reshape(-1, n)
-    if r2.stride(-1) != 1:
-        r2 = r2.contiguous()
-    new_res = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+    has_res = residual is not None
+    r2, new_res = x2, y  # without a residual, R and RO are neither read nor written
+    if has_res:
+        r2 = residual.reshape(-1, n)
+        if r2.stride(-1) != 1:
+            r2 = r2.contiguous()
+        new_res = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     _rmsnorm_kernel[(x2.shape[0],)](
-        x2,
-        r2,
-        weight,
-        y,
-        new_res,
-        x2.stride(0),
-        r2.stride(0),
-        y.stride(0),
-        new_res.stride(0),
-        n,
-        eps,
-        HAS_RES=True,
-        BLOCK=block,
-        num_warps=warps,
-    )
+        x2, r2, weight, y, new_res,
+        x2.stride(0), r2.stride(0) if has_res else 0, y.stride(0), new_res.stride(0) if has_res else 0,
+        n, eps, HAS_RES=has_res, BLOCK=block, num_warps=warps,
+    )  # fmt: skip
+    if not has_res:
+        return y.view(shape)
     return y.view(shape), new_res.view(shape)
 
 
@@ -146,38 +122,45 @@ def rotate_head(src, cs, HALF: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rope_kernel(
-    Q,
-    K,
-    QO,
-    KO,
-    CS,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_qot,
-    stride_qoh,
-    stride_kot,
-    stride_koh,
-    stride_cs,
-    NUM_Q_HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+def rotate_qk_head(
+    Q, K, CS, t, h, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
+    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """`rotate_head` of head `h` of token `t` in a RoPE kernel's grid: query head h, or key head
+    h - NUM_Q_HEADS."""
     if h < NUM_Q_HEADS:
         src = Q + t * stride_qt + h * stride_qh
-        dst = QO + t * stride_qot + h * stride_qoh
     else:
         src = K + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
-        dst = KO + t * stride_kot + (h - NUM_Q_HEADS) * stride_koh
-    o1, o2 = rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
+    return rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
+
+
+@triton.jit
+def store_halves(dst, o1, o2, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Write a head's two halves at `dst`, in dst's dtype."""
     offs = tl.arange(0, BLOCK)
     mask = offs < HALF
-    tl.store(dst + offs, o1, mask=mask)
-    tl.store(dst + HALF + offs, o2, mask=mask)
+    dt = dst.dtype.element_ty
+    tl.store(dst + offs, o1.to(dt), mask=mask)
+    tl.store(dst + HALF + offs, o2.to(dt), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    Q, K, QO, KO, CS,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_cs,
+    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    o1, o2 = rotate_qk_head(
+        Q, K, CS, t, h, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, NUM_Q_HEADS, HALF, BLOCK
+    )
+    if h < NUM_Q_HEADS:
+        dst = QO + t * stride_qot + h * stride_qoh
+    else:
+        dst = KO + t * stride_kot + (h - NUM_Q_HEADS) * stride_koh
+    store_halves(dst, o1, o2, HALF, BLOCK)
 
 
 def rope_operands(

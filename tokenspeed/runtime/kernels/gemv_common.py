@@ -1,6 +1,6 @@
 """What the Triton GEMVs of decode-sized batches share (`fp8_gemv.py`, `bf16_gemv.py`): whether split-K is
 worth trying for a layer's width, the autotuner hooks that zero and cast split-K's float32 partials, the
-autotuner's short timing runs, and the weight-tile load.
+autotuner's short timing runs, a program's share of the work and the weight-tile load.
 
 Split-K: with few output rows a grid has too few programs to keep the H200's 132 SMs' loads in flight, so
 programs also split K and add float32 partials atomically into a buffer a config's pre-hook zeroes; the
@@ -55,6 +55,20 @@ def autotune_kwargs() -> dict:
 
         kwargs["do_bench"] = functools.partial(do_bench, warmup=5, rep=20)
     return kwargs
+
+
+@triton.jit
+def split_k_share(N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """(split, offs_n, nmask, chunks, lo, hi) of this program: its BLOCK_N output rows (program axis 0)
+    and, as K split `split` (axis 1), its share [lo, hi) of the K dimension's `chunks` chunks of BLOCK_K."""
+    split = tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    chunks = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(chunks, SPLIT_K)
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, chunks)
+    return split, offs_n, nmask, chunks, lo, hi
 
 
 @triton.jit

@@ -9,8 +9,17 @@ keeping per row the running max `m_i`, the running sum of exponentials `l_i` and
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+
+def cache_strides(
+    k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor
+) -> tuple[int, int, int, int, int]:
+    """(stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t): the strides `attend_keys` reads the paged
+    K/V cache [slots, kv_heads, head_dim] and the request->slot table by, in its order."""
+    return k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0)
 
 
 @triton.jit

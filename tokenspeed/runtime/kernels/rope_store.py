@@ -5,7 +5,7 @@ k and v copied into the pool at `out_cache_loc`): two launches per layer, 64 per
 model, each a few microseconds of a step that reads the weights in about 3.5 ms. Here one program per
 (token, head) rotates a query head, or rotates a key head and writes it to the pool together with the value
 head. q, k and v are read through their strides, so the views the QKV split produces need no copy. The
-rotation is `fused_ops.rotate_head`, the one `fused_ops.apply_rope` runs (rounded as the PyTorch reference
+rotation is `fused_ops.rotate_qk_head`, the one `fused_ops.apply_rope` runs (rounded as the PyTorch reference
 rounds), so outputs are bit-identical to the unfused pair.
 """
 
@@ -15,69 +15,36 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed.runtime.kernels.fused_ops import rope_launch, rope_operands, rotate_head
+from tokenspeed.runtime.kernels.fused_ops import rope_launch, rope_operands, rotate_qk_head, store_halves
 
 
 @triton.jit
 def _rope_store_kernel(
-    Q,
-    K,
-    V,
-    QO,
-    KO,
-    K_buf,
-    V_buf,
-    LOC,
-    CS,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_qot,
-    stride_qoh,
-    stride_kot,
-    stride_koh,
-    stride_kbt,
-    stride_kbh,
-    stride_vbt,
-    stride_vbh,
+    Q, K, V, QO, KO, K_buf, V_buf, LOC, CS,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_qot, stride_qoh, stride_kot, stride_koh,
+    stride_kbt, stride_kbh, stride_vbt, stride_vbh,
     stride_cs,
-    NUM_Q_HEADS: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
+    o1, o2 = rotate_qk_head(
+        Q, K, CS, t, h, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, NUM_Q_HEADS, HALF, BLOCK
+    )
     if h < NUM_Q_HEADS:
-        src = Q + t * stride_qt + h * stride_qh
-    else:
-        src = K + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
-    o1, o2 = rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < HALF
-    if h < NUM_Q_HEADS:
-        dst = QO + t * stride_qot + h * stride_qoh
-        tl.store(dst + offs, o1, mask=mask)
-        tl.store(dst + HALF + offs, o2, mask=mask)
+        store_halves(QO + t * stride_qot + h * stride_qoh, o1, o2, HALF, BLOCK)
     else:
         kh = h - NUM_Q_HEADS
-        dst = KO + t * stride_kot + kh * stride_koh
-        tl.store(dst + offs, o1, mask=mask)
-        tl.store(dst + HALF + offs, o2, mask=mask)
+        store_halves(KO + t * stride_kot + kh * stride_koh, o1, o2, HALF, BLOCK)
         loc = tl.load(LOC + t).to(tl.int64)
-        kb = K_buf + loc * stride_kbt + kh * stride_kbh
-        kdt = K_buf.dtype.element_ty
-        tl.store(kb + offs, o1.to(kdt), mask=mask)
-        tl.store(kb + HALF + offs, o2.to(kdt), mask=mask)
+        store_halves(K_buf + loc * stride_kbt + kh * stride_kbh, o1, o2, HALF, BLOCK)
         vsrc = V + t * stride_vt + kh * stride_vh
-        vb = V_buf + loc * stride_vbt + kh * stride_vbh
-        vdt = V_buf.dtype.element_ty
+        offs = tl.arange(0, BLOCK)
+        mask = offs < HALF
         v1 = tl.load(vsrc + offs, mask=mask, other=0.0)
         v2 = tl.load(vsrc + HALF + offs, mask=mask, other=0.0)
-        tl.store(vb + offs, v1.to(vdt), mask=mask)
-        tl.store(vb + HALF + offs, v2.to(vdt), mask=mask)
+        store_halves(V_buf + loc * stride_vbt + kh * stride_vbh, v1, v2, HALF, BLOCK)
 
 
 def rope_store_kv(

@@ -23,6 +23,35 @@ BISECT_STEPS = 24
 
 
 @triton.jit
+def _scaled_logits(base, c, V, inv_t, BLOCK: tl.constexpr):
+    """(offsets, in-vocabulary mask, logits) of the row's block [c, c + BLOCK): the logits in float32
+    divided by the temperature, -inf past the vocabulary."""
+    offs = c + tl.arange(0, BLOCK)
+    mask = offs < V
+    return offs, mask, tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+
+
+@triton.jit
+def _count_at_least(base, V, inv_t, cut, BLOCK: tl.constexpr):
+    """How many of the row's scaled logits are >= cut (top-k's bisection)."""
+    cnt = 0
+    for c in range(0, V, BLOCK):
+        _, _, x = _scaled_logits(base, c, V, inv_t, BLOCK)
+        cnt += tl.sum((x >= cut).to(tl.int32), 0)
+    return cnt
+
+
+@triton.jit
+def _mass_at_least(base, V, inv_t, m, cut, BLOCK: tl.constexpr):
+    """The unnormalised probability mass, exp(x - m), of the row's scaled logits x >= cut (top-p's)."""
+    mass = 0.0
+    for c in range(0, V, BLOCK):
+        _, _, x = _scaled_logits(base, c, V, inv_t, BLOCK)
+        mass += tl.sum(tl.where(x >= cut, tl.exp(x - m), 0.0), 0)
+    return mass
+
+
+@triton.jit
 def _sample_kernel(
     Logits,
     Out,
@@ -52,9 +81,7 @@ def _sample_kernel(
     lo = float("inf")
     s = 0.0
     for c in range(0, V, BLOCK):
-        offs = c + tl.arange(0, BLOCK)
-        mask = offs < V
-        x = tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+        offs, mask, x = _scaled_logits(base, c, V, inv_t, BLOCK)
         m_new = tl.maximum(m, tl.max(x, 0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.where(mask, tl.exp(x - m_new), 0.0), 0)
         lo = tl.minimum(lo, tl.min(tl.where(mask, x, float("inf")), 0))
@@ -67,31 +94,17 @@ def _sample_kernel(
             b = m
             for _ in range(STEPS):
                 mid = 0.5 * (a + b)
-                cnt = 0
-                for c in range(0, V, BLOCK):
-                    offs = c + tl.arange(0, BLOCK)
-                    x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-                    cnt += tl.sum((x >= mid).to(tl.int32), 0)
-                ok = cnt >= top_k
+                ok = _count_at_least(base, V, inv_t, mid, BLOCK) >= top_k
                 a = tl.where(ok, mid, a)
                 b = tl.where(ok, b, mid)
             thr = a
         if top_p < 1.0:
-            z = 0.0
-            for c in range(0, V, BLOCK):
-                offs = c + tl.arange(0, BLOCK)
-                x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-                z += tl.sum(tl.where(x >= thr, tl.exp(x - m), 0.0), 0)
+            z = _mass_at_least(base, V, inv_t, m, thr, BLOCK)
             a = tl.maximum(thr, lo)
             b = m
             for _ in range(STEPS):
                 mid = 0.5 * (a + b)
-                mass = 0.0
-                for c in range(0, V, BLOCK):
-                    offs = c + tl.arange(0, BLOCK)
-                    x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
-                    mass += tl.sum(tl.where(x >= mid, tl.exp(x - m), 0.0), 0)
-                ok = mass >= top_p * z
+                ok = _mass_at_least(base, V, inv_t, m, mid, BLOCK) >= top_p * z
                 a = tl.where(ok, mid, a)
                 b = tl.where(ok, b, mid)
             thr = tl.maximum(thr, a)
@@ -102,9 +115,7 @@ def _sample_kernel(
     best = float("-inf")
     best_idx = 0
     for c in range(0, V, BLOCK):
-        offs = c + tl.arange(0, BLOCK)
-        mask = offs < V
-        x = tl.load(base + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_t
+        offs, mask, x = _scaled_logits(base, c, V, inv_t, BLOCK)
         u = tl.rand(seed, offs)
         u = tl.minimum(tl.maximum(u, 1e-10), 1.0 - 1e-7)
         g = -tl.log(-tl.log(u))

@@ -23,10 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice
 from tokenspeed.runtime.layers.embedding import LMHead
 from tokenspeed.runtime.layers.linear import UNQUANTIZED, LinearBase, Unquantized
 
 logger = logging.getLogger(__name__)
+FLAG = "--dense-gemv-backend"
 
 
 class TritonGemv(Unquantized):
@@ -54,23 +56,8 @@ class TritonGemv(Unquantized):
         return self._gemv.dense_gemv(x, layer.weight, None, torch.float32)
 
 
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _make_triton(device: torch.device) -> Unquantized:
-    if device.type != "cuda":
-        raise ValueError(
-            "--dense-gemv-backend triton needs a CUDA GPU; use --dense-gemv-backend auto or torch on the CPU"
-        )
-    if not _triton_available():
-        raise ValueError(
-            "--dense-gemv-backend triton needs the triton package; install it or use --dense-gemv-backend torch"
-        )
+    require_triton(FLAG, device)
     return TritonGemv()
 
 
@@ -83,14 +70,7 @@ CHOICES = ("auto", *DENSE_GEMV_BACKENDS)
 
 def resolve_dense_gemv_backend(name: str | None, device: torch.device | str) -> str:
     """The backend `name` stands for on `device` ("auto": torch until the H200 has measured the GEMV)."""
-    name = name or "auto"
-    if name not in CHOICES:
-        raise ValueError(
-            f"--dense-gemv-backend {name!r} is not available in this build; choose one of {', '.join(CHOICES)}"
-        )
-    if name != "auto":
-        return name
-    return "torch"
+    return resolve_choice(FLAG, name, CHOICES, lambda: "torch")
 
 
 def use_dense_multiply(model: nn.Module, quant: Unquantized) -> int:

@@ -8,16 +8,16 @@ prefix; labels are `model_name` and `dp_rank`, plus `app_key` when `--app-key` i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenspeed.runtime.engine.io_struct import StatsSnapshot
+from tokenspeed.runtime.metrics.families import PREFIX, MetricFamilies
 from tokenspeed.runtime.metrics.spec_metrics import SpecDecodeMetrics
 from tokenspeed.runtime.moe.expert_metrics import ExpertMetrics
 
-PREFIX = "tokenspeed:"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # Latency buckets from sub-millisecond CPU decode steps to minute-long requests.
@@ -30,6 +30,12 @@ _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 1
 # Request phases: a queue wait or a prefill can be a millisecond on an idle server and minutes behind a backlog.
 _PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
                   20.0, 30.0, 40.0, 60.0, 120.0, 240.0, 480.0)  # fmt: skip
+_PHASE_DOCS = {
+    "queue": "Time from arrival to first being scheduled.",
+    "prefill": "Time from first being scheduled to the first token.",
+    "decode": "Time from the first token to finish.",
+    "inference": "Time from first being scheduled to finish.",
+}
 _ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # Tokens per request, prompt or generated: powers of two up to long contexts.
 _REQUEST_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
@@ -81,35 +87,20 @@ class RequestPhases:
     inference: float
 
 
-@dataclass
-class _Cumulative:
-    """Last cumulative values seen from one rank, so Prometheus counters move by the difference."""
-
-    prefix_cache_hits: int = 0
-    prefix_cache_queries: int = 0
-    num_preemptions: int = 0
-    num_nan_aborted: int = 0
-
-
 class ServerMetrics:
     def __init__(self, model_name: str, app_key: str | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self.app_key = app_key
         labels = ["model_name", "dp_rank"] + (["app_key"] if app_key else [])
-        self._last: dict[int, _Cumulative] = {}
+        # Last snapshot of each rank: its cumulative counts move the Prometheus counters by the difference.
+        self._last: dict[int, StatsSnapshot] = {}
         # process_* (CPU seconds, resident memory, open fds, start time) of this front-end process: a
         # restarted server shows up as a new process_start_time_seconds.
         ProcessCollector(registry=self.registry)
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=self.registry)
-
-        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter(PREFIX + name, doc, labels + list(extra), registry=self.registry)
-
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=self.registry)
+        families = MetricFamilies(self.registry, labels)
+        gauge, counter, histogram = families.gauge, families.counter, families.histogram
 
         # Scheduler
         self.num_requests_running = gauge("num_requests_running", "Requests in the running batch.")
@@ -166,21 +157,12 @@ class ServerMetrics:
         self.e2e = histogram(
             "e2e_request_latency_seconds", "Request latency, arrival to finish.", _E2E_BUCKETS
         )
-        # Request phases (vLLM's names): observed once per finished request that was ever scheduled.
-        self.queue_time = histogram(
-            "request_queue_time_seconds", "Time from arrival to first being scheduled.", _PHASE_BUCKETS
-        )
-        self.prefill_time = histogram(
-            "request_prefill_time_seconds",
-            "Time from first being scheduled to the first token.",
-            _PHASE_BUCKETS,
-        )
-        self.decode_time = histogram(
-            "request_decode_time_seconds", "Time from the first token to finish.", _PHASE_BUCKETS
-        )
-        self.inference_time = histogram(
-            "request_inference_time_seconds", "Time from first being scheduled to finish.", _PHASE_BUCKETS
-        )
+        # Request phases (vLLM's names, request_<phase>_time_seconds), keyed by RequestPhases' fields:
+        # observed once per finished request that was ever scheduled.
+        self.phase_times = {
+            phase: histogram(f"request_{phase}_time_seconds", doc, _PHASE_BUCKETS)
+            for phase, doc in _PHASE_DOCS.items()
+        }
         self.request_prompt_tokens = histogram(
             "request_prompt_tokens", "Prompt tokens per finished request.", _REQUEST_TOKEN_BUCKETS
         )
@@ -189,7 +171,7 @@ class ServerMetrics:
         )
         # MoE expert load and EPLB (series appear once a MoE scheduler reports them)
         self.experts = ExpertMetrics(self.registry, labels)
-        self.spec = SpecDecodeMetrics(self.registry, labels)
+        self.spec = SpecDecodeMetrics(families)
 
     def _labels(self, dp_rank: int) -> dict[str, str]:
         out = {"model_name": self.model_name, "dp_rank": str(dp_rank)}
@@ -206,16 +188,15 @@ class ServerMetrics:
                        self.num_requests_waiting, self.gen_throughput, self.kv_cache_usage,
                        self.kv_cache_total_tokens, self.kv_cache_used_tokens, self.num_requests_inflight,
                        self.scheduler_steps, self.heartbeat_age,
-                       self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e, self.queue_time,
-                       self.prefill_time, self.decode_time, self.inference_time, self.request_prompt_tokens,
+                       self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e,
+                       *self.phase_times.values(), self.request_prompt_tokens,
                        self.request_generation_tokens):  # fmt: skip
             metric.labels(**labels)
         self.spec.init_rank(labels)
-        self._last.setdefault(dp_rank, _Cumulative())
 
     def observe_stats(self, snap: StatsSnapshot) -> None:
         labels = self._labels(snap.dp_rank)
-        last = self._last.setdefault(snap.dp_rank, _Cumulative())
+        last = self._last.get(snap.dp_rank, StatsSnapshot(dp_rank=snap.dp_rank))
         self.num_requests_running.labels(**labels).set(snap.num_running)
         self.num_requests_waiting.labels(**labels).set(snap.num_waiting)
         self.gen_throughput.labels(**labels).set(snap.gen_throughput)
@@ -232,7 +213,7 @@ class ServerMetrics:
             delta = value - getattr(last, name)
             # A smaller value means the rank restarted its count (flush_cache): count from there.
             counter.labels(**labels).inc(delta if delta >= 0 else value)
-            setattr(last, name, value)
+        self._last[snap.dp_rank] = snap
         hist = self.iteration_tokens.labels(**labels)
         for n in snap.iteration_tokens:
             hist.observe(n)
@@ -277,10 +258,8 @@ class ServerMetrics:
         self.request_generation_tokens.labels(**labels).observe(s.completion_tokens)
         phases = s.phases()
         if phases is not None:
-            self.queue_time.labels(**labels).observe(phases.queue)
-            self.prefill_time.labels(**labels).observe(phases.prefill)
-            self.decode_time.labels(**labels).observe(phases.decode)
-            self.inference_time.labels(**labels).observe(phases.inference)
+            for phase, seconds in asdict(phases).items():
+                self.phase_times[phase].labels(**labels).observe(seconds)
 
     def on_http_response(self, status: int) -> None:
         labels = {"model_name": self.model_name, "status": str(status)}

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-
 from tokenspeed.runtime.engine.io_struct import StatsSnapshot
+from tokenspeed.runtime.metrics.families import MetricFamilies
 
-PREFIX = "tokenspeed:"
 _LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 
 
@@ -29,29 +27,27 @@ class _Last:
 
 
 class SpecDecodeMetrics:
-    def __init__(self, registry: CollectorRegistry, labels: list[str]):
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(PREFIX + name, doc, labels, registry=registry)
-
+    def __init__(self, families: MetricFamilies):
         self.counters = {
-            "spec_num_drafts": counter("spec_decode_num_drafts", "Verify forwards of requests with drafts."),
-            "spec_num_draft_tokens": counter("spec_decode_num_draft_tokens", "Drafted tokens verified."),
-            "spec_num_accepted_tokens": counter(
+            "spec_num_drafts": families.counter(
+                "spec_decode_num_drafts", "Verify forwards of requests with drafts."
+            ),
+            "spec_num_draft_tokens": families.counter(
+                "spec_decode_num_draft_tokens", "Drafted tokens verified."
+            ),
+            "spec_num_accepted_tokens": families.counter(
                 "spec_decode_num_accepted_tokens", "Drafted tokens accepted by verification."
             ),
         }
-        self.acceptance_length = Histogram(
-            PREFIX + "spec_decode_acceptance_length",
+        self.acceptance_length = families.histogram(
+            "spec_decode_acceptance_length",
             "Tokens emitted per verification of a drafted request (accepted drafts + 1).",
-            labels,
-            buckets=_LENGTH_BUCKETS,
-            registry=registry,
+            _LENGTH_BUCKETS,
         )
-        self.per_pos = Counter(
-            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+        self.per_pos = families.counter(
+            "spec_decode_num_accepted_tokens_per_pos",
             "Drafted tokens accepted, by their position in the draft (0 = first).",
-            [*labels, "position"],
-            registry=registry,
+            extra=("position",),
         )
         self._last: dict[int, _Last] = {}
         self._last_per_pos: dict[int, list[int]] = {}

@@ -12,6 +12,7 @@ import torch
 
 from tokenspeed.config.quantization import WeightQuant, weight_quant
 from tokenspeed.config.server_args import ServerArgs
+from tokenspeed.config.validate import json_object_flag
 from tokenspeed.runtime.models.registry import supported_architectures
 
 DTYPE_CHOICES: dict[str, torch.dtype] = {
@@ -48,17 +49,7 @@ def resolve_model_path(model: str) -> str:
 def parse_hf_overrides(hf_overrides: str | dict[str, Any] | None) -> dict[str, Any]:
     if not hf_overrides:
         return {}
-    if isinstance(hf_overrides, dict):
-        return dict(hf_overrides)
-    try:
-        parsed = json.loads(hf_overrides)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--hf-overrides must be a JSON object, got {hf_overrides!r}: {e}") from None
-    if not isinstance(parsed, dict):
-        raise ValueError(
-            f"--hf-overrides must be a JSON object (e.g. '{{\"rope_theta\": 1e6}}'), got {parsed!r}"
-        )
-    return parsed
+    return json_object_flag("hf_overrides", hf_overrides) or {}
 
 
 def load_hf_config(path: str, overrides: dict[str, Any], trust_remote_code: bool) -> Any:

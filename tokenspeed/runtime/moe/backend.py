@@ -25,10 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice, triton_available
 from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
 from tokenspeed.runtime.moe.dispatch import DispatchView, localize, torch_dispatch
 
 logger = logging.getLogger(__name__)
+FLAG = "--moe-backend"
 
 
 class MoeBackend(Protocol):
@@ -167,21 +169,8 @@ class UsesMoeBackend(nn.Module):
         self.backend = backend
 
 
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _make_triton(device: torch.device) -> MoeBackend:
-    if device.type != "cuda":
-        raise ValueError("--moe-backend triton needs a CUDA GPU; use --moe-backend auto or torch on the CPU")
-    if not _triton_available():
-        raise ValueError(
-            "--moe-backend triton needs the triton package; install it or use --moe-backend torch"
-        )
+    require_triton(FLAG, device)
     return TritonMoe(device)
 
 
@@ -194,14 +183,8 @@ CHOICES = ("auto", *MOE_BACKENDS)
 
 def resolve_moe_backend(name: str | None, device: torch.device | str) -> str:
     """The backend `name` stands for on `device` ("auto": triton on CUDA when it imports, else torch)."""
-    name = name or "auto"
-    if name not in CHOICES:
-        raise ValueError(
-            f"--moe-backend {name!r} is not available in this build; choose one of {', '.join(CHOICES)}"
-        )
-    if name != "auto":
-        return name
-    return "triton" if torch.device(device).type == "cuda" and _triton_available() else "torch"
+    cuda = torch.device(device).type == "cuda"
+    return resolve_choice(FLAG, name, CHOICES, lambda: "triton" if cuda and triton_available() else "torch")
 
 
 def create_moe_backend(name: str | None, device: torch.device | str) -> MoeBackend:

@@ -20,13 +20,11 @@ from tokenspeed.runtime.entrypoints.openai.chat_output import ChoiceOutput
 from tokenspeed.runtime.entrypoints.openai.errors import bad_request
 from tokenspeed.runtime.entrypoints.openai.logprob_format import chat_entries, vllm_prompt_logprobs
 from tokenspeed.runtime.entrypoints.openai.protocol import ChatCompletionRequest, usage
-from tokenspeed.runtime.entrypoints.openai.request_fields import report_ignored
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
     check_model,
     failure_error,
     merge,
-    new_id,
     now,
     translate_errors,
 )
@@ -34,7 +32,6 @@ from tokenspeed.runtime.entrypoints.openai.serving_flow import (
     CollectedSequence,
     Pipeline,
     Sequences,
-    cache_report_enabled,
     response_body,
     serve_pipeline,
 )
@@ -182,6 +179,9 @@ async def create_chat_completion(
 
 @dataclass(kw_only=True)
 class ChatPipeline(Pipeline):
+    id_prefix = "chatcmpl"
+    path = "/v1/chat/completions"
+
     req: ChatCompletionRequest
     plan: ToolPlan | None  # how tool calls are read from the answer (None without tools)
     echo: str = ""  # chat echo: the last assistant message, before each answer
@@ -197,9 +197,6 @@ class ChatPipeline(Pipeline):
             prompts=[ids],
             params=params,
             plan=plan,
-            rid=req.rid or new_id("chatcmpl"),
-            cache_report=cache_report_enabled(state),
-            ignored=report_ignored(state.reported_fields, req, "/v1/chat/completions"),
             echo=_echo(req),
         )
 

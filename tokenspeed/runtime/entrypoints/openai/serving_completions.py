@@ -22,13 +22,11 @@ from tokenspeed.runtime.entrypoints.openai.logprob_format import (
     vllm_prompt_logprobs,
 )
 from tokenspeed.runtime.entrypoints.openai.protocol import CompletionRequest, usage
-from tokenspeed.runtime.entrypoints.openai.request_fields import report_ignored
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     check_logprobs,
     check_model,
     failure_error,
     merge,
-    new_id,
     tokenize_all,
     translate_errors,
 )
@@ -36,7 +34,6 @@ from tokenspeed.runtime.entrypoints.openai.serving_flow import (
     CollectedSequence,
     Pipeline,
     Sequences,
-    cache_report_enabled,
     response_body,
     serve_pipeline,
 )
@@ -61,6 +58,9 @@ def _echo_text(state: ServerState, prompt: str | list[int], ids: list[int]) -> s
 
 @dataclass(kw_only=True)
 class CompletionPipeline(Pipeline):
+    id_prefix = "cmpl"
+    path = "/v1/completions"
+
     req: CompletionRequest
     echo_texts: list[str]  # per prompt: what `echo` puts before its sequences' text ("" without echo)
     want_logprobs: bool
@@ -97,9 +97,6 @@ class CompletionPipeline(Pipeline):
             params=params,
             echo_texts=echo_texts,
             want_logprobs=want_logprobs,
-            rid=req.rid or new_id("cmpl"),
-            cache_report=cache_report_enabled(state),
-            ignored=report_ignored(state.reported_fields, req, "/v1/completions"),
         )
 
     def prompt_of(self, index: int) -> int:

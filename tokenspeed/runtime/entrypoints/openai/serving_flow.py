@@ -13,19 +13,20 @@ import abc
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from tokenspeed.runtime.engine.async_llm import SequenceOutput
 from tokenspeed.runtime.entrypoints.admission import admit
-from tokenspeed.runtime.entrypoints.openai.request_fields import IGNORED_HEADER
+from tokenspeed.runtime.entrypoints.openai.request_fields import IGNORED_HEADER, report_ignored
 from tokenspeed.runtime.entrypoints.openai.serving_common import (
     SSE_DONE,
     failure_error,
     first_failure,
     merge,
+    new_id,
     now,
     sse,
     start_sequences,
@@ -56,15 +57,25 @@ class Pipeline(abc.ABC):
     """One OpenAI request once its prompts and sampling are known: what to run, and how to render it.
     Each endpoint subclasses it with what its rendering needs, and a `prepare` from its request."""
 
+    # Each endpoint's: the prefix of its response ids and its path (named in the ignored-fields report).
+    id_prefix: ClassVar[str]
+    path: ClassVar[str]
+
     state: ServerState
-    req: Any  # the endpoint's request (protocol.py): n, stream, stream_options, logprobs, ...
+    req: Any  # the endpoint's request (protocol.py): n, stream, stream_options, logprobs, rid, ...
     model: str
     prompts: list[list[int]]
     params: SamplingParams
-    rid: str
-    cache_report: bool  # --enable-cache-report: usage counts cached prompt tokens
     created: int = dataclasses.field(default_factory=now)
-    ignored: tuple[str, ...] = ()  # request fields sent that change nothing (request_fields.py)
+    # From the request and the server, once the request is known to be good:
+    rid: str = dataclasses.field(init=False)  # the client's own rid, else a new id
+    cache_report: bool = dataclasses.field(init=False)  # --enable-cache-report: usage counts cached tokens
+    ignored: tuple[str, ...] = dataclasses.field(init=False)  # fields sent that change nothing
+
+    def __post_init__(self) -> None:
+        self.rid = self.req.rid or new_id(self.id_prefix)
+        self.cache_report = self.state.server_args.enable_cache_report
+        self.ignored = report_ignored(self.state.reported_fields, self.req, self.path)
 
     @property
     def n(self) -> int:
@@ -86,11 +97,6 @@ class Pipeline(abc.ABC):
     def chunk(self, kind: str, choices: list[dict[str, Any]], usage_obj: dict[str, Any] | None = None) -> str:
         """One server-sent event: a stream chunk of this response."""
         return sse(response_body(self.rid, kind, self.created, self.model, choices, usage_obj))
-
-
-def cache_report_enabled(state: ServerState) -> bool:
-    """Whether usage reports cached prompt tokens (``--enable-cache-report``)."""
-    return state.server_args.enable_cache_report
 
 
 def response_body(

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from tokenspeed.runtime.layers.sampling.gpu_params import SamplingTensors, to_device
+from tokenspeed.runtime.layers.sampling.gpu_params import SamplingTensors
 from tokenspeed.runtime.layers.sampling.gpu_sampler import GpuSampler
+from tokenspeed.runtime.layers.sampling.host_tensors import to_device
 from tokenspeed.runtime.layers.sampling.request import SamplingRequest
 
 

@@ -13,16 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenspeed.runtime.layers.sampling.host_tensors import padded_ids, to_device
 from tokenspeed.runtime.layers.sampling.request import SamplingRequest
 
 _MASK31 = 0x7FFFFFFF
-
-
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    host = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def row_seed(seed: int, step: int) -> int:
@@ -78,17 +72,6 @@ def ignored_params(reqs: Sequence[SamplingRequest]) -> list[str]:
     return sorted(names)
 
 
-def _padded_ids(seqs: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
-    width = max(1, max(len(s) for s in seqs))
-    host = torch.full((len(seqs), width), pad, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        if s:
-            host[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
-
-
 def apply_full_adjustments(
     logits: torch.Tensor, reqs: Sequence[SamplingRequest], with_bias: bool = True
 ) -> torch.Tensor:
@@ -125,7 +108,7 @@ def apply_full_adjustments(
     pres = [float(r.sampling.presence_penalty) for r in reqs]
     rep = [float(r.sampling.repetition_penalty) for r in reqs]
     if any(freq) or any(pres):
-        ids = _padded_ids([list(r.token_ids[r.num_prompt_tokens :]) for r in reqs], V, dev)
+        ids = padded_ids([list(r.token_ids[r.num_prompt_tokens :]) for r in reqs], V, dev)
         counts = torch.zeros((S, V + 1), dtype=torch.float32, device=dev)
         counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
         counts = counts[:, :V]
@@ -133,7 +116,7 @@ def apply_full_adjustments(
         p = to_device(pres, torch.float32, dev).unsqueeze(1)
         writable().sub_(f * counts + p * (counts > 0).float())
     if any(x != 1.0 for x in rep):
-        ids = _padded_ids([list(r.token_ids) for r in reqs], V, dev)
+        ids = padded_ids([list(r.token_ids) for r in reqs], V, dev)
         seen = torch.zeros((S, V + 1), dtype=torch.bool, device=dev)
         seen.scatter_(1, ids, True)
         seen = seen[:, :V]

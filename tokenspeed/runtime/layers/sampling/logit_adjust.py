@@ -13,15 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
+from tokenspeed.runtime.layers.sampling.host_tensors import to_device
+
 # The bitmask packs 32 tokens per int32 word, bit i of word w allowing token 32 * w + i (xgrammar's layout).
 _BITS = 32
-
-
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    host = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def apply_logit_bias(logits: torch.Tensor, reqs: Sequence) -> torch.Tensor:
@@ -39,8 +34,8 @@ def apply_logit_bias(logits: torch.Tensor, reqs: Sequence) -> torch.Tensor:
     out = logits.float().clone()
     dev = logits.device
     out.index_put_(
-        (_to_device(rows, torch.int64, dev), _to_device(cols, torch.int64, dev)),
-        _to_device(vals, torch.float32, dev),
+        (to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev)),
+        to_device(vals, torch.float32, dev),
         accumulate=True,
     )
     return out

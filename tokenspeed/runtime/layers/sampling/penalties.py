@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tokenspeed.runtime.layers.sampling.host_tensors import padded_ids
 from tokenspeed.runtime.layers.sampling.request import SamplingRequest
 
 
@@ -19,15 +20,6 @@ def needs_penalties(reqs: Sequence[SamplingRequest]) -> bool:
         r.sampling.repetition_penalty != 1.0 or r.sampling.frequency_penalty or r.sampling.presence_penalty
         for r in reqs
     )
-
-
-def _padded(seqs: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
-    width = max(1, max(len(s) for s in seqs))
-    out = torch.full((len(seqs), width), pad, dtype=torch.int64)
-    for i, s in enumerate(seqs):
-        if s:
-            out[i, : len(s)] = torch.tensor(s, dtype=torch.int64)
-    return out.to(device)
 
 
 def apply_penalties(logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
@@ -40,13 +32,13 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> to
     rep = torch.tensor([r.sampling.repetition_penalty for r in reqs], dtype=torch.float32, device=dev)
     # Column V is a sink for padding, dropped afterwards.
     if bool((freq != 0).any() or (pres != 0).any()):
-        out_ids = _padded([r.token_ids[r.num_prompt_tokens :] for r in reqs], V, dev)
+        out_ids = padded_ids([r.token_ids[r.num_prompt_tokens :] for r in reqs], V, dev)
         counts = torch.zeros((S, V + 1), dtype=torch.float32, device=dev)
         counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=torch.float32))
         counts = counts[:, :V]
         logits -= freq.unsqueeze(1) * counts + pres.unsqueeze(1) * (counts > 0).float()
     if bool((rep != 1.0).any()):
-        all_ids = _padded([r.token_ids for r in reqs], V, dev)
+        all_ids = padded_ids([r.token_ids for r in reqs], V, dev)
         seen = torch.zeros((S, V + 1), dtype=torch.bool, device=dev)
         seen.scatter_(1, all_ids, True)
         seen = seen[:, :V]

@@ -29,37 +29,10 @@ WeightScale = tuple[torch.Tensor, "tuple[int, int] | None"]
 
 
 @triton.jit
-def _gate_up_silu_kernel(
-    X,
-    W,
-    Act,
-    Sorted,
-    BlockExpert,
-    num_pairs,
-    num_experts,
-    INTER,
-    K,
-    stride_xm,
-    stride_we,
-    stride_wn,
-    stride_am,
-    S,
-    stride_se,
-    stride_sn,
-    stride_sk,
-    TOP_K: tl.constexpr,
-    IEEE: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    PAIRS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr = False,
-    GN: tl.constexpr = 1,
-    GK: tl.constexpr = 1,
-):
+def _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, pair ids, rows, valid) of this program's tile of BLOCK_M aligned rows: `rows` index the
+    activations, `ids` the routed pairs, `valid` the rows that hold one (not padding)."""
     pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
     if PAIRS:
         # one routed pair per program, in row 0 of the tile; act is indexed by pair
         e = tl.load(Sorted + pid_m)
@@ -69,10 +42,52 @@ def _gate_up_silu_kernel(
         e = tl.load(BlockExpert + pid_m)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         ids = tl.load(Sorted + rows)
+    return e, ids, rows, ids < num_pairs
+
+
+@triton.jit
+def _load_rows(ptr, valid, kmask, EVEN_K: tl.constexpr):
+    """[BLOCK_M, BLOCK_K] activations; rows not `valid` and K past the end (`kmask`) read as 0."""
+    if EVEN_K:
+        a = tl.load(ptr, mask=valid[:, None], other=0.0)
+    else:
+        a = tl.load(ptr, mask=valid[:, None] & kmask[None, :], other=0.0)
+    return a
+
+
+@triton.jit
+def _load_weights(ptr, nmask, kmask, EVEN_K: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] expert weights; columns past N (`nmask`) and K past the end read as 0."""
+    if EVEN_K:
+        b = tl.load(ptr, mask=nmask[None, :], other=0.0)
+    else:
+        b = tl.load(ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
+    return b
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b in float32; IEEE for float32 inputs (no TF32 rounding)."""
+    if IEEE:
+        d = tl.dot(a, b, input_precision="ieee")
+    else:
+        d = tl.dot(a, b)
+    return d
+
+
+@triton.jit
+def _gate_up_silu_kernel(
+    X, W, Act, Sorted, BlockExpert, num_pairs, num_experts, INTER, K,
+    stride_xm, stride_we, stride_wn, stride_am,
+    S, stride_se, stride_sn, stride_sk,  # FP8 weights' scales (HAS_SCALE), in blocks of (GN, GK)
+    TOP_K: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, PAIRS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr = False, GN: tl.constexpr = 1, GK: tl.constexpr = 1,
+):  # fmt: skip
+    e, ids, rows, valid = _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS, BLOCK_M)
     if (e >= 0) & (e < num_experts):
-        valid = ids < num_pairs
         tok = (ids // TOP_K).to(tl.int64)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = offs_n < INTER
         offs_k = tl.arange(0, BLOCK_K)
         a_ptr = X + tok[:, None] * stride_xm + offs_k[None, :]
@@ -81,33 +96,21 @@ def _gate_up_silu_kernel(
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if EVEN_K:
-                a = tl.load(a_ptr, mask=valid[:, None], other=0.0)
-                g = tl.load(g_ptr, mask=nmask[None, :], other=0.0)
-                u = tl.load(u_ptr, mask=nmask[None, :], other=0.0)
-            else:
-                kmask = offs_k + k0 < K
-                a = tl.load(a_ptr, mask=valid[:, None] & kmask[None, :], other=0.0)
-                g = tl.load(g_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
-                u = tl.load(u_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
+            kmask = offs_k + k0 < K
+            a = _load_rows(a_ptr, valid, kmask, EVEN_K)
+            g = _load_weights(g_ptr, nmask, kmask, EVEN_K)
+            u = _load_weights(u_ptr, nmask, kmask, EVEN_K)
             if HAS_SCALE:
                 # FP8 weights (W8A16): the tile in x's dtype, its scales (per channel, or of the K block
                 # the tile lies in) applied to the tile's partial product
                 s_row = S + e.to(tl.int64) * stride_se + (k0 // GK) * stride_sk
                 sg = tl.load(s_row + (offs_n // GN) * stride_sn, mask=nmask, other=0.0)
                 su = tl.load(s_row + ((INTER + offs_n) // GN) * stride_sn, mask=nmask, other=0.0)
-                if IEEE:
-                    acc_g += tl.dot(a, g.to(a.dtype), input_precision="ieee") * sg[None, :]
-                    acc_u += tl.dot(a, u.to(a.dtype), input_precision="ieee") * su[None, :]
-                else:
-                    acc_g += tl.dot(a, g.to(a.dtype)) * sg[None, :]
-                    acc_u += tl.dot(a, u.to(a.dtype)) * su[None, :]
-            elif IEEE:
-                acc_g += tl.dot(a, g, input_precision="ieee")
-                acc_u += tl.dot(a, u, input_precision="ieee")
+                acc_g += _dot(a, g.to(a.dtype), IEEE) * sg[None, :]
+                acc_u += _dot(a, u.to(a.dtype), IEEE) * su[None, :]
             else:
-                acc_g += tl.dot(a, g)
-                acc_u += tl.dot(a, u)
+                acc_g += _dot(a, g, IEEE)
+                acc_u += _dot(a, u, IEEE)
             a_ptr += BLOCK_K
             g_ptr += BLOCK_K
             u_ptr += BLOCK_K
@@ -118,74 +121,34 @@ def _gate_up_silu_kernel(
 
 @triton.jit
 def _down_kernel(
-    Act,
-    W,
-    Out,
-    Sorted,
-    BlockExpert,
-    Weights,
-    num_pairs,
-    num_experts,
-    N,
-    K,
-    stride_am,
-    stride_we,
-    stride_wn,
-    stride_om,
-    S,
-    stride_se,
-    stride_sn,
-    stride_sk,
-    IEEE: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    PAIRS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr = False,
-    GN: tl.constexpr = 1,
-    GK: tl.constexpr = 1,
-):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    if PAIRS:
-        e = tl.load(Sorted + pid_m)
-        ids = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
-        rows = ids
-    else:
-        e = tl.load(BlockExpert + pid_m)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        ids = tl.load(Sorted + rows)
+    Act, W, Out, Sorted, BlockExpert, Weights, num_pairs, num_experts, N, K,
+    stride_am, stride_we, stride_wn, stride_om,
+    S, stride_se, stride_sn, stride_sk,  # FP8 weights' scales (HAS_SCALE), in blocks of (GN, GK)
+    IEEE: tl.constexpr, EVEN_K: tl.constexpr, PAIRS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr = False, GN: tl.constexpr = 1, GK: tl.constexpr = 1,
+):  # fmt: skip
+    e, ids, rows, valid = _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS, BLOCK_M)
     if (e >= 0) & (e < num_experts):
-        valid = ids < num_pairs
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
         a_ptr = Act + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
         b_ptr = W + e.to(tl.int64) * stride_we + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if EVEN_K:
-                a = tl.load(a_ptr, mask=valid[:, None], other=0.0)
-                b = tl.load(b_ptr, mask=nmask[None, :], other=0.0)
-            else:
-                kmask = offs_k + k0 < K
-                a = tl.load(a_ptr, mask=valid[:, None] & kmask[None, :], other=0.0)
-                b = tl.load(b_ptr, mask=nmask[None, :] & kmask[:, None], other=0.0)
+            kmask = offs_k + k0 < K
+            a = _load_rows(a_ptr, valid, kmask, EVEN_K)
+            b = _load_weights(b_ptr, nmask, kmask, EVEN_K)
             if HAS_SCALE:
                 sb = tl.load(
                     S + e.to(tl.int64) * stride_se + (k0 // GK) * stride_sk + (offs_n // GN) * stride_sn,
                     mask=nmask,
                     other=0.0,
                 )
-                if IEEE:
-                    acc += tl.dot(a, b.to(a.dtype), input_precision="ieee") * sb[None, :]
-                else:
-                    acc += tl.dot(a, b.to(a.dtype)) * sb[None, :]
-            elif IEEE:
-                acc += tl.dot(a, b, input_precision="ieee")
+                acc += _dot(a, b.to(a.dtype), IEEE) * sb[None, :]
             else:
-                acc += tl.dot(a, b)
+                acc += _dot(a, b, IEEE)
             a_ptr += BLOCK_K
             b_ptr += BLOCK_K
         w = tl.load(Weights + ids, mask=valid, other=0.0)
@@ -219,6 +182,33 @@ def scale_args(w: torch.Tensor, scale: WeightScale | None, bk: int) -> tuple[tup
     return (s, s.stride(0), s.stride(1), s.stride(2)), dict(HAS_SCALE=True, GN=gn, GK=gk), min(bk, gk)
 
 
+def _tiling(
+    w: torch.Tensor,
+    scale: WeightScale | None,
+    al: ExpertAlignment,
+    n: int,
+    ieee: bool,
+    tile: tuple[int, int],
+    cfg,
+) -> tuple[tuple, tuple, dict]:
+    """(grid, scales' arguments, constexprs and launch options) of a grouped GEMM over `n` output
+    columns of w [E, *, K]: `tile` (BLOCK_N, BLOCK_K) from the tuned config, 32x32 for float32 inputs."""
+    bn, bk = (32, 32) if ieee else tile
+    s_args, s_consts, bk = scale_args(w, scale, bk)
+    meta = dict(
+        IEEE=ieee,
+        EVEN_K=w.shape[2] % bk == 0,
+        PAIRS=al.pairs,
+        BLOCK_M=al.block_m,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=4 if ieee else cfg.num_warps,
+        num_stages=2 if ieee else cfg.num_stages,
+        **s_consts,
+    )
+    return (al.num_blocks, triton.cdiv(n, bn)), s_args, meta
+
+
 def gate_up_silu(
     x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k: int, cfg, scale: WeightScale | None = None
 ) -> torch.Tensor:
@@ -229,35 +219,11 @@ def gate_up_silu(
     rows = al.num_pairs if al.pairs else al.sorted_ids.numel()
     act = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
-    bn, bk = (32, 32) if ieee else (cfg.block_n, cfg.block_k)
-    s_args, s_consts, bk = scale_args(w13, scale, bk)
-    grid = (al.num_blocks, triton.cdiv(inter, bn))
+    grid, s_args, meta = _tiling(w13, scale, al, inter, ieee, (cfg.block_n, cfg.block_k), cfg)
     _gate_up_silu_kernel[grid](
-        x,
-        w13,
-        act,
-        al.sorted_ids,
-        al.block_expert,
-        al.num_pairs,
-        num_experts,
-        inter,
-        k_in,
-        x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
-        act.stride(0),
-        *s_args,
-        TOP_K=top_k,
-        IEEE=ieee,
-        EVEN_K=k_in % bk == 0,
-        PAIRS=al.pairs,
-        BLOCK_M=al.block_m,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        num_warps=4 if ieee else cfg.num_warps,
-        num_stages=2 if ieee else cfg.num_stages,
-        **s_consts,
-    )
+        x, w13, act, al.sorted_ids, al.block_expert, al.num_pairs, num_experts, inter, k_in,
+        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), *s_args, TOP_K=top_k, **meta,
+    )  # fmt: skip
     return act
 
 
@@ -274,35 +240,11 @@ def down(
     num_experts, n_out, k_in = w2.shape
     out = torch.empty((al.num_pairs, n_out), dtype=torch.float32, device=act.device)
     ieee = act.dtype == torch.float32
-    bn, bk = (32, 32) if ieee else (cfg.down_block_n, cfg.down_block_k)
-    s_args, s_consts, bk = scale_args(w2, scale, bk)
-    grid = (al.num_blocks, triton.cdiv(n_out, bn))
+    grid, s_args, meta = _tiling(w2, scale, al, n_out, ieee, (cfg.down_block_n, cfg.down_block_k), cfg)
     _down_kernel[grid](
-        act,
-        w2,
-        out,
-        al.sorted_ids,
-        al.block_expert,
-        weights,
-        al.num_pairs,
-        num_experts,
-        n_out,
-        k_in,
-        act.stride(0),
-        w2.stride(0),
-        w2.stride(1),
-        out.stride(0),
-        *s_args,
-        IEEE=ieee,
-        EVEN_K=k_in % bk == 0,
-        PAIRS=al.pairs,
-        BLOCK_M=al.block_m,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        num_warps=4 if ieee else cfg.num_warps,
-        num_stages=2 if ieee else cfg.num_stages,
-        **s_consts,
-    )
+        act, w2, out, al.sorted_ids, al.block_expert, weights, al.num_pairs, num_experts, n_out, k_in,
+        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), *s_args, **meta,
+    )  # fmt: skip
     return out
 
 
