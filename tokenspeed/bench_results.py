@@ -29,18 +29,26 @@ def _git(repo: Path, *args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def _script() -> str:
-    """The running script, relative to the checkout when it lies in one (`benchmarks/decode.py`)."""
+REPO = Path(__file__).resolve().parents[1]
+# A benchmark that measures through another process (console_drills.py runs pytest) names itself here,
+# as a JSON list [script, *arguments], so the file records what a person ran.
+COMMAND_ENV = "TOKENSPEED_BENCH_COMMAND"
+
+
+def _command() -> tuple[str, list[str]]:
+    """The running script, relative to this checkout when it lies in it (`benchmarks/decode.py`), and its
+    arguments."""
+    if os.environ.get(COMMAND_ENV):
+        script, *args = json.loads(os.environ[COMMAND_ENV])
+        return script, args
     path = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else Path("python")
-    root = _git(path.parent, "rev-parse", "--show-toplevel") if path.parent.is_dir() else None
-    if root is not None:
-        try:
-            return str(path.relative_to(root))
-        except ValueError:
-            pass
+    args = list(sys.argv[1:])
     if path.name == "__main__.py":  # `python -m tokenspeed bench serving`, `python -m pytest`
-        return path.parent.name
-    return path.name
+        return path.parent.name, args
+    try:
+        return str(path.relative_to(REPO)), args
+    except ValueError:
+        return path.name, args
 
 
 def _device() -> str:
@@ -53,13 +61,14 @@ def _device() -> str:
 
 
 def provenance() -> dict[str, Any]:
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
+    script, args = _command()
     commit = _git(repo, "rev-parse", "HEAD")
     # Results files written by earlier runs do not make the code under test differ from the commit.
     status = _git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
     return {
-        "script": _script(),
-        "argv": list(sys.argv[1:]),
+        "script": script,
+        "argv": args,
         # A copy without .git (the device machine gets the working tree only) takes the commit from
         # the environment: `TOKENSPEED_COMMIT=$(git rev-parse HEAD)` in the device command.
         "commit": commit or os.environ.get("TOKENSPEED_COMMIT"),
