@@ -15,7 +15,6 @@ processes exporting the scheduler, KV, latency-histogram and expert-load familie
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -36,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from console.client import SupervisorClient  # noqa: E402
 from console.tui.launch import start_supervisor  # noqa: E402
+from tokenspeed.bench_results import write_results  # noqa: E402
 
 ENDPOINT = REPO / "tests" / "console" / "metrics_endpoint.py"
 
@@ -322,10 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             "textual": __import__("textual").__version__,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {out}")
+        write_results(args.out, result)
         return 0
     finally:
         for term in terminals:

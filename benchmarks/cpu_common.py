@@ -4,11 +4,9 @@ machine facts every result records, and writing the result file.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -37,10 +35,3 @@ def machine(threads: int) -> dict:
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews the figures
     }
-
-
-def write_result(path: str | Path, result: dict) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")

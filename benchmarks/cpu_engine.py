@@ -24,10 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cpu_common import best, machine, write_result  # noqa: E402
+from benchmarks.cpu_common import best, machine  # noqa: E402
 from benchmarks.hf_baseline import generate_left_padded  # noqa: E402
 from tests.tiny_models import PAD_ID, load_hf_model, make_tiny_model  # noqa: E402
 from tokenspeed import Engine  # noqa: E402
+from tokenspeed.bench_results import write_results  # noqa: E402
 
 PRESETS = {
     # The model of the engine tests.
@@ -150,7 +151,7 @@ def main() -> None:
         f"speedup {result['speedup']}x over batched generate(), {result['speedup_vs_per_prompt']}x over "
         f"generate() per prompt ({args.num_prompts} prompts, output {args.output_len}, {args.threads} threads)"
     )
-    write_result(args.out, result)
+    write_results(args.out, result)
 
 
 if __name__ == "__main__":

@@ -8,16 +8,16 @@ The ceilings are measured, not taken from a datasheet: bandwidth from a large de
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tokenspeed.bench_results import write_results
 
 LLAMA_8B = dict(
     architectures=["LlamaForCausalLM"],
@@ -261,11 +261,6 @@ def gc_collect_cuda() -> None:
 
 
 def save_json(path: str, data: dict[str, Any]) -> None:
-    """Write a results file with its provenance: the command that measured it (results are the scripts'
-    own output, never edited by hand; what a reader needs to know is in the script's fields)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    argv = [os.path.relpath(sys.argv[0]) if sys.argv and os.path.isabs(sys.argv[0]) else (sys.argv or [""])[0]]
-    data = {**data, "command": " ".join(["python3", *argv, *sys.argv[1:]])}
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2)
-    print(f"wrote {path}")
+    """Write a results file with its provenance (`tokenspeed/bench_results.py`): results are the scripts'
+    own output, never edited by hand; what a reader needs to know is in the script's fields."""
+    write_results(path, data)

@@ -24,8 +24,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cpu_common import best, machine, write_result  # noqa: E402
+from benchmarks.cpu_common import best, machine  # noqa: E402
 from tokenspeed import Engine  # noqa: E402
+from tokenspeed.bench_results import write_results  # noqa: E402
 from tokenspeed.demo_models import ASSETS_DIR, demo_model_path  # noqa: E402
 
 DRAFT = ASSETS_DIR / "demo-eagle3"
@@ -155,7 +156,7 @@ def main() -> None:
                 f"{name:8}{mode:>9}{r['tokens_per_s']:>10.1f}{r['speedup']:>8.2f}x{acc:>12}"
                 f"{'yes' if r['outputs_equal_plain'] else 'NO':>9}"
             )
-    write_result(args.out, report)
+    write_results(args.out, report)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.local_server import start_server  # noqa: E402
+from tokenspeed.bench_results import write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stall_cpu.json"
 
@@ -207,8 +208,8 @@ def main() -> int:
         "goal_max_gap_ms": 100,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    write_results(args.out, result)
     return 0
 
 

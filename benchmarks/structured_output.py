@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from tokenspeed import Engine
+from tokenspeed.bench_results import write_results  # noqa: E402
 from tokenspeed.demo_models import DEMO_MODELS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "structured_output_cpu.json"
@@ -82,7 +83,7 @@ def main() -> None:
         "output_tok_s": runs,
         **schema_over_plain(runs),
     }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
 
 
 if __name__ == "__main__":

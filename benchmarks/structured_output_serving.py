@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import random
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.local_server import start_server  # noqa: E402
 from benchmarks.structured_output import SCHEMA, schema_over_plain  # noqa: E402
 from tokenspeed import bench_serving  # noqa: E402
+from tokenspeed.bench_results import write_results  # noqa: E402
 from tokenspeed.demo_models import DEMO_MODELS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "structured_output_serving_cpu.json"
@@ -85,7 +85,7 @@ def main() -> None:
         **schema_over_plain(tput),
         "tpot_p50_ms": {kind: [r["tpot"]["p50_ms"] for r in rs] for kind, rs in runs.items()},
     }
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(RESULTS, result)
 
 
 if __name__ == "__main__":

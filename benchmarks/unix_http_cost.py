@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from tokenspeed.bench_results import write_results  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.processor() or platform.machine(),
     }
     print(json.dumps(result, indent=2))
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     return 0
 
 

@@ -1,8 +1,8 @@
 """HTTP/1.1 over a unix socket, kept alive between requests: what the supervisor client speaks.
 
 The console asks its supervisor two or three questions a second, forever. Through httpx each one costs
-about 1.2 ms of CPU (its client, transport and connection-pool layers); through the standard library's
-http.client, on a connection kept open, 0.34 ms (benchmarks/unix_http_cost.py, against a real
+about 0.60 ms of CPU (its client, transport and connection-pool layers); through the standard library's
+http.client, on a connection kept open, 0.20 ms (benchmarks/unix_http_cost.py, against a real
 supervisor: benchmarks/results/unix_http_cost.json). Errors stay the standard library's: OSError (nothing
 answers, a timeout, a connection cut) and http.client.HTTPException (an answer that is not HTTP).
 """

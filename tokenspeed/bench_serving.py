@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from tokenspeed.bench_results import write_results
+
 
 @dataclass
 class RequestSpec:
@@ -323,12 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         run["loadavg_1m"] = {"before": load_before, "after": _loadavg()}
         print_run(run)
         runs.append(run)
-    out = Path(args.output or f"benchmarks/results/serving_{time.strftime('%Y%m%d_%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.output or f"benchmarks/results/serving_{time.strftime('%Y%m%d_%H%M%S')}.json"
     config = {k: v for k, v in vars(args).items() if k != "api_key"}
     machine = {"cpus": os.cpu_count(), "platform": platform.platform()}
-    out.write_text(json.dumps({"model": model, "config": config, "machine": machine, "runs": runs}, indent=2))
-    print(f"wrote {out}")
+    write_results(out, {"model": model, "config": config, "machine": machine, "runs": runs})
     return 0 if all(r["failed"] == 0 for r in runs) else 1
 
 

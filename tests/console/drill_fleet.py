@@ -29,6 +29,7 @@ import httpx
 from console.client import SupervisorClient
 from console.tui.launch import start_supervisor
 from tests.console.tui_support import free_base_port, shutdown
+from tokenspeed.bench_results import write_results
 
 MAIN, COPY, MOE = "drill-main-0", "drill-copy-0", "drill-moe-0"
 START_TIMEOUT_S = 420.0  # three servers starting at once on a loaded 2-core machine
@@ -244,5 +245,4 @@ class DrillLog:
                 kept = [d for d in json.loads(target.read_text())["drills"] if d["name"] not in
                         {d.name for d in self.drills}]  # fmt: skip
                 out["drills"] = kept + out["drills"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(out, indent=2) + "\n")
+        write_results(target, out)

@@ -2,7 +2,8 @@
 # GPU tests and benchmarks in stages that each fit one 10-minute device call; one log ($OUT/run.log), the
 # results JSON and the FlashInfer JIT cache come back (the tool returns at most 8 files).
 #   bash tests/gpu/wheels.sh      (once, on the CPU machine: .whl/ holds the wheels the image lacks + install.sh)
-#   source .whl/install.sh && bash tests/gpu/device_run.sh tests|bench|e2e [more stages...]   (carry .whl)
+#   source .whl/install.sh && TOKENSPEED_COMMIT=<git rev-parse HEAD> bash tests/gpu/device_run.sh tests|bench|e2e ...
+#   (carry .whl; the device copy has no .git, so the results' provenance takes the commit from TOKENSPEED_COMMIT)
 # Stages (the groups run their parts in this order):
 #   tests = kernels flashinfer engine   GPU tests: fused kernels, attention backends, samplers, engine
 #   bench = decode prefill moe offline  benchmarks/*.py on Llama-3.1-8B / Qwen3-30B-A3B shapes
@@ -26,6 +27,8 @@
 # and every later call skips FlashInfer's JIT (.whl/install.sh joins and unpacks them). Each part has its own time limit
 # (T_<PART> seconds) so a stuck one cannot eat the call.
 set -u
+[ -n "${TOKENSPEED_COMMIT:-}" ] || echo "warning: TOKENSPEED_COMMIT is not set: results will record no commit" >&2
+export TOKENSPEED_COMMIT
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

@@ -1,0 +1,87 @@
+"""Every results file under benchmarks/results/ says where its figures come from, written by its script.
+
+The provenance block (`tokenspeed/bench_results.py`) names the script and its arguments, the commit, the
+device and the time. A file without it is a hand-made or renamed one, and a figure the docs cite from it
+cannot be traced to a run: this test fails on it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokenspeed.bench_results import PROVENANCE_KEYS
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+# H200 files measured before the scripts recorded provenance. They cannot be re-measured on a machine
+# without the GPU; the next device run of tests/gpu/device_run.sh writes each again (with provenance), and
+# its name leaves this list then. No other file may join it.
+MEASURED_BEFORE_PROVENANCE = {
+    "gpu_decode.json": "benchmarks/decode.py",
+    "gpu_decode_qwen3moe.json": "benchmarks/decode.py --model qwen3moe",
+    "gpu_decode_qwen3moe_bs1.json": "benchmarks/decode.py --model qwen3moe --batch-sizes 1 64",
+    "gpu_fp8_gemv.json": "benchmarks/fp8_gemv.py",
+    "gpu_moe_tune.json": "benchmarks/moe_tune.py",
+    "gpu_serving.json": "benchmarks/serving_gpu.py",
+}
+
+
+def _results() -> list[Path]:
+    return sorted(RESULTS.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _results(), ids=lambda p: p.name)
+def test_results_file_records_its_provenance(path: Path):
+    data = json.loads(path.read_text())
+    if path.name in MEASURED_BEFORE_PROVENANCE:
+        assert "provenance" not in data, (
+            f"{path.name} now records its provenance: remove it from MEASURED_BEFORE_PROVENANCE"
+        )
+        return
+    assert "provenance" in data, (
+        f"{path.name} has no provenance: results files are written only by their benchmark script "
+        "(tokenspeed.bench_results.write_results); run the script again instead of editing or renaming a file"
+    )
+    prov = data["provenance"]
+    assert set(PROVENANCE_KEYS) <= set(prov), f"{path.name}: provenance lacks {set(PROVENANCE_KEYS) - set(prov)}"
+    script = prov["script"]
+    assert script in ("pytest", "tokenspeed") or (ROOT / script).is_file(), f"{path.name}: no script {script!r}"
+    assert isinstance(prov["argv"], list)
+    assert re.fullmatch(r"[0-9a-f]{40}", prov["commit"] or ""), f"{path.name}: commit {prov['commit']!r}"
+    assert prov["device"], path.name
+    datetime.datetime.strptime(prov["time"], "%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_files_measured_before_provenance_still_exist():
+    """The list only shrinks: a name whose file is gone (or renamed) is taken off it."""
+    missing = sorted(set(MEASURED_BEFORE_PROVENANCE) - {p.name for p in _results()})
+    assert not missing, f"not in benchmarks/results/ any more: {missing}"
+
+
+def test_a_benchmark_run_writes_its_provenance(tmp_path: Path):
+    """A real (small) run of a CPU benchmark: the file it writes names the script, its arguments, this
+    checkout's commit, the device and the time."""
+    out = tmp_path / "unix_http_cost.json"
+    args = ["--servers", "1", "--requests", "5", "--rounds", "1", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "benchmarks/unix_http_cost.py", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    prov = json.loads(out.read_text())["provenance"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert prov["script"] == "benchmarks/unix_http_cost.py"
+    assert prov["argv"] == args
+    if head:  # a checkout with its history (CI clones one)
+        assert prov["commit"] == head
+    assert prov["device"].startswith("CPU ")
+    written = datetime.datetime.strptime(prov["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    assert abs((datetime.datetime.now(datetime.UTC) - written).total_seconds()) < 300
