@@ -1,103 +1,14 @@
 """No import cycles among TokenSpeed's modules, imports inside functions included.
 
 An import moved into a function to dodge a cycle still couples the two modules both ways; it only hides
-the cycle from Python's loader. This test reads every `import` in `tokenspeed/` and `console/` (at any
-depth, TYPE_CHECKING blocks too) and fails on a strongly connected group of modules, naming it, so a
-shared part is moved down into a module both can import instead.
+the cycle from Python's loader. The graph (`tests/import_graph.py`) reads every `import` in `tokenspeed/`
+and `console/` (at any depth, TYPE_CHECKING blocks too); this fails on a strongly connected group of
+modules, naming it, so a shared part is moved down into a module both can import instead.
 """
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("tokenspeed", "console")
-
-
-def _modules() -> dict[str, Path]:
-    mods = {}
-    for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            mods[".".join(parts)] = path
-    return mods
-
-
-def _imported(node: ast.AST, package: str) -> list[str]:
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    if isinstance(node, ast.ImportFrom):
-        base = node.module or ""
-        if node.level:
-            parent = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-            base = ".".join(parent + ([base] if base else []))
-        return [base] + [f"{base}.{a.name}" for a in node.names]
-    return []
-
-
-def import_graph() -> dict[str, set[str]]:
-    mods = _modules()
-
-    def owner(name: str) -> str | None:  # `a.b.c` (a name in module a.b) -> `a.b`
-        while name and name not in mods:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for mod, path in mods.items():
-        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            for name in _imported(node, package):
-                target = owner(name)
-                # a package's own submodules are not a cycle with the package's __init__
-                if target and target != mod and not mod.startswith(target + "."):
-                    graph[mod].add(target)
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for start in graph:
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, edges = work[-1]
-            for nxt in edges:
-                if nxt not in index:
-                    index[nxt] = low[nxt] = len(index)
-                    stack.append(nxt)
-                    on_stack.add(nxt)
-                    work.append((nxt, iter(sorted(graph[nxt]))))
-                    break
-                if nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    group = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        group.append(member)
-                        if member == node:
-                            break
-                    if len(group) > 1:
-                        found.append(sorted(group))
-    return found
+from tests.import_graph import cycles, import_graph
 
 
 def test_cycle_finder_sees_a_cycle_through_a_function_import():
