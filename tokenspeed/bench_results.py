@@ -72,7 +72,7 @@ def provenance() -> dict[str, Any]:
         # A copy without .git (the device machine gets the working tree only) takes the commit from
         # the environment: `TOKENSPEED_COMMIT=$(git rev-parse HEAD)` in the device command.
         "commit": commit or os.environ.get("TOKENSPEED_COMMIT"),
-        "dirty": bool(status) if status is not None else os.environ.get("TOKENSPEED_DIRTY") == "1",
+        "dirty": bool(status) if status is not None else None,  # None: no git to ask
         "device": _device(),
         "time": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
