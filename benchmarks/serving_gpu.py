@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_common as gc  # noqa: E402
 from benchmarks.dummy_model import write_model_folder  # noqa: E402
+from benchmarks.startup_log import print_phases  # noqa: E402
 from tokenspeed import bench_serving  # noqa: E402
 
 TOKEN_IDS = "1000,120000"
@@ -174,7 +175,9 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["triton", "flashinfer"])
     ap.add_argument("--offline-backend", default="triton", help="attention backend of the offline engine")
     ap.add_argument("--num-prompts", type=int, default=400)
-    ap.add_argument("--c1-prompts", type=int, default=32, help="requests of the concurrency-1 run (p50s of >= 32)")
+    ap.add_argument(
+        "--c1-prompts", type=int, default=32, help="requests of the concurrency-1 run (p50s of >= 32)"
+    )
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
@@ -194,6 +197,7 @@ def main() -> None:
     for backend in args.backends:
         proc, url, ready_s = start_server(model, backend, args, tmp / f"serve_{backend}.log")
         print(f"serving {backend}: READY in {ready_s:.1f} s")
+        print_phases(tmp / f"serve_{backend}.log", f"serving {backend} start-up")
         try:
             c1 = _row(bench(url, 1, args.c1_prompts, args, tmp))
             print(f"serving {backend} c=1: {c1}")

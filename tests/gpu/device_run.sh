@@ -23,6 +23,7 @@
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
+# `tritoncache` packs ~/.triton/cache the same way (triton-cache.txz.partNN, also for tests/gpu/cache/).
 # `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.txz.partNN (xz, 15 MB each): copy them into tests/gpu/cache/
 # and every later call skips FlashInfer's JIT (.whl/install.sh joins and unpacks them). Each part has its own time limit
 # (T_<PART> seconds) so a stuck one cannot eat the call.
@@ -92,10 +93,13 @@ part_fp8gemv() {  # the FP8 GEMV of decode batches: GEMV vs _scaled_mm vs bf16 (
   run ${T_FP8GEMV:-150} python3 benchmarks/fp8_gemv.py --out "$OUT/gpu_fp8_gemv.json"
   grep -E "^(qkv|o|gate_up|down) +[0-9]|speedup|Error" "$LOG" | tail -50
 }
-part_bf16gemv() {  # the dense bf16 GEMV of decode batches: its GPU tests, then GEMV vs cuBLAS on the 8B shapes
-  stage bf16-gemv
-  run ${T_BF16GEMV_TESTS:-240} $PYT --timeout 230 -s tests/gpu/test_bf16_gemv_gpu.py  # compiles ~40 variants
+part_bf16gemvtests() {  # the dense bf16 GEMV's GPU tests (compile ~40 variants)
+  stage bf16-gemv-tests
+  run ${T_BF16GEMV_TESTS:-240} $PYT --timeout 230 -s tests/gpu/test_bf16_gemv_gpu.py
   grep -E "^bf16 gemv .*rel err|^autotuned bf16 gemv|^graph replay|^bs1 decode step" "$LOG" | tail -20
+}
+part_bf16gemvbench() {  # GEMV vs cuBLAS on the 8B shapes
+  stage bf16-gemv-bench
   run ${T_BF16GEMV:-150} python3 benchmarks/bf16_gemv.py --out "$OUT/gpu_bf16_gemv.json"
   grep -E "^(qkv|o|gate_up|down|lm_head) +[0-9]|^shape|decode-step|copy bandwidth|total|Error" "$LOG" | tail -60
 }
@@ -146,10 +150,13 @@ part_moedecode() {  # the roofline rows per MoE kernel configuration
     --moe-configs ${MOE_CONFIGS:-default record} --contexts 1024 --batch-sizes 1 16 64 256 \
     --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe.json"
 }
-part_moegemv() {  # the few-token MoE GEMV: tests, then the sweep that writes its table and compares the paths
-  stage moe-gemv
-  run ${T_MOEGEMV_TESTS:-300} $PYT --timeout 280 -s tests/gpu/test_moe_gemv_gpu.py  # ~70 kernel variants
+part_moegemvtests() {  # the few-token MoE GEMV's GPU tests (~70 kernel variants)
+  stage moe-gemv-tests
+  run ${T_MOEGEMV_TESTS:-300} $PYT --timeout 280 -s tests/gpu/test_moe_gemv_gpu.py
   grep -E "^moe gemv tokens=" "$LOG" | tail -8
+}
+part_moegemvtune() {  # the sweep that writes the GEMV's table and compares it with the tensor-core path
+  stage moe-gemv-tune
   run ${T_MOEGEMV_TUNE:-240} python3 benchmarks/moe_tune.py --gemv --tokens ${GEMV_TOKENS:-1 2 4 8 16} \
     --out "$OUT/gpu_moe_gemv.json" --table-out "$OUT/moe_gemv_table.json"
   grep -E "copy bandwidth|tensor-core path|BEST GEMV|as tuned|WRONG|skipped" "$LOG" | tail -40
@@ -192,6 +199,11 @@ part_cache() {  # in parts under the tool's 16 MB a file; .whl/install.sh joins 
   tar cf - -C ~/.cache flashinfer | { xz -6 -T0 2>/dev/null || python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(sys.stdin.buffer, lzma.open(sys.stdout.buffer, "w"))'; } > /tmp/flashinfer-cache.txz && split -b 15M -d /tmp/flashinfer-cache.txz \
     "$OUT/flashinfer-cache.txz.part" && ls -la "$OUT"/flashinfer-cache.txz.part* | tee -a "$LOG"
 }
+part_tritoncache() {  # Triton's compiled kernels (~/.triton/cache), packed like FlashInfer's: carried in
+  # tests/gpu/cache/, they spare a fresh machine the JIT that made the 8B server's first READY take 148-188 s
+  tar cf - -C ~/.triton cache | { xz -6 -T0 2>/dev/null || python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(sys.stdin.buffer, lzma.open(sys.stdout.buffer, "w"))'; } > /tmp/triton-cache.txz && split -b 15M -d /tmp/triton-cache.txz \
+    "$OUT/triton-cache.txz.part" && ls -la "$OUT"/triton-cache.txz.part* | tee -a "$LOG"
+}
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1
 # FlashInfer runs ninja on every load, and ninja rebuilds a target whose sources are newer: the package was just
@@ -207,12 +219,14 @@ for s in "$@"; do
     e2e) parts="fleet serving" ;;
     fp8) parts="fp8gemv fp8 fp8bench" ;;
     verify) parts="structured spec fp8" ;;
+    bf16gemv) parts="bf16gemvtests bf16gemvbench" ;;
+    moegemv) parts="moegemvtests moegemvtune" ;;
     *) parts=$s ;;
   esac
   for p in $parts; do
     case " ${done_parts:-} " in *" $p "*) continue ;; esac  # a part named twice (a stage and its group) runs once
     done_parts="${done_parts:-} $p"
-    if [ $warmed = 0 ] && [ $p != cache ]; then warm; warmed=1; fi
+    if [ $warmed = 0 ] && [ $p != cache ] && [ $p != tritoncache ]; then warm; warmed=1; fi
     "part_$p"
   done
 done

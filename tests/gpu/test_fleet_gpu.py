@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.startup_log import print_phases
 from tests.server.server_proc import free_port, run_cli
 
 pytestmark = [
@@ -70,6 +71,7 @@ def _wait_server(state: Path, predicate, timeout: float, what: str) -> dict:
         if predicate(server):
             return server
         if time.monotonic() > deadline:
+            print_phases(state / "logs" / f"{server['name']}.log", f"start-up when {what} timed out")
             raise AssertionError(f"timed out waiting for {what}: {json.dumps(server, indent=1)}")
         time.sleep(0.5)
 
@@ -130,6 +132,7 @@ def test_profile_plan_up_openai_metrics_kill_heal_down(fleet):
     server = _server(state)
     assert server["state"] == "READY"
     url = server["url"]
+    print_phases(state / "logs" / f"{server['name']}.log", "start-up")
 
     client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
     assert [m.id for m in client.models.list().data] == ["llama8b-dummy"]
@@ -185,6 +188,7 @@ def test_profile_plan_up_openai_metrics_kill_heal_down(fleet):
         "the restart after kill -9",
     )
     print(f"kill -9 to READY again: {time.monotonic() - killed:.1f} s")
+    print_phases(state / "logs" / f"{server['name']}.log", "the restart's start-up")
     assert healed["restarts"] == 1 and healed["last_exit"]["signal"] == "SIGKILL"
     again = OpenAI(base_url=healed["url"] + "/v1", api_key="unused", max_retries=0, timeout=60)
     assert (

@@ -24,5 +24,12 @@ if ls tests/gpu/cache/flashinfer-cache.txz.part* >/dev/null 2>&1; then
     | python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
     | tar xf - -C ~/.cache
 fi
+# Triton's kernel cache from `device_run.sh tritoncache` (triton 3.6, sm_90): the kernels the 8B and MoE shapes
+# compile, so a server's first READY on a fresh machine is not spent in Triton's JIT.
+if ls tests/gpu/cache/triton-cache.txz.part* >/dev/null 2>&1; then
+  mkdir -p ~/.triton && cat tests/gpu/cache/triton-cache.txz.part* \
+    | python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
+    | tar xf - -C ~/.triton
+fi
 INNER
 du -sh .whl
