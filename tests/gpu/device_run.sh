@@ -188,6 +188,14 @@ part_fleet() {
   # on the same machine afterwards: 13 s), and the restart after kill -9 did not reach READY in the 110 s left
   # of a 300 s limit.
   run ${T_FLEET:-420} $PYT --timeout $(( ${T_FLEET:-420} - 20 )) -s tests/gpu/test_fleet_gpu.py  # teardown runs `down`
+  fleet_logs
+}
+fleet_logs() {  # the fleet's own logs: a start that never reached READY printed nothing in the test
+  local f
+  for f in $(ls -t /tmp/pytest-of-*/pytest-*/test_profile_plan_up_openai_me*/state/logs/*.log 2>/dev/null | head -1); do
+    { echo "--- $f"; python3 benchmarks/startup_log.py "$f"; tail -n 25 "$f"
+      echo "--- supervisor"; tail -n 25 "$(dirname "$(dirname "$f")")"/supervisor.log; } >> "$LOG" 2>&1
+  done
 }
 part_serving() {
   stage bench-serving
@@ -226,7 +234,8 @@ for s in "$@"; do
   for p in $parts; do
     case " ${done_parts:-} " in *" $p "*) continue ;; esac  # a part named twice (a stage and its group) runs once
     done_parts="${done_parts:-} $p"
-    if [ $warmed = 0 ] && [ $p != cache ] && [ $p != tritoncache ]; then warm; warmed=1; fi
+    # WARM=0: no FlashInfer warm-up beside the parts (its compiles took the CPUs from a starting fleet)
+    if [ $warmed = 0 ] && [ "${WARM:-1}" = 1 ] && [ $p != cache ] && [ $p != tritoncache ]; then warm; warmed=1; fi
     "part_$p"
   done
 done
