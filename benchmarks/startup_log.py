@@ -17,7 +17,7 @@ from pathlib import Path
 # engine/event_loop.py, entrypoints/http_runner.py, entrypoints/warmup.py, entrypoints/launch.py).
 PHASES = re.compile(
     r"started \d+ child|weights: |KV cache: |Captured \d+|ready: max_total_tokens|scheduler ranks ready"
-    r"|warm-up |the server is ready|Traceback|Error"
+    r"|sampler \S+: warmed up|warm-up |the server is ready|Traceback|Error"
 )
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (.*)$")
 

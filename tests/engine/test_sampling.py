@@ -201,3 +201,14 @@ def test_engine_nan_detection_aborts_with_an_error(tmp_path_factory):
         assert out["output_ids"] == []
         assert e.get_stats().num_nan_aborted == 1
         assert_no_kv_leak(e)
+
+
+@pytest.mark.parametrize("name", ["torch", "greedy"])
+def test_warm_up_samples_a_typical_request_on_every_cpu_backend(name):
+    # On the GPU the same call loads (or compiles) the backend's kernels at start-up; here it must at least
+    # run the real sampling path with the stand-in requests and leave the sampler usable.
+    sampler = create_sampler(name, "cpu")
+    assert sampler.warm_up(vocab_size=97) >= 0.0
+    logits = torch.full((1, 97), -10.0)
+    logits[0, 42] = 10.0
+    assert sampler(logits, [Row(SamplingParams(temperature=0.0))]).token_ids == [42]

@@ -214,10 +214,6 @@ part_tritoncache() {  # Triton's compiled kernels (~/.triton/cache), packed like
 }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1
-# FlashInfer runs ninja on every load, and ninja rebuilds a target whose sources are newer: the package was just
-# installed, so its sources are newer than a carried cache unless the cache is made newer still (the sampling
-# family, built from the package's own sources, was compiled again for 100 s with its cache carried).
-[ -d ~/.cache/flashinfer ] && find ~/.cache/flashinfer -exec touch {} +
 [ $# -gt 0 ] || set -- tests
 warmed=0
 for s in "$@"; do

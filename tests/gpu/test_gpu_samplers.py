@@ -165,3 +165,13 @@ def test_no_host_sync_while_sampling(name):
         sampler._sample(logits, reqs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_warm_up_loads_the_kernels_before_the_first_request(name):
+    # The model runner warms the sampler at start-up: FlashInfer's sampling family once compiled for ~100 s at
+    # the first sampled token, and the scheduler was taken for hung.
+    sampler = _sampler(name)
+    print(f"{name}: warm-up {sampler.warm_up(vocab_size=128256):.2f} s")
+    second = sampler.warm_up(vocab_size=128256)
+    assert second < 1.0, f"{name}: a second warm-up took {second:.2f} s: the first one loaded nothing"

@@ -120,6 +120,12 @@ class ModelRunner:
         # EAGLE3 (runtime/speculative): target layers whose outputs every step captures for the draft
         self.aux_capture_layers: tuple[int, ...] | None = None
         self.sampler = create_sampler(config.sampling_backend or "torch", device, config.enable_nan_detection)
+        if torch.device(device).type == "cuda":  # its kernels load (or compile) now, not at the first sampled token
+            logger.info(
+                "sampler %s: warmed up in %.1f s",
+                self.sampler.name,
+                self.sampler.warm_up(model_config.vocab_size),
+            )
         self.graph_use = cuda_graph.GraphUse()
         self.eager_once = cuda_graph.EagerOnce(logger)
         self.graph_runner: cuda_graph.CudaGraphRunner | None = None

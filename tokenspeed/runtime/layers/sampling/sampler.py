@@ -6,9 +6,11 @@ Backends implement `_sample`; the shared parts (min_new_tokens masking, logprobs
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +22,7 @@ from tokenspeed.runtime.layers.sampling.logit_adjust import (
 )
 from tokenspeed.runtime.layers.sampling.penalties import apply_penalties, needs_penalties
 from tokenspeed.runtime.layers.sampling.request import SamplingRequest
+from tokenspeed.sampling_params import SamplingParams
 
 
 @dataclass
@@ -97,6 +100,33 @@ class Sampler(ABC):
     @abstractmethod
     def _sample(self, logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
         """[S, V] logits -> [S] int64 token ids."""
+
+    def warm_up(self, vocab_size: int) -> float:
+        """Sample once from random logits with the settings of a typical request (temperature, top-k, top-p,
+        a seeded row), so the backend's kernels load or compile at start-up: FlashInfer's sampling family
+        compiled for ~100 s at the first sampled token on a fresh H200, and a scheduler that silent is taken
+        for hung (the server's warm-up request failed as stalled, and the server restarted in a loop).
+        Returns the seconds it took."""
+        started = time.monotonic()
+        logits = torch.randn(2, vocab_size, device=self.device, dtype=torch.float32)
+        reqs = [
+            _WarmUpRequest(SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05)),
+            _WarmUpRequest(SamplingParams(temperature=0.7, top_p=0.9, seed=0)),
+        ]
+        self.sample(logits, reqs).token_ids.tolist()  # waits for the device
+        return time.monotonic() - started
+
+
+@dataclass
+class _WarmUpRequest:
+    """A stand-in request for `Sampler.warm_up` (SamplingRequest is a protocol)."""
+
+    sampling: SamplingParams
+    generator: Any = None
+    token_ids: list[int] = field(default_factory=lambda: [0])
+    eos_token_ids: frozenset[int] = frozenset()
+    num_prompt_tokens: int = 1
+    num_output_tokens: int = 0
 
 
 def mask_min_new_tokens(logits: torch.Tensor, reqs: Sequence[SamplingRequest]) -> torch.Tensor:
