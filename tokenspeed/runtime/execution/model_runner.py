@@ -120,7 +120,8 @@ class ModelRunner:
         # EAGLE3 (runtime/speculative): target layers whose outputs every step captures for the draft
         self.aux_capture_layers: tuple[int, ...] | None = None
         self.sampler = create_sampler(config.sampling_backend or "torch", device, config.enable_nan_detection)
-        if torch.device(device).type == "cuda":  # its kernels load (or compile) now, not at the first sampled token
+        # The sampler's kernels load (or compile) now, not at the first sampled token.
+        if torch.device(device).type == "cuda":
             logger.info(
                 "sampler %s: warmed up in %.1f s",
                 self.sampler.name,
