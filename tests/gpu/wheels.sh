@@ -24,10 +24,15 @@ if ls tests/gpu/cache/flashinfer-cache.txz.part* >/dev/null 2>&1; then
     | python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
     | tar xf - -C ~/.cache
 fi
-# Ninja rebuilds a target when an input is newer than the output's mtime recorded in its .ninja_log (the build
-# machine's time), and every file pip just installed is newer: the sampling family, whose sources are the
-# package's own, compiled again for ~100 s with its cache carried. Inputs dated back leave the cache valid.
-find /tmp/site ~/.cache/flashinfer/*/*/generated -exec touch -h -d 2000-01-01 {} + 2>/dev/null
+# Each carried module's .so goes where FlashInfer looks for ahead-of-time builds (flashinfer/data/aot/NAME/NAME.so),
+# which it loads without running ninja. Through ninja the carried sampling family compiled again (~100 s) in every
+# process: its .ninja_deps had been cut short by builds running side by side ("deps for sampling.cuda.o are
+# missing"), and processes starting together then rebuilt it in the same folder, each spoiling the other's deps.
+for so in ~/.cache/flashinfer/*/*/cached_ops/*/*.so; do
+  [ -e "$so" ] || continue
+  name=$(basename "$(dirname "$so")")
+  mkdir -p "/tmp/site/flashinfer/data/aot/$name" && cp "$so" "/tmp/site/flashinfer/data/aot/$name/$name.so"
+done
 # Triton's kernel cache from `device_run.sh tritoncache` (triton 3.6, sm_90): the kernels the 8B and MoE shapes
 # compile, so a server's first READY on a fresh machine is not spent in Triton's JIT.
 if ls tests/gpu/cache/triton-cache.txz.part* >/dev/null 2>&1; then
