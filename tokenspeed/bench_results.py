@@ -60,19 +60,38 @@ def _device() -> str:
     return f"CPU {cpu}, {os.cpu_count()} cores"
 
 
+COMMIT_ENV = "TOKENSPEED_COMMIT"
+# Results files written by earlier runs do not make the code under test differ from the commit.
+_CODE = ("--", ".", ":!benchmarks/results")
+
+
+def _differs_from(repo: Path, commit: str) -> bool | None:
+    """Whether the tree differs from `commit` (None: no git, or a commit this .git does not hold)."""
+    try:
+        out = subprocess.run(["git", "diff", "--quiet", commit, *_CODE], cwd=repo, capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {0: False, 1: True}.get(out.returncode)
+
+
 def provenance() -> dict[str, Any]:
     repo = REPO
     script, args = _command()
-    commit = _git(repo, "rev-parse", "HEAD")
-    # Results files written by earlier runs do not make the code under test differ from the commit.
-    status = _git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    # The device machine gets a copy of the working tree whose .git, when there is one, is the checkout's
+    # at the session's start, older than the tree sent: `TOKENSPEED_COMMIT=$(git rev-parse HEAD)` in the
+    # device command names the commit that ran, and wins over what that .git says.
+    named = os.environ.get(COMMIT_ENV)
+    if named:
+        commit, dirty = named, _differs_from(repo, named)
+    else:
+        commit = _git(repo, "rev-parse", "HEAD")
+        status = _git(repo, "status", "--porcelain", "--untracked-files=no", *_CODE)
+        dirty = bool(status) if status is not None else None  # None: no git to ask
     return {
         "script": script,
         "argv": args,
-        # A copy without .git (the device machine gets the working tree only) takes the commit from
-        # the environment: `TOKENSPEED_COMMIT=$(git rev-parse HEAD)` in the device command.
-        "commit": commit or os.environ.get("TOKENSPEED_COMMIT"),
-        "dirty": bool(status) if status is not None else None,  # None: no git to ask
+        "commit": commit,
+        "dirty": dirty,
         "device": _device(),
         "time": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

@@ -85,3 +85,23 @@ def test_a_benchmark_run_writes_its_provenance(tmp_path: Path):
     assert prov["device"].startswith("CPU ")
     written = datetime.datetime.strptime(prov["time"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
     assert abs((datetime.datetime.now(datetime.UTC) - written).total_seconds()) < 300
+
+
+def test_a_named_commit_wins_over_the_copy_s_own_git(tmp_path: Path):
+    """On the device the tree arrives with the .git of the session's start; the command names the commit
+    that ran (TOKENSPEED_COMMIT), and that is what the file records. Whether the tree differs from it is
+    known only when this .git holds that commit."""
+    out = tmp_path / "unix_http_cost.json"
+    args = ["--servers", "1", "--requests", "3", "--rounds", "1", "--out", str(out)]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    for named, dirty in (("0" * 40, None), (head, None)):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENSPEED_COMMIT": named}
+        run = subprocess.run([sys.executable, "benchmarks/unix_http_cost.py", *args], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        prov = json.loads(out.read_text())["provenance"]
+        assert prov["commit"] == named
+        if named == "0" * 40 or not head:
+            assert prov["dirty"] is None  # a commit this .git does not hold: unknown, not a guess
+        else:
+            assert isinstance(prov["dirty"], bool)
