@@ -294,3 +294,29 @@ def test_cpu_default_is_synchronous_and_a_gpu_default_overlaps(models):
     assert prepare_server_args([path], platform=hopper).disable_overlap_schedule is False
     flagged = prepare_server_args([path, "--disable-overlap-schedule"], platform=hopper)
     assert flagged.disable_overlap_schedule is True
+
+
+@pytest.mark.parametrize(
+    "experts",
+    [
+        {"enable_expert_distribution_metrics": True},
+        {"ep_num_redundant_experts": 4, "enable_eplb": True, "eplb_rebalance_num_iterations": 5},
+    ],
+    ids=["recording", "eplb"],
+)
+def test_one_rank_managing_its_experts_schedules_ahead(models, experts):
+    """Recording the expert load (and EPLB rebalancing it) on a single-rank server is applied between steps on
+    its one device: it must not turn overlap off (at batch 1 on the H200 that cost 55% of the step), and the
+    overlapped engine gives the synchronous one's tokens and counts the same expert load."""
+    path, prompts = models("qwen3_moe")
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0.0}
+    with two_engines(path, **CONFIGS["default"], **experts) as (overlap, sync):
+        for run in range(2):  # EPLB rebalances every 5 passes: both runs cross a rebalance
+            got = overlap.generate(input_ids=prompts, sampling_params=params)
+            ref = sync.generate(input_ids=prompts, sampling_params=params)
+            assert [o["output_ids"] for o in got] == [o["output_ids"] for o in ref], f"run {run}"
+        if "enable_eplb" in experts:
+            assert overlap.core.experts.eplb.stats.rebalances == sync.core.experts.eplb.stats.rebalances > 0
+        else:
+            loads = [torch.as_tensor(e.get_stats().expert_load).sum().item() for e in (overlap, sync)]
+            assert loads[0] == loads[1] > 0, loads

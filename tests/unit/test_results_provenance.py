@@ -94,7 +94,7 @@ def test_a_named_commit_wins_over_the_copy_s_own_git(tmp_path: Path):
     out = tmp_path / "unix_http_cost.json"
     args = ["--servers", "1", "--requests", "3", "--rounds", "1", "--out", str(out)]
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    for named, dirty in (("0" * 40, None), (head, None)):
+    for named in ("0" * 40, head):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENSPEED_COMMIT": named}
         run = subprocess.run([sys.executable, "benchmarks/unix_http_cost.py", *args], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=120)  # fmt: skip

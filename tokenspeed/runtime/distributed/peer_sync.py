@@ -47,6 +47,10 @@ class PeerSync(Protocol):
     """What the engine and the model runner ask of the ranks beside this one."""
 
     is_leader: bool
+    # No other rank runs this server's steps: a single-GPU server that only records or rebalances its experts
+    # has a GroupPeers too, and may schedule ahead (overlap), since every expert operation it applies between
+    # steps is ordered on its one device after the batch in flight.
+    alone: bool
 
     def load_model(self, model_config: Any, load_format: str, device: torch.device, seed: int) -> LoadedModel: ...
     def local_model_config(self, model_config: Any) -> Any: ...
@@ -70,6 +74,7 @@ class NoPeers:
     """A rank alone in its server."""
 
     is_leader = True
+    alone = True
 
     def load_model(self, model_config: Any, load_format: str, device: torch.device, seed: int) -> LoadedModel:
         return LoadedModel(load_model(model_config, load_format, device, seed), None)
@@ -126,6 +131,10 @@ class GroupPeers:
     @property
     def is_leader(self) -> bool:
         return self.tp.is_first
+
+    @property
+    def alone(self) -> bool:
+        return self.groups.world.size == 1
 
     # ---- model runner hooks -------------------------------------------------------------------
     def load_model(self, model_config: Any, load_format: str, device: torch.device, seed: int) -> LoadedModel:

@@ -111,7 +111,7 @@ class EngineCore:
         self.spec = SpecConfig.from_server_args(server_args)
         self.spec_stats = SpecDecodeStats()
         self.proposer = create_proposer(self.spec, self.runner, self.kv) if self.spec is not None else None
-        self.overlap, why = overlap_mode(self.config, has_peers=peers is not None)
+        self.overlap, why = overlap_mode(self.config, has_peers=not self.peers.alone)
         if self.spec is not None:
             if peers is not None:
                 raise ValueError(

@@ -44,7 +44,7 @@ def overlap_mode(config: RunnerConfig, has_peers: bool) -> tuple[bool, str]:
         return False, "off (--disable-overlap-schedule)"
     if has_peers:
         # Peers replay rank 0's batch decisions one step at a time, with the tokens on the host.
-        return False, "off (this rank has tensor/expert-parallel peers or manages experts)"
+        return False, "off (this rank has tensor/expert-parallel peers)"
     return True, "on (the next batch is scheduled and launched while the device runs the current one)"
 
 
