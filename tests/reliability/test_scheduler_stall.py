@@ -148,3 +148,18 @@ def test_liveness_judges_silence_only_on_ticks_that_ran_on_time():
     assert live.check(now=115.5) == (None, False)
     assert live.check(now=116.0)[0] is not None
     assert SchedulerLiveness(timeout_s=0).check(now=1e9) == (None, False)
+
+
+def test_silence_during_the_warm_up_is_left_to_the_start_up_deadline():
+    # On a fresh H200 the warm-up request's first step compiled FlashInfer kernels for ~100 s: judged at
+    # 30 s, the warm-up failed and the supervisor restarted the server in a loop.
+    live = SchedulerLiveness(timeout_s=5.0)
+    live.start(1, now=0.0)
+    with live.warming_up():
+        for tick in range(1, 100):  # 49.5 s of silence, on ticks that ran on time
+            assert live.check(now=tick * 0.5) == (None, False)
+        live.heard(0, now=50.0)  # the warm-up's answer
+    # After the warm-up a silent rank is judged as before: stalled once 5 s pass without a word.
+    seen = [live.check(now=50.0 + tick * 0.5) for tick in range(1, 11)]
+    assert [stalled is None for stalled, _ in seen] == [True] * 9 + [False]
+    assert seen[-1][1] and "dp0 for 5s" in seen[-1][0]

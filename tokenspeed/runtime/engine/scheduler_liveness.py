@@ -11,12 +11,16 @@ While a rank is silent the server is *stalled*: /health answers 503, new request
 flight end with an error (503 `scheduler_stalled`) instead of waiting for ever. A rank that speaks again
 clears it. The front end judges only on a tick that ran on time: after its own event loop was blocked, the
 messages waiting in its socket are read before anyone is called silent.
+Silence during the server's warm-up (before READY) is not judged: a first step may compile kernels for
+minutes on a fresh machine, and the supervisor's start-up deadline bounds that phase.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 TIMEOUT_ENV = "TOKENSPEED_SCHEDULER_TIMEOUT"
@@ -49,7 +53,19 @@ class SchedulerLiveness:
     timeout_s: float
     last_heard: dict[int, float] = field(default_factory=dict)
     stalled: str | None = None  # why the server is stalled, as clients and /health are told; None: it is not
+    # The server's warm-up requests are running: a first step may compile kernels for minutes (FlashInfer's
+    # families on a fresh GPU machine), no client waits yet, and the supervisor's start-up deadline bounds it.
+    warming: bool = False
     _last_check: float | None = None
+
+    @contextmanager
+    def warming_up(self) -> Iterator[None]:
+        """Silence is not judged while the block runs (the warm-up before READY)."""
+        self.warming = True
+        try:
+            yield
+        finally:
+            self.warming = False
 
     def start(self, ranks: int, now: float | None = None) -> None:
         """The ranks are ready: each is counted as heard from now."""
@@ -69,7 +85,7 @@ class SchedulerLiveness:
         now = time.monotonic() if now is None else now
         late = self._last_check is not None and now - self._last_check > CHECK_S + _LATE_S
         self._last_check = now
-        if late or self.timeout_s <= 0 or not self.last_heard:
+        if late or self.warming or self.timeout_s <= 0 or not self.last_heard:
             return self.stalled, False
         silent = {rank: age for rank, age in self.ages(now).items() if age >= self.timeout_s}
         before = self.stalled

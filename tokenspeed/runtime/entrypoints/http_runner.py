@@ -171,7 +171,8 @@ async def _warm_up(server: DrainingServer, state: ServerState, warmups: list[str
             return
         await asyncio.sleep(0.05)
     try:
-        await run_warmups(state.llm, warmups)
+        with state.llm.liveness.warming_up():
+            await run_warmups(state.llm, warmups)
     except Exception as exc:
         logger.error("warm-up failed: %s", exc)
         server.exit_code = EXIT_FAILED
