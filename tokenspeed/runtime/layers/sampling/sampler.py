@@ -108,9 +108,11 @@ class Sampler(ABC):
         for hung (the server's warm-up request failed as stalled, and the server restarted in a loop).
         Returns the seconds it took."""
         started = time.monotonic()
-        logits = torch.randn(2, vocab_size, device=self.device, dtype=torch.float32)
+        noise = torch.Generator(self.device).manual_seed(0)  # the global generator is the requests'
+        logits = torch.randn(2, vocab_size, device=self.device, dtype=torch.float32, generator=noise)
+        # No min_p: a backend that ignores it warns once, and that warning belongs to a user's request.
         reqs = [
-            _WarmUpRequest(SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05)),
+            _WarmUpRequest(SamplingParams(temperature=0.7, top_k=50, top_p=0.9)),
             _WarmUpRequest(SamplingParams(temperature=0.7, top_p=0.9, seed=0)),
         ]
         self.sample(logits, reqs).token_ids.tolist()  # waits for the device
