@@ -68,18 +68,27 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
 
 
 def step_estimate(rows: list[dict], m: int) -> dict[str, dict]:
-    """A decode step's linear layers at batch m, per path: 32 x (qkv, o, gate_up, down) + the LM head."""
-    out = {}
+    """A decode step's linear layers at batch m, per path: 32 x (qkv, o, gate_up, down) + the LM head.
+    `faster` takes each shape's faster path: what a per-shape choice of the backend would reach."""
+    count = {s: (1 if s == "lm_head" else LAYERS) for s in SHAPES}
+    by_path = {}
     for path in ("gemv", "cublas"):
         got = {r["shape"]: r for r in rows if r["m"] == m and r["path"] == path and "us" in r}
-        if set(got) != set(SHAPES):
-            continue
-        count = {s: (1 if s == "lm_head" else LAYERS) for s in SHAPES}
+        if set(got) == set(SHAPES):
+            by_path[path] = got
+    if len(by_path) == 2:
+        by_path["faster"] = {
+            s: min((by_path[p][s] for p in ("gemv", "cublas")), key=lambda r: r["us"]) for s in SHAPES
+        }
+    out = {}
+    for path, got in by_path.items():
         us = sum(got[s]["us"] * c for s, c in count.items())
         nbytes = sum(got[s]["weight_mb"] * 1e6 * c for s, c in count.items())
         out[path] = dict(
             ms=round(us / 1e3, 3), tb_s=round(nbytes / us / 1e6, 3), of_peak=round(nbytes / us / 1e6 / 4.8, 3)
         )
+        if path == "faster":
+            out[path]["gemv_shapes"] = sorted(s for s in SHAPES if got[s]["path"] == "gemv")
     return out
 
 
