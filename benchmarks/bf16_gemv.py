@@ -10,11 +10,15 @@ cache. Reported: weight bytes read per second, as a fraction of the H200's 4.8 T
 device-to-device copy measured in the same run (bytes read + written), each output's relative error to
 the float32 reference, and a batch-1 step estimate (32 layers of qkv/o/gate_up/down plus the LM head).
 
-    python benchmarks/bf16_gemv.py [--m 1 2 4] [--shapes ...] [--out PATH]
+    python benchmarks/bf16_gemv.py [--m 1 2 4] [--shapes ...] [--out PATH] [--table-out PATH]
+
+`--table-out` writes the tuned table `--dense-gemv-backend auto` reads (kernels/gemv_table.py): per shape, the
+GEMV up to the largest batch where it beat cuBLAS by 3% without losing at a smaller one.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -92,6 +96,36 @@ def step_estimate(rows: list[dict], m: int) -> dict[str, dict]:
     return out
 
 
+def table_rows(rows: list[dict], margin: float = 0.03) -> dict[str, int]:
+    """Per shape key (kernels/gemv_table.py), the most rows the GEMV should take: the largest batch m at which
+    it beats cuBLAS by `margin` while it is no slower (within `margin`) at every smaller batch timed; 0 if
+    none. A tie at one row and a win at two (o_proj on the H200) gives 2."""
+    from tokenspeed.runtime.kernels.gemv_table import shape_key
+
+    speedups: dict[str, list[tuple[int, float]]] = {}
+    for r, base in gt.against(rows, "cublas"):
+        speedups.setdefault(shape_key(r["n"], r["k"], "bfloat16"), []).append((r["m"], base["us"] / r["us"]))
+    out: dict[str, int] = {}
+    for key, timed in speedups.items():
+        out[key] = 0
+        for m, speedup in sorted(timed):
+            if speedup < 1 - margin:
+                break  # slower here: neither this batch nor a larger one takes it
+            if speedup >= 1 + margin:
+                out[key] = m
+    return out
+
+
+def write_table(path: str, device_name: str, max_rows: dict[str, int]) -> None:
+    """The tuned table `--dense-gemv-backend auto` reads (copy it to tokenspeed/runtime/kernels/tuned/)."""
+    from tokenspeed.bench_results import provenance
+    from tokenspeed.runtime.kernels.gemv_table import load_table, to_json
+
+    Path(path).write_text(json.dumps(to_json(device_name, max_rows, provenance()), indent=2) + "\n")
+    load_table(path)  # what the server will read
+    print(f"wrote {path}: the GEMV takes {max_rows}")
+
+
 def main() -> None:
     args = gt.parse_args(__doc__, SHAPES, [1, 2, 4], str(ROOT / "benchmarks/results/gpu_bf16_gemv.json"))
     start = time.perf_counter()
@@ -109,6 +143,8 @@ def main() -> None:
             f"decode-step linears {m}: "
             + ", ".join(f"{p} {e['ms']} ms ({e['of_peak']} of 4.8 TB/s)" for p, e in est.items())
         )
+    if args.table_out:
+        write_table(args.table_out, torch.cuda.get_device_name(0), table_rows(rows))
     seconds = round(time.perf_counter() - start, 1)
     print(f"total {seconds} s")
     gt.save_results(

@@ -200,15 +200,23 @@ def main() -> None:
     ap.add_argument("--quantization", choices=["fp8"], default=None, help="FP8 weights, quantized at load")
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto")
     ap.add_argument(
+        "--dense-gemv-backend",
+        choices=["auto", "torch", "triton"],
+        default=None,
+        help="the dense layers' multiply at 1-4 rows (default: the server's, auto)",
+    )
+    ap.add_argument(
         "--out", default=None, help="default: benchmarks/results/gpu_decode[_<fp8 settings>].json"
     )
     args = ap.parse_args()
-    fp8 = {}
+    settings = {}
     if args.quantization:
-        fp8["quantization"] = args.quantization
+        settings["quantization"] = args.quantization
     if args.kv_cache_dtype != "auto":
-        fp8["kv_cache_dtype"] = args.kv_cache_dtype
-    suffix = "".join(f"_{k.split('_')[0]}-{v}" for k, v in fp8.items())
+        settings["kv_cache_dtype"] = args.kv_cache_dtype
+    suffix = "".join(f"_{k.split('_')[0]}-{v}" for k, v in settings.items())
+    if args.dense_gemv_backend:  # not in the default file name, which names the FP8 settings
+        settings["dense_gemv_backend"] = args.dense_gemv_backend
     out = args.out or str(ROOT / f"benchmarks/results/gpu_decode{suffix}.json")
 
     bw = gc.copy_bandwidth()
@@ -219,7 +227,7 @@ def main() -> None:
     rows = []
     for backend in args.backends:
         for moe_config in configs:
-            extra = {**(moe_bench.MOE_CONFIGS[moe_config] if moe_config else {}), **fp8}
+            extra = {**(moe_bench.MOE_CONFIGS[moe_config] if moe_config else {}), **settings}
             rows += bench_backend(
                 model_dir, backend, args.batch_sizes, args.contexts, bw, args.max_total_tokens, model_cfg,
                 moe_config, **extra,

@@ -61,13 +61,17 @@ def row_figures(row: dict) -> str:
     )
 
 
-def parse_args(doc: str, shapes: dict, default_m: list[int], out: str) -> argparse.Namespace:
-    """--m (batch rows), --shapes (names from `shapes`) and --out (the results file, default `out`)."""
+def parse_args(
+    doc: str, shapes: dict, default_m: list[int], out: str, argv: list[str] | None = None
+) -> argparse.Namespace:
+    """--m (batch rows), --shapes (names from `shapes`), --out (the results file, default `out`) and
+    --table-out (where a script that derives a tuned table writes it)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--m", nargs="+", type=int, default=default_m)
     ap.add_argument("--shapes", nargs="+", choices=list(shapes), default=list(shapes))
     ap.add_argument("--out", default=out)
-    return ap.parse_args()
+    ap.add_argument("--table-out", default=None)
+    return ap.parse_args(argv)
 
 
 def run_shapes(

@@ -12,6 +12,8 @@
 #   verify = structured spec fp8        grammar under CUDA graphs, speculative greedy == plain, FP8 tests
 #   bf16gemv                            the dense bf16 GEMV's GPU tests, then benchmarks/bf16_gemv.py (GEMV vs
 #                                       cuBLAS on the Llama-3.1-8B shapes, M = 1, 2, 4) -> $OUT/gpu_bf16_gemv.json
+#                                       and its tuned table $OUT/dense_gemv_table.json, then 8B decode steps
+#                                       with that table (auto) and with cuBLAS (torch) -> gpu_decode_dense_*.json
 #   moe-all = moetests moetune moedecode moeoffline   fused MoE tests, block-size sweep, decode per config,
 #                                       the offline Engine per config (default record eplb torch)
 #   moegemv                             the few-token MoE GEMV: its GPU tests, then `moe_tune.py --gemv` (launch-config
@@ -100,8 +102,19 @@ part_bf16gemvtests() {  # the dense bf16 GEMV's GPU tests (compile ~40 variants)
 }
 part_bf16gemvbench() {  # GEMV vs cuBLAS on the 8B shapes
   stage bf16-gemv-bench
-  run ${T_BF16GEMV:-150} python3 benchmarks/bf16_gemv.py --out "$OUT/gpu_bf16_gemv.json"
+  run ${T_BF16GEMV:-150} python3 benchmarks/bf16_gemv.py --out "$OUT/gpu_bf16_gemv.json" \
+    --table-out "$OUT/dense_gemv_table.json"
   grep -E "^(qkv|o|gate_up|down|lm_head) +[0-9]|^shape|decode-step|copy bandwidth|total|Error" "$LOG" | tail -60
+}
+part_bf16gemvdecode() {  # whole 8B decode steps: the tuned table of bf16gemvbench (auto) against cuBLAS (torch)
+  stage bf16-gemv-decode
+  local tuned=tokenspeed/runtime/kernels/tuned/NVIDIA_H200.json
+  [ -f "$OUT/dense_gemv_table.json" ] && mkdir -p "$(dirname $tuned)" && cp "$OUT/dense_gemv_table.json" "$tuned"
+  for b in auto torch; do
+    run ${T_BF16GEMV_DECODE:-150} python3 benchmarks/decode.py --backends triton --contexts 1024 \
+      --batch-sizes 1 2 4 64 --dense-gemv-backend $b --out "$OUT/gpu_decode_dense_$b.json"
+  done
+  grep -E "ratio=|Triton GEMV" "$LOG" | tail -20
 }
 part_structured() {
   stage tests-structured
@@ -223,7 +236,7 @@ for s in "$@"; do
     e2e) parts="fleet serving" ;;
     fp8) parts="fp8gemv fp8 fp8bench" ;;
     verify) parts="structured spec fp8" ;;
-    bf16gemv) parts="bf16gemvtests bf16gemvbench" ;;
+    bf16gemv) parts="bf16gemvtests bf16gemvbench bf16gemvdecode" ;;
     moegemv) parts="moegemvtests moegemvtune" ;;
     *) parts=$s ;;
   esac

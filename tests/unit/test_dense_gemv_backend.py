@@ -85,3 +85,20 @@ def test_triton_gemv_goes_to_dense_layers_only_and_keeps_results(tmp_path):
     quantize_model(fp8)
     assert use_dense_multiply(fp8, gemv) == 1 and fp8.lm_head.quant is gemv
     assert all(isinstance(m.quant, Fp8Linear) for m in fp8.modules() if isinstance(m, LinearBase))
+
+
+def test_a_table_limits_the_triton_gemv_to_its_shapes_and_batches():
+    # `auto` hands the GEMV the GPU's tuned table; `--dense-gemv-backend triton` none (every shape). On the
+    # CPU nothing takes the GEMV at all; the table's verdict is what a CUDA tensor would get.
+    pytest.importorskip("triton")
+    from types import MappingProxyType
+
+    from tokenspeed.runtime.kernels.gemv_table import DenseGemvTable, shape_key
+    from tokenspeed.runtime.layers.dense_gemv import TritonGemv
+
+    table = DenseGemvTable(MappingProxyType({shape_key(8, 16, torch.float32): 2}))
+    gemv = TritonGemv(table)
+    w = torch.randn(8, 16)
+    assert not gemv._takes(torch.randn(1, 16), w)  # a CPU tensor: F.linear
+    assert gemv.table.takes(8, 16, torch.float32, 2) and not gemv.table.takes(8, 16, torch.float32, 3)
+    assert TritonGemv().table is None

@@ -1,12 +1,12 @@
 """`--dense-gemv-backend`: how the bf16/fp16 linear layers and the LM head multiply decode batches of 1-4 rows.
 
 - `triton`: the Triton GEMV of `kernels/bf16_gemv.py` (one pass over the weight, autotuned per shape and
-  batch; the LM head's logits come out in float32 from its accumulators); other batches, dtypes and
-  devices still go through `F.linear` (cuBLAS). Needs a CUDA GPU and Triton.
+  batch; the LM head's logits come out in float32 from its accumulators) for every shape; other batches,
+  dtypes and devices still go through `F.linear` (cuBLAS). Needs a CUDA GPU and Triton.
 - `torch`: `F.linear` always.
-- `auto` (the default): `torch` for now. The Triton GEMV has passed only Triton's interpreter on the CPU;
-  `auto` turns to it on CUDA once `benchmarks/bf16_gemv.py` has measured it ahead of cuBLAS on the H200
-  (speed is measured, not asserted; `tests/gpu/device_run.sh bf16gemv`).
+- `auto` (the default): on CUDA, the GEMV for the shapes and batches the GPU's tuned table names
+  (`kernels/gemv_table.py`: on the H200 the GEMV won on some 8B shapes at one or two rows and lost on
+  others), cuBLAS for the rest; `torch` where no table ships for the GPU (none ships yet) and on the CPU.
 
 The choice is made once, after the weights are loaded: each linear layer whose multiply is the plain
 `linear.UNQUANTIZED` (so not an FP8 layer, which has its own GEMV) and the LM head are handed the chosen
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenspeed.runtime.kernels.gemv_table import DenseGemvTable, table_for_device
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice
 from tokenspeed.runtime.layers.embedding import LMHead
 from tokenspeed.runtime.layers.linear import UNQUANTIZED, LinearBase, Unquantized
@@ -34,14 +35,18 @@ FLAG = "--dense-gemv-backend"
 class TritonGemv(Unquantized):
     """Decode-sized batches of a bf16/fp16 CUDA weight through the Triton GEMV; the rest as `Unquantized`."""
 
-    def __init__(self) -> None:
+    def __init__(self, table: DenseGemvTable | None = None) -> None:
+        """`table`: the shapes and batches that take the GEMV (None: every shape it supports)."""
         from tokenspeed.runtime.kernels import bf16_gemv
 
         self._gemv = bf16_gemv
         self.max_rows = bf16_gemv.GEMV_MAX_M
+        self.table = table
 
     def _takes(self, x2: torch.Tensor, w: torch.Tensor) -> bool:
-        return x2.is_cuda and self._gemv.supported(x2, w)
+        if not (x2.is_cuda and self._gemv.supported(x2, w)):
+            return False
+        return self.table is None or self.table.takes(w.shape[0], w.shape[1], w.dtype, x2.shape[0])
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
@@ -68,9 +73,17 @@ DENSE_GEMV_BACKENDS: dict[str, Callable[[torch.device], Unquantized]] = {
 CHOICES = ("auto", *DENSE_GEMV_BACKENDS)
 
 
+def _device_table(device: torch.device) -> DenseGemvTable:
+    """The tuned table of this CUDA device (empty on other devices or without a shipped file)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return DenseGemvTable()
+    return table_for_device(torch.cuda.get_device_name(device))
+
+
 def resolve_dense_gemv_backend(name: str | None, device: torch.device | str) -> str:
-    """The backend `name` stands for on `device` ("auto": torch until the H200 has measured the GEMV)."""
-    return resolve_choice(FLAG, name, CHOICES, lambda: "torch")
+    """The backend `name` stands for on `device` ("auto": triton where the GPU has a tuned table)."""
+    device = torch.device(device)
+    return resolve_choice(FLAG, name, CHOICES, lambda: "triton" if _device_table(device) else "torch")
 
 
 def use_dense_multiply(model: nn.Module, quant: Unquantized) -> int:
@@ -88,6 +101,9 @@ def apply_dense_gemv_backend(model: nn.Module, name: str | None, device: torch.d
     resolved = resolve_dense_gemv_backend(name, device)
     quant = DENSE_GEMV_BACKENDS[resolved](device)
     if isinstance(quant, TritonGemv):
+        if (name or "auto") == "auto":  # the tuned table's shapes only
+            quant.table = _device_table(device)
         n = use_dense_multiply(model, quant)
-        logger.info("dense layers (%d): batches of 1-%d rows take the Triton GEMV", n, quant.max_rows)
+        where = f"the shapes {quant.table.source} names" if quant.table is not None else "every shape"
+        logger.info("dense layers (%d): batches of 1-%d rows take the Triton GEMV for %s", n, quant.max_rows, where)
     return resolved

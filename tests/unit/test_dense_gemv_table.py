@@ -1,0 +1,85 @@
+"""The dense GEMV's tuned table (kernels/gemv_table.py): what `benchmarks/bf16_gemv.py --table-out` derives
+from a run, what the server reads back, and the errors a malformed table gets."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenspeed.runtime.kernels.gemv_table import (
+    FORMAT,
+    DenseGemvTable,
+    load_table,
+    shape_key,
+    table_for_device,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+H200_RUN = ROOT / "benchmarks" / "results" / "gpu_bf16_gemv.json"
+
+
+def _bf16_gemv_script():
+    spec = importlib.util.spec_from_file_location("bf16_gemv_bench", ROOT / "benchmarks" / "bf16_gemv.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_h200_run_gives_the_gemv_only_where_it_won():
+    # gpu_bf16_gemv.json (H200): qkv won at 1 row (1.11x) and lost at 2 (0.94x); o tied at 1 and won at 2
+    # (1.14x); down won at 1 and 2; the LM head won at 1 and tied at 2; gate_up lost at every batch; every
+    # shape lost at 4 rows.
+    rows = json.loads(H200_RUN.read_text())["rows"]
+    table = _bf16_gemv_script().table_rows(rows)
+    assert table == {
+        shape_key(6144, 4096, "bfloat16"): 1,
+        shape_key(4096, 4096, "bfloat16"): 2,
+        shape_key(28672, 4096, "bfloat16"): 0,
+        shape_key(4096, 14336, "bfloat16"): 2,
+        shape_key(128256, 4096, "bfloat16"): 1,
+    }
+
+
+def test_written_table_is_read_back_and_decides_per_shape_and_batch(tmp_path):
+    path = tmp_path / "NVIDIA_H200.json"
+    rows = json.loads(H200_RUN.read_text())["rows"]
+    script = _bf16_gemv_script()
+    script.write_table(str(path), "NVIDIA H200", script.table_rows(rows))
+    data = json.loads(path.read_text())
+    assert data["format"] == FORMAT and data["device"] == "NVIDIA H200"
+    assert data["provenance"]["script"] and data["provenance"]["time"]  # the running script (pytest here)
+    table = table_for_device("NVIDIA H200", directory=tmp_path)
+    assert table and table.source == str(path)
+    bf16 = torch.bfloat16
+    assert table.takes(6144, 4096, bf16, 1) and not table.takes(6144, 4096, bf16, 2)
+    assert table.takes(4096, 14336, bf16, 2) and not table.takes(4096, 14336, bf16, 4)
+    assert not table.takes(28672, 4096, bf16, 1)  # gate_up stays on cuBLAS
+    assert not table.takes(6144, 4096, torch.float16, 1)  # a dtype the run did not time
+    assert not table.takes(1000, 4096, bf16, 1)  # a shape the table does not name
+    # a device without a shipped table: cuBLAS everywhere
+    assert not table_for_device("NVIDIA A100-SXM4-80GB", directory=tmp_path)
+    assert not DenseGemvTable()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "not valid JSON"),
+        (json.dumps({"format": "other/1", "shapes": {}}), "'format': 'tokenspeed-dense-gemv/1'"),
+        (json.dumps({"format": FORMAT, "shapes": []}), "'shapes' must be an object"),
+        (json.dumps({"format": FORMAT, "shapes": {"6144x4096": 1}}), "shape key '6144x4096' is malformed"),
+        (json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": -1}}), "rows >= 0"),
+        (json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": True}}), "rows >= 0"),
+        (json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": "2"}}), "rows >= 0"),
+    ],
+)
+def test_a_malformed_table_names_the_file_and_the_problem(tmp_path, content, message):
+    path = tmp_path / "NVIDIA_H200.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message) as err:
+        load_table(path)
+    assert str(path) in str(err.value)

@@ -1,0 +1,91 @@
+"""Which decode batches take the bf16 GEMV (`bf16_gemv.py`) rather than cuBLAS, per weight shape, per GPU.
+
+On the H200 the GEMV beat cuBLAS on some of the Llama-3.1-8B shapes at one or two rows and lost on others
+(gate_up at every batch, everything at four rows: `benchmarks/results/gpu_bf16_gemv.json`), so the choice
+is per shape. A table is one file per device under `tuned/` (`NVIDIA_H200.json`, the device name with
+spaces as underscores), mapping a weight shape ("N=6144,K=4096,dtype=bfloat16": output features, input
+features, the weight's dtype) to the most rows for which the GEMV runs (0: never). A shape the table does
+not name, or a device without a table, keeps cuBLAS. `benchmarks/bf16_gemv.py --table-out` writes it from
+a run (the GEMV where it won by the margin); `--dense-gemv-backend auto` reads it.
+
+    {"format": "tokenspeed-dense-gemv/1", "device": "NVIDIA H200", "provenance": {...},
+     "shapes": {"N=6144,K=4096,dtype=bfloat16": 1, "N=28672,K=4096,dtype=bfloat16": 0}}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+FORMAT = "tokenspeed-dense-gemv/1"
+TUNED_DIR = Path(__file__).resolve().parent / "tuned"
+_KEY = re.compile(r"N=(\d+),K=(\d+),dtype=(\w+)")
+
+
+def shape_key(n: int, k: int, dtype: torch.dtype | str) -> str:
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    return f"N={n},K={k},dtype={name}"
+
+
+def device_file(device_name: str, directory: Path = TUNED_DIR) -> Path:
+    return directory / f"{device_name.strip().replace(' ', '_')}.json"
+
+
+@dataclass(frozen=True)
+class DenseGemvTable:
+    """shape key -> the most rows the GEMV takes (0: never)."""
+
+    max_rows: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = ""
+
+    def takes(self, n: int, k: int, dtype: torch.dtype, rows: int) -> bool:
+        return rows <= self.max_rows.get(shape_key(n, k, dtype), 0)
+
+    def __bool__(self) -> bool:
+        return any(self.max_rows.values())
+
+
+def parse_table(data: object, path: Path) -> DenseGemvTable:
+    """A table from a file's decoded JSON; ValueError naming the file and the offending key."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"{path}: must be a JSON object with 'format': {FORMAT!r} and 'shapes'")
+    shapes = data.get("shapes")
+    if not isinstance(shapes, dict):
+        raise ValueError(f"{path}: 'shapes' must be an object: shape key -> the most rows the GEMV takes")
+    out: dict[str, int] = {}
+    for key, rows in shapes.items():
+        if not _KEY.fullmatch(key):
+            raise ValueError(
+                f"{path}: shape key {key!r} is malformed; write it as 'N=<out features>,K=<in features>,"
+                f"dtype=<weights dtype>', e.g. {shape_key(6144, 4096, torch.bfloat16)!r}"
+            )
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise ValueError(f"{path}: shapes[{key!r}] must be a number of rows >= 0 (0: never), got {rows!r}")
+        out[key] = rows
+    return DenseGemvTable(MappingProxyType(out), source=str(path))
+
+
+def load_table(path: str | Path) -> DenseGemvTable:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    return parse_table(data, path)
+
+
+def table_for_device(device_name: str, directory: Path = TUNED_DIR) -> DenseGemvTable:
+    """The shipped table of `device_name`, or an empty one (cuBLAS everywhere)."""
+    path = device_file(device_name, directory)
+    return load_table(path) if path.is_file() else DenseGemvTable()
+
+
+def to_json(device_name: str, max_rows: Mapping[str, int], provenance: dict) -> dict:
+    """The file `load_table` reads (what `benchmarks/bf16_gemv.py --table-out` writes)."""
+    return dict(format=FORMAT, device=device_name, provenance=provenance, shapes=dict(sorted(max_rows.items())))
