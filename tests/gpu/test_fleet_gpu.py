@@ -187,9 +187,14 @@ def test_profile_plan_up_openai_metrics_kill_heal_down(fleet):
         START_TIMEOUT_S,
         "the restart after kill -9",
     )
-    print(f"kill -9 to READY again: {time.monotonic() - killed:.1f} s")
+    heal_s = time.monotonic() - killed
+    print(f"kill -9 to READY again: {heal_s:.1f} s")
     print_phases(state / "logs" / f"{server['name']}.log", "the restart's start-up")
     assert healed["restarts"] == 1 and healed["last_exit"]["signal"] == "SIGKILL"
+    # The bar: an operator's server is back within a minute. On the H200 the restart's start-up was
+    # 10 s of imports, 1 s of graphs, and once ~100 s of FlashInfer compiling its sampling kernels (now
+    # loaded from the carried cache, tests/gpu/cache/).
+    assert heal_s <= 60, f"kill -9 to READY again took {heal_s:.1f} s (goal 60 s)"
     again = OpenAI(base_url=healed["url"] + "/v1", api_key="unused", max_retries=0, timeout=60)
     assert (
         again.completions.create(model="llama8b-dummy", prompt="w1", max_tokens=4).usage.completion_tokens
