@@ -212,8 +212,8 @@ PARALLEL_FLAGS: tuple[FlagRow, ...] = (
     Opt(
         "--dense-gemv-backend",
         "bf16/fp16 linear layers and the LM head at decode batches of 1-4 rows: 'triton' (a Triton GEMV, "
-        "autotuned per shape), 'torch' (F.linear, cuBLAS), 'auto' (torch until the GEMV is measured on the H200; default). A TokenSpeed "
-        "flag, not in the upstream set.",
+        "autotuned per shape), 'torch' (F.linear, cuBLAS), 'auto' (the GEMV for the shapes and batches the GPU's "
+        "tuned table names, cuBLAS elsewhere; default). A TokenSpeed flag, not in the upstream set.",
     ),
     Opt("--all2all-backend", "MoE all-to-all: none, deepep, ..."),
     Opt("--deepep-mode", "DeepEP mode; 'auto' uses low_latency for decode batches and normal for prefill."),
