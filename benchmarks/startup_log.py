@@ -16,7 +16,7 @@ from pathlib import Path
 # The messages each phase logs (runtime/models/loader.py, execution/model_runner.py, execution/cuda_graph.py,
 # engine/event_loop.py, entrypoints/http_runner.py, entrypoints/warmup.py, entrypoints/launch.py).
 PHASES = re.compile(
-    r"started \d+ child|weights: |KV cache: |Captured \d+|ready: max_total_tokens|scheduler ranks ready"
+    r"started \d+ child|weights: |KV cache: |Captured \d+|ready: max_total_tokens|scheduler dp\d+ tp\d+ ready"
     r"|sampler \S+: warmed up|warm-up |the server is ready|Traceback|Error"
 )
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (.*)$")

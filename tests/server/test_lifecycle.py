@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -40,6 +41,20 @@ def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 def test_warmups_ran(srv):
     log = srv.log()
     assert "warm-up basic" in log and "warm-up batch" in log and "warm-up long_prompt" in log
+
+
+def test_start_up_says_where_its_seconds_went(srv):
+    # An operator waiting on a start reads which phase took the time (on the H200 once: 102 s compiling the
+    # sampler's kernels) from the scheduler's ready line, and the whole start from the READY line.
+    log = srv.log()
+    ready = re.search(r"scheduler dp0 tp0 ready \(1/1\) after ([\d.]+) s: (.*)", log)
+    assert ready, log[-3000:]
+    phases = dict(re.findall(r"([A-Za-z][\w ]*?) ([\d.]+) s", ready.group(2)))
+    assert list(phases)[:3] == ["process start and imports", "model and weights", "KV cache"], phases
+    assert list(phases)[-1] == "other"
+    assert abs(sum(map(float, phases.values())) - float(ready.group(1))) < 0.5
+    total = re.search(r"the server is ready on \S+ \(\d+ child processes\), ([\d.]+) s after it started", log)
+    assert total and float(total.group(1)) >= float(ready.group(1)), log[-3000:]
 
 
 def test_skip_tokenizer_init_serves_token_ids(srv):

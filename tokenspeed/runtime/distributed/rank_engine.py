@@ -40,6 +40,7 @@ class PeerEngine:
         self.max_total_tokens = core.max_total_tokens
         self.max_req_input_len = core.max_req_input_len
         self.max_model_len = core.max_model_len
+        self.startup_seconds = core.startup_seconds
 
     def follow(self) -> None:
         """Run rank 0's steps; returns on its stop message, raises `LeaderLost` if it vanished first."""

@@ -195,6 +195,11 @@ class EngineCore:
             self.scheduler.add_request(held)  # so that its final output is reported like any other
         return self.scheduler.abort_request(rid, reason)
 
+    @property
+    def startup_seconds(self) -> dict[str, float]:
+        """Seconds of the model runner's start-up phases (weights, KV cache, sampler, CUDA graphs)."""
+        return self.runner.startup_seconds
+
     def has_unfinished(self) -> bool:
         busy = self.scheduler.has_unfinished() or self._in_flight is not None or bool(self._grammars)
         if not busy:

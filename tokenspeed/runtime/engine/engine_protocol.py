@@ -12,6 +12,7 @@ class EngineProtocol(Protocol):
     max_total_tokens: int
     max_req_input_len: int
     max_model_len: int
+    startup_seconds: dict[str, float]  # the model runner's start-up phases, for the ready message
 
     def add_request(self, request: GenerateRequest) -> None:
         """Queue a request; ValueError (naming the fix) for one that cannot run."""

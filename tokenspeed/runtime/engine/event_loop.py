@@ -14,6 +14,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 import zmq
 
@@ -95,6 +96,15 @@ def run_scheduler_process(
     os._exit(code)  # skip interpreter teardown: torch and zmq finalizers can hang a dying process
 
 
+def startup_phases(entered: float, engine_phases: dict[str, float]) -> dict[str, float]:
+    """This rank's start-up in seconds: the process's start and imports (until `entered`, a time.time()),
+    the engine's own phases, and the rest of building it (CUDA context, tokenizer, scheduler)."""
+    imports = max(entered - psutil.Process().create_time(), 0.0)
+    built = time.time() - entered
+    rest = max(built - sum(engine_phases.values()), 0.0)
+    return {"process start and imports": imports, **engine_phases, "other": rest}
+
+
 def _serve(
     server_args: ServerArgs, endpoints: ServerEndpoints, info: RankInfo, parent_pid: int, stop: StopFlag
 ) -> int:
@@ -115,6 +125,7 @@ def _serve(
             load.setsockopt(zmq.LINGER, 0)
             load.connect(endpoints.load)
 
+    entered = time.time()
     engine = build_engine(server_args, info, endpoints.nccl_port)
     out.send(
         encode(
@@ -124,6 +135,7 @@ def _serve(
                 max_total_tokens=int(engine.max_total_tokens),
                 max_req_input_len=int(engine.max_req_input_len),
                 max_model_len=int(engine.max_model_len),
+                startup=startup_phases(entered, engine.startup_seconds),
             )
         )
     )

@@ -206,9 +206,11 @@ class _ReadyWait:
     def take(self, msg: Any) -> None:
         if isinstance(msg, ReadyMessage):
             self.ready.append(msg)
+            phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in msg.startup.items())
             logger.info(
-                "scheduler dp%d tp%d ready (%d/%d)", msg.dp_rank, msg.tp_rank, len(self.ready), self.expected
-            )
+                "scheduler dp%d tp%d ready (%d/%d)%s", msg.dp_rank, msg.tp_rank, len(self.ready), self.expected,
+                f" after {sum(msg.startup.values()):.1f} s: {phases}" if phases else "",
+            )  # fmt: skip
 
     def note_if_slow(self) -> None:
         now = time.monotonic()

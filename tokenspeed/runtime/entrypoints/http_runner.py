@@ -16,8 +16,10 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Any
 
+import psutil
 import uvicorn
 
 from tokenspeed.config.server_args import ServerArgs
@@ -186,8 +188,9 @@ async def _warm_up(server: DrainingServer, state: ServerState, warmups: list[str
     state.status = READY
     state.llm.accepting = True
     logger.info(
-        "the server is ready on %s (%d child processes)", args_url(state.server_args), len(state.child_pids)
-    )
+        "the server is ready on %s (%d child processes), %.1f s after it started",
+        args_url(state.server_args), len(state.child_pids), time.time() - psutil.Process().create_time(),
+    )  # fmt: skip
 
 
 def args_url(server_args: ServerArgs) -> str:

@@ -67,7 +67,11 @@ class ModelRunner:
         # attention see this rank's heads (`kv_config`); alone, the null objects change nothing.
         self.peers: PeerSync = peers if peers is not None else NoPeers()
         self.experts: ExpertController = experts if experts is not None else NoExperts()
+        # seconds of each start-up phase, for the ready message (engine/event_loop.py)
+        self.startup_seconds: dict[str, float] = {}
+        started = time.monotonic()
         loaded = self.peers.load_model(model_config, config.load_format, device, config.seed)
+        self.startup_seconds["model and weights"] = time.monotonic() - started
         self.model = loaded.model
         self.experts.attach(self.model, model_config, loaded.expert_state, device)
         kv_config = self.peers.local_model_config(model_config)
@@ -105,6 +109,7 @@ class ModelRunner:
             model_config.num_layers,
         )
         self.kv_pool = KVPool(self.spec, num_pages, device, kv_scales)
+        self.startup_seconds["KV cache"] = time.monotonic() - kv_started
         logger.info(
             "KV cache: %d pages of %d tokens (%.1f MiB), allocated in %.1f s",
             num_pages - 1,
@@ -122,11 +127,8 @@ class ModelRunner:
         self.sampler = create_sampler(config.sampling_backend or "torch", device, config.enable_nan_detection)
         # The sampler's kernels load (or compile) now, not at the first sampled token.
         if torch.device(device).type == "cuda":
-            logger.info(
-                "sampler %s: warmed up in %.1f s",
-                self.sampler.name,
-                self.sampler.warm_up(model_config.vocab_size),
-            )
+            warm_s = self.startup_seconds["sampler"] = self.sampler.warm_up(model_config.vocab_size)
+            logger.info("sampler %s: warmed up in %.1f s", self.sampler.name, warm_s)
         self.graph_use = cuda_graph.GraphUse()
         self.eager_once = cuda_graph.EagerOnce(logger)
         self.graph_runner: cuda_graph.CudaGraphRunner | None = None
@@ -141,6 +143,7 @@ class ModelRunner:
     def capture_graphs(self) -> None:
         """Capture the decode (and verify) graphs, with the EAGLE3 states if `aux_capture_layers` is set."""
         sizes, graphs = self._graph_plan
+        started = time.monotonic()
         self.graph_runner = cuda_graph.build_graph_runner(
             self._forward,
             self.attn_backend,
@@ -152,6 +155,8 @@ class ModelRunner:
             self.model_config.max_model_len,
             aux_layers=self.aux_capture_layers,
         )
+        if self.graph_runner is not None:
+            self.startup_seconds["CUDA graphs"] = time.monotonic() - started
 
     def set_aux_capture(self, layers: tuple[int, ...]) -> None:
         """Every step stores the residual stream after `layers` for an EAGLE3 draft; graphs store it too."""
