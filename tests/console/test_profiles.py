@@ -10,6 +10,8 @@ from tests.console.profile_files import PROFILES, error_of, write
 from tokenspeed.config.cli import prepare_server_args
 
 EXAMPLES = sorted(p for p in PROFILES.glob("*.toml") if not p.name.startswith("_"))
+# Lines 1-2 of most profiles below, so the mistake they are named for is on line 3 or after.
+MODEL_ONLY = '[server]\nmodel = "m"\n'
 
 
 def test_examples_cover_the_gpu_deployments():
@@ -55,27 +57,17 @@ def test_cli_validate_accepts_examples_and_rejects_a_typo(tmp_path):
 @pytest.mark.parametrize(
     ("text", "line", "key", "message"),
     [
-        ('[server]\nmodel = "m"\n\n[fleet]\nreplica = 2\n', 5, "[fleet] replica", "did you mean 'replicas'"),
-        (
-            '[server]\nmodel = "m"\n[fleet]\nrestart = "allways"\n',
-            4,
-            "[fleet] restart",
-            "did you mean 'always'",
-        ),
-        ('[server]\nmodel = "m"\n[fleet]\nreplicas = "two"\n', 4, "[fleet] replicas", "expects int"),
-        ('[server]\nmodel = "m"\n[fleet.health]\nfailure = 3\n', 4, "[fleet.health] failure", "'failures'"),
-        ('[server]\nmodel = "m"\nport = 8000\n', 3, "[server] port", "use [fleet] base_port"),
-        ('[server]\nmodel = "m"\ndtype = "float17"\n', 3, "[server] dtype", "did you mean 'float16'"),
-        ('[server]\nmodel = "m"\nblock_size = 0\n', 3, "[server] block_size", "--block-size must be >= 1"),
-        (
-            '[server]\nmodel = "m"\nenforce_eager = "yes"\n',
-            3,
-            "[server] enforce_eager",
-            "expects true or false",
-        ),
+        (MODEL_ONLY + "\n[fleet]\nreplica = 2\n", 5, "[fleet] replica", "did you mean 'replicas'"),
+        (MODEL_ONLY + '[fleet]\nrestart = "allways"\n', 4, "[fleet] restart", "did you mean 'always'"),
+        (MODEL_ONLY + '[fleet]\nreplicas = "two"\n', 4, "[fleet] replicas", "expects int"),
+        (MODEL_ONLY + "[fleet.health]\nfailure = 3\n", 4, "[fleet.health] failure", "'failures'"),
+        (MODEL_ONLY + "port = 8000\n", 3, "[server] port", "use [fleet] base_port"),
+        (MODEL_ONLY + 'dtype = "float17"\n', 3, "[server] dtype", "did you mean 'float16'"),
+        (MODEL_ONLY + "block_size = 0\n", 3, "[server] block_size", "--block-size must be >= 1"),
+        (MODEL_ONLY + 'enforce_eager = "yes"\n', 3, "[server] enforce_eager", "expects true or false"),
         ('[server]\ndevice = "cpu"\n', 1, "[server] model", "is required"),
         ('[sever]\nmodel = "m"\n', 1, "sever", "did you mean 'server'"),
-        ('[server]\nmodel = "m"\nmax_num_seqs = \n', 3, "", "not valid TOML"),
+        (MODEL_ONLY + "max_num_seqs = \n", 3, "", "not valid TOML"),
     ],
 )
 def test_mistakes_name_file_line_and_key(tmp_path, text, line, key, message):

@@ -8,27 +8,23 @@ import signal
 import tempfile
 
 import psutil
-import pytest
 
 from console.client import SupervisorClient
 from console.supervisor.paths import default_state_dir
 from console.tui.app import ConsoleApp
 from console.tui.launch import OpenedSource
 from console.tui.screens.modals import ConfirmScreen, LeaveScreen
-from tests.console.tui_pilot import row_order, status, table_rows, text_of, wait_for
-from tests.console.tui_support import free_base_port, make_app, running_fleet, write_profile
+from tests.console.tui_pilot import row_order, status, table_rows, text_of, wait_for, wait_for_rows
+from tests.console.tui_support import fleet_fixture, free_base_port, make_app, running_fleet, write_profile
 
 SIZE = (170, 50)
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    with running_fleet("act", replicas=3) as running:
-        yield running
+fleet = fleet_fixture("act")
 
 
 async def select(pilot, app: ConsoleApp, name: str) -> None:
-    await wait_for(pilot, lambda: len(table_rows(app)) == 3, what="fleet rows")
+    await wait_for_rows(pilot, app, 3)
     order = row_order(app)
     await pilot.press("home", *["down"] * order.index(name))
     assert app.selected == name
@@ -117,7 +113,7 @@ async def test_expert_recording_start_and_stop(fleet):
 async def test_rolling_restart_replaces_every_process(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await wait_for_rows(pilot, app, 3)
         before = {s["name"]: s["pid"] for s in fleet.servers()}
         await asked(pilot, app, "ctrl+r")
         await pilot.press("y")
@@ -133,7 +129,7 @@ async def test_rolling_restart_replaces_every_process(fleet):
 async def test_killed_server_shows_its_restart(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await wait_for_rows(pilot, app, 3)
         restarts = fleet.server("act-2")["restarts"]
         os.kill(pid_of(fleet, "act-2"), signal.SIGKILL)
         await wait_for(
@@ -224,7 +220,7 @@ async def test_profile_screen_launches_a_new_fleet(fleet, tmp_path, monkeypatch)
 async def test_a_frozen_server_is_shown_failing_and_the_rest_keep_updating(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await wait_for_rows(pilot, app, 3)
         pid = pid_of(fleet, "act-1")
         os.kill(pid, signal.SIGSTOP)  # alive but answering nothing: health checks time out
         try:

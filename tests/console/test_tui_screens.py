@@ -6,7 +6,6 @@ import gc
 import io
 import time
 
-import pytest
 from rich.console import Console
 from textual.widgets import DataTable, TextArea
 
@@ -26,21 +25,19 @@ from tests.console.tui_pilot import (
     table_rows,
     text_of,
     wait_for,
+    wait_for_rows,
 )
-from tests.console.tui_support import make_app, running_fleet
+from tests.console.tui_support import fleet_fixture, make_app
 
 SIZE = (170, 50)
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    with running_fleet("scr", replicas=3) as running:
-        yield running
+fleet = fleet_fixture("scr")
 
 
 async def open_screen(pilot, app: ConsoleApp, key: str) -> None:
     """Once the fleet's three servers are listed, the screen of number key `key` (on the cursor server)."""
-    await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+    await wait_for_rows(pilot, app, 3)
     await pilot.press(key)
 
 
@@ -71,7 +68,7 @@ async def test_fleet_screen_shows_every_server_with_its_metrics(fleet):
 async def test_sort_and_filter(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await wait_for_rows(pilot, app, 3)
         screen = app.screen
         while screen.sort_key != "name":
             await pilot.press("o")
@@ -93,7 +90,7 @@ async def test_sort_and_filter(fleet):
 async def test_enter_opens_the_server_screen_with_history_args_and_mapping(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await wait_for_rows(pilot, app, 3)
         await pilot.press("down", "enter")
         assert app.current_mode == "server"
         name = app.selected
@@ -132,10 +129,15 @@ async def test_server_screen_fetches_only_new_samples_and_plots_what_the_supervi
         await open_screen(pilot, app, "2")
         name = app.selected
         screen = app.screen
-        await wait_for(pilot, lambda: screen._history is not None and screen._history[1].samples, what="history")
+        await wait_for(
+            pilot, lambda: screen._history is not None and screen._history[1].samples, what="history"
+        )
         first = screen._history[1].samples[-1].t
         await wait_for(
-            pilot, lambda: screen._history[1].samples[-1].t >= first + 3, what="newer samples added", timeout=60
+            pilot,
+            lambda: screen._history[1].samples[-1].t >= first + 3,
+            what="newer samples added",
+            timeout=60,
         )
         await _polls_stopped(app, pilot)
         held = screen._history[1].samples
@@ -163,7 +165,7 @@ async def test_screens_redrawn_line_by_line_show_what_a_whole_redraw_shows(fleet
     collector = gc.get_threshold()
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await wait_for_rows(pilot, app, 3)
         for key in ("2", "3"):
             app.poller.set_paused(False)
             await pilot.press(key)
@@ -344,7 +346,7 @@ async def test_gpus_screen_shows_the_probe(fleet):
 async def test_keys_switch_screens_help_and_pause(fleet):
     app = make_app(fleet)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await wait_for_rows(pilot, app, 3)
         for key, mode in zip(
             "123456", ("fleet", "server", "experts", "logs", "profile", "gpus"), strict=True
         ):
@@ -391,7 +393,7 @@ async def test_a_stopped_supervisor_never_blocks_the_ui(fleet):
     # A long client timeout: each poll of the frozen supervisor hangs for seconds.
     app = ConsoleApp(LiveSource(fleet.state_dir, timeout=4.0), interval=0.5)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(table_rows(app)) == 3)
+        await wait_for_rows(pilot, app, 3)
         os.kill(sup_pid, signal.SIGSTOP)
         try:
             await wait_for(pilot, lambda: app.poller.state.in_flight, what="a poll hanging on the socket")

@@ -98,3 +98,8 @@ async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "conditi
     raise AssertionError(
         f"timed out waiting for {what}" + (f" (last error: {last_error!r})" if last_error else "")
     )
+
+
+async def wait_for_rows(pilot, app: ConsoleApp, count: int) -> None:
+    """Let the app run until the fleet table lists `count` servers."""
+    await wait_for(pilot, lambda: len(table_rows(app)) == count, what=f"{count} fleet rows")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import pytest
 
 from console.client import SupervisorClient, SupervisorError
 from console.tui.app import ConsoleApp
@@ -149,3 +150,14 @@ def running_fleet(name: str = "tui", replicas: int = 3, extra_fleet: str = "") -
                 psutil.Process(pid).kill()
         shutil.rmtree(root, ignore_errors=True)
         assert not leftovers, f"processes left after shutdown: {leftovers}"
+
+
+def fleet_fixture(name: str, replicas: int = 3):
+    """A module-scoped `fleet` fixture: one `running_fleet(name, replicas)` shared by the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def fleet() -> Iterator[RunningFleet]:
+        with running_fleet(name, replicas=replicas) as running:
+            yield running
+
+    return fleet

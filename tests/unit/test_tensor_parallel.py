@@ -45,6 +45,11 @@ def models(tmp_path_factory):
     return paths, str(counts_file)
 
 
+def eplb(redundant: int, dispatch: str) -> dict[str, int | str]:
+    """ExpertPlan fields: `redundant` replica slots and the `dispatch` algorithm that picks among them."""
+    return {"num_redundant_experts": redundant, "dispatch_algorithm": dispatch}
+
+
 def all_cases(paths, counts_file):
     moe = paths["qwen3_moe"]
     return [
@@ -53,7 +58,7 @@ def all_cases(paths, counts_file):
         Case("qwen3_tp2", paths["qwen3"], TP2),
         Case("moe_tp2", moe, TP2, record=True),
         Case("moe_ep2_static", moe, EP2, {"dispatch_algorithm": "static"}, record=True),
-        Case("moe_ep2_r2_dynamic", moe, EP2, {"num_redundant_experts": 2, "dispatch_algorithm": "dynamic"}),
+        Case("moe_ep2_r2_dynamic", moe, EP2, eplb(2, "dynamic")),
         Case(
             "moe_ep2_r4_file_static",
             moe,
@@ -61,22 +66,8 @@ def all_cases(paths, counts_file):
             {"num_redundant_experts": 4, "init_expert_location": counts_file, "dispatch_algorithm": "static"},
             record=True,
         ),
-        Case(
-            "moe_ep2_r2_rebalance_static",
-            moe,
-            EP2,
-            {"num_redundant_experts": 2, "dispatch_algorithm": "static"},
-            record=True,
-            rebalance_after=1,
-        ),
-        Case(
-            "moe_ep4_r4_rebalance_dynamic",
-            moe,
-            EP4,
-            {"num_redundant_experts": 4, "dispatch_algorithm": "dynamic"},
-            record=True,
-            rebalance_after=2,
-        ),
+        Case("moe_ep2_r2_rebalance_static", moe, EP2, eplb(2, "static"), record=True, rebalance_after=1),
+        Case("moe_ep4_r4_rebalance_dynamic", moe, EP4, eplb(4, "dynamic"), record=True, rebalance_after=2),
         # FP8 experts (--quantization fp8, quantized per rank at load): a live rebalance moves each
         # expert's FP8 weights with their scales, so the outputs stay those of the placement before
         Case("moe_ep2_fp8_static", moe, EP2, {"dispatch_algorithm": "static"}, quantization="fp8"),
@@ -84,7 +75,7 @@ def all_cases(paths, counts_file):
             "moe_ep2_fp8_r2_rebalance_static",
             moe,
             EP2,
-            {"num_redundant_experts": 2, "dispatch_algorithm": "static"},
+            eplb(2, "static"),
             record=True,
             rebalance_after=1,
             quantization="fp8",
@@ -95,7 +86,7 @@ def all_cases(paths, counts_file):
         Case("moefp8_tp2_channel", paths["moe_fp8_channel"], TP2),
         Case("moefp8_ep2_r2_block", paths["moe_fp8_block"], EP2, {"num_redundant_experts": 2}),
         Case("qwen3_tp4_replicated_kv", paths["qwen3"], TP4),
-        Case("moe_ep4_r4_dynamic", moe, EP4, {"num_redundant_experts": 4, "dispatch_algorithm": "dynamic"}),
+        Case("moe_ep4_r4_dynamic", moe, EP4, eplb(4, "dynamic")),
     ]
 
 

@@ -123,16 +123,19 @@ def rotate_head(src, cs, HALF: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def rotate_qk_head(
-    Q, K, CS, t, h, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
+    Q, K, CS, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """`rotate_head` of head `h` of token `t` in a RoPE kernel's grid: query head h, or key head
-    h - NUM_Q_HEADS."""
+    """`rotate_head` of this program's head in a RoPE kernel's (token t, head h) grid: query head h, or
+    key head h - NUM_Q_HEADS. Returns (t, h, o1, o2)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
     if h < NUM_Q_HEADS:
         src = Q + t * stride_qt + h * stride_qh
     else:
         src = K + t * stride_kt + (h - NUM_Q_HEADS) * stride_kh
-    return rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
+    o1, o2 = rotate_head(src, CS + t * stride_cs, HALF, BLOCK)
+    return t, h, o1, o2
 
 
 @triton.jit
@@ -151,10 +154,8 @@ def _rope_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_cs,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    o1, o2 = rotate_qk_head(
-        Q, K, CS, t, h, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, NUM_Q_HEADS, HALF, BLOCK
+    t, h, o1, o2 = rotate_qk_head(
+        Q, K, CS, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, NUM_Q_HEADS, HALF, BLOCK
     )
     if h < NUM_Q_HEADS:
         dst = QO + t * stride_qot + h * stride_qoh
@@ -181,23 +182,27 @@ def rope_operands(
     return cos_sin, q, k, qo, ko
 
 
-def rope_launch(half: int) -> dict[str, int]:
-    """The block and warp count of a RoPE kernel for heads of 2 * `half` elements."""
-    return dict(HALF=half, BLOCK=max(16, triton.next_power_of_2(half)), num_warps=1 if half <= 64 else 2)
+def rope_launch(q: torch.Tensor, k: torch.Tensor) -> tuple[tuple[int, int], dict[str, int]]:
+    """The grid (one program per token and query or key head) and the constants of a RoPE kernel for q
+    [T, H, D] and k [T, KVH, D]."""
+    t, num_heads, d = q.shape
+    half = d // 2
+    block = max(16, triton.next_power_of_2(half))
+    consts = dict(NUM_Q_HEADS=num_heads, HALF=half, BLOCK=block, num_warps=1 if half <= 64 else 2)
+    return (t, num_heads + k.shape[1]), consts
 
 
 def apply_rope(cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Neox-style rotation of q [T, H, D] and k [T, KVH, D] by cos|sin rows [T, 2D] (activation dtype)."""
     cos_sin, q, k, qo, ko = rope_operands(cos_sin, q, k)
-    t, num_heads, d = q.shape
-    if t == 0:
+    if q.shape[0] == 0:
         return qo, ko
-    _rope_kernel[(t, num_heads + k.shape[1])](
+    grid, consts = rope_launch(q, k)
+    _rope_kernel[grid](
         q, k, qo, ko, cos_sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
         cos_sin.stride(0),
-        NUM_Q_HEADS=num_heads,
-        **rope_launch(d // 2),
+        **consts,
     )  # fmt: skip
     return qo, ko

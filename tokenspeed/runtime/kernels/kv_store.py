@@ -7,9 +7,14 @@ one kernel that also casts.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    from tokenspeed.runtime.cache.kv_pool import KVPool
 
 
 @triton.jit
@@ -64,3 +69,15 @@ def store_kv(
         BLOCK=block,
         num_warps=4,
     )
+
+
+def store_kv_into_pool(
+    pool: KVPool, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """The new tokens' K/V into layer `layer_id` of `pool` at slots `loc`: one launch for a bf16/fp16 cache;
+    an FP8 cache keeps the pool's own quantizing store."""
+    if pool.quantized:
+        pool.set_kv(layer_id, loc, k, v)
+        return
+    k_buf, v_buf = pool.get_kv(layer_id)
+    store_kv(k, v, k_buf, v_buf, loc)

@@ -27,10 +27,8 @@ def _rope_store_kernel(
     stride_cs,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    o1, o2 = rotate_qk_head(
-        Q, K, CS, t, h, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, NUM_Q_HEADS, HALF, BLOCK
+    t, h, o1, o2 = rotate_qk_head(
+        Q, K, CS, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs, NUM_Q_HEADS, HALF, BLOCK
     )
     if h < NUM_Q_HEADS:
         store_halves(QO + t * stride_qot + h * stride_qoh, o1, o2, HALF, BLOCK)
@@ -64,16 +62,15 @@ def rope_store_kv(
     cos_sin, q, k, qo, ko = rope_operands(cos_sin, q, k)
     if v.stride(-1) != 1:
         v = v.contiguous()
-    t, num_heads, d = q.shape
-    if t == 0:
+    if q.shape[0] == 0:
         return qo, ko
-    _rope_store_kernel[(t, num_heads + k.shape[1])](
+    grid, consts = rope_launch(q, k)
+    _rope_store_kernel[grid](
         q, k, v, qo, ko, k_buf, v_buf, loc, cos_sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         cos_sin.stride(0),
-        NUM_Q_HEADS=num_heads,
-        **rope_launch(d // 2),
+        **consts,
     )  # fmt: skip
     return qo, ko

@@ -22,7 +22,6 @@ class AttentionBackend(ABC):
     @abstractmethod
     def init_forward_metadata(self, fb: ForwardBatch) -> None: ...
 
-    @abstractmethod
     def forward(
         self,
         q: torch.Tensor,  # [T, num_heads, head_dim]
@@ -31,13 +30,29 @@ class AttentionBackend(ABC):
         layer_id: int,
         fb: ForwardBatch,
         scaling: float,
+        kv_stored: bool = False,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        ...
+        """Stores the new tokens' K/V (unless the fused RoPE + KV-store kernel already did), then attends."""
+        if not kv_stored:
+            self.store_new_kv(k, v, layer_id, fb)
+        return self.attend(q, k, v, layer_id, fb, scaling)
+
+    def store_new_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch) -> None:
+        # The pool's own store runs on every device and quantizes into an FP8 cache; the CUDA backends
+        # replace it with a one-launch kernel.
+        fb.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+
+    @abstractmethod
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch, scale: float
+    ) -> torch.Tensor:
+        """Attention of q over the requests' cached K/V, the new tokens' included (k/v are those new
+        tokens, for a backend that reads them from the activations rather than back from the pool)."""
 
     # CUDA-graph hooks; backends that cannot be captured keep the defaults.
     supports_cuda_graph: bool = False
-    # True when `forward` accepts `kv_stored=True`: the new K/V were already written to the pool by the
-    # fused RoPE + KV-store kernel (`layers/attention/paged_attention.py`), so only attention runs.
+    # True when the layer may store the new K/V itself with the fused RoPE + KV-store kernel
+    # (`layers/attention/paged_attention.py`) and call `forward(..., kv_stored=True)`, so only attention runs.
     supports_fused_rope_store: bool = False
 
     def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tokenspeed.runtime.kernels.kv_store import store_kv
+from tokenspeed.runtime.kernels.kv_store import store_kv_into_pool
 from tokenspeed.runtime.kernels.page_indices import build_page_indices
 from tokenspeed.runtime.layers.attention_backend import AttentionBackend
 
@@ -264,32 +264,23 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     # -- attention ---------------------------------------------------------------------------------
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_id: int,
-        fb: ForwardBatch,
-        scaling: float,
-        kv_stored: bool = False,
+    def store_new_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch) -> None:
+        store_kv_into_pool(fb.kv_pool, layer_id, fb.out_cache_loc, k, v)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch, scale: float
     ) -> torch.Tensor:
-        pool = fb.kv_pool
-        if pool.quantized and not kv_stored:
-            pool.set_kv(layer_id, fb.out_cache_loc, k, v)
-        elif not kv_stored:
-            k_buf, v_buf = pool.get_kv(layer_id)
-            store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
         if q.dtype != self.dtype:
             q = q.to(self.dtype)
-        if abs(scaling - self.sm_scale) > 1e-12 * self.sm_scale:
+        if abs(scale - self.sm_scale) > 1e-12 * self.sm_scale:
             # The plan fixed sm_scale for every layer; a model with another scale folds the ratio into q.
-            q = q * (scaling / self.sm_scale)
+            q = q * (scale / self.sm_scale)
         if not q.is_contiguous():
             q = q.contiguous()
         plan = self.plan
         if plan.kind == RAGGED:
             return plan.wrapper.run(q, k.to(self.dtype).contiguous(), v.to(self.dtype).contiguous())
+        pool = fb.kv_pool
         if pool.quantized:
             scales = dict(k_scale=pool.k_scales[layer_id], v_scale=pool.v_scales[layer_id])
             return plan.wrapper.run(q, pool.paged_view(layer_id), **scales)

@@ -56,10 +56,7 @@ class PagedAttention(nn.Module):
                 kv_stored = True
             else:
                 q, k = apply_rotary(cos_sin, q, k)
-        if kv_stored:
-            out = backend.forward(q, k, v, self.layer_id, fb, self.scaling, kv_stored=True)
-        else:
-            out = backend.forward(q, k, v, self.layer_id, fb, self.scaling)
+        out = backend.forward(q, k, v, self.layer_id, fb, self.scaling, kv_stored=kv_stored)
         return out.reshape(t, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:

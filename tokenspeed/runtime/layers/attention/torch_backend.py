@@ -76,17 +76,10 @@ class TorchAttentionBackend(AttentionBackend):
             md.decode_mask = valid[:, None, None, :]
         self.metadata = md
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_id: int,
-        fb: ForwardBatch,
-        scaling: float,
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch, scale: float
     ) -> torch.Tensor:
         pool = fb.kv_pool
-        pool.set_kv(layer_id, fb.out_cache_loc, k, v)
         k_buf, v_buf = pool.get_kv(layer_id)
         md = self.metadata
         out = torch.empty_like(q)
@@ -96,13 +89,13 @@ class TorchAttentionBackend(AttentionBackend):
             kd = pool.dequant(k_buf[md.decode_slots], ks, q.dtype).transpose(1, 2)  # [Bd, KV, S, D]
             vd = pool.dequant(v_buf[md.decode_slots], vs, q.dtype).transpose(1, 2)
             o = F.scaled_dot_product_attention(
-                qd, kd, vd, attn_mask=md.decode_mask, scale=scaling, enable_gqa=True
+                qd, kd, vd, attn_mask=md.decode_mask, scale=scale, enable_gqa=True
             )
             out[md.decode_tokens] = o.squeeze(2)
         for e in md.extends:
             qe = q[e.start : e.start + e.length].transpose(0, 1).unsqueeze(0)  # [1, H, L, D]
             ke = pool.dequant(k_buf[e.slots], pool.k_scales[layer_id], q.dtype).transpose(0, 1)[None]
             ve = pool.dequant(v_buf[e.slots], pool.v_scales[layer_id], q.dtype).transpose(0, 1)[None]
-            o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=e.mask, scale=scaling, enable_gqa=True)
+            o = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=e.mask, scale=scale, enable_gqa=True)
             out[e.start : e.start + e.length] = o.squeeze(0).transpose(0, 1)
         return out

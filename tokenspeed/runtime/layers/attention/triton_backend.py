@@ -18,7 +18,7 @@ import torch
 
 from tokenspeed.runtime.kernels.decode_attention import decode_attention, decode_num_splits
 from tokenspeed.runtime.kernels.extend_attention import extend_attention
-from tokenspeed.runtime.kernels.kv_store import store_kv
+from tokenspeed.runtime.kernels.kv_store import store_kv_into_pool
 from tokenspeed.runtime.layers.attention_backend import AttentionBackend
 
 if TYPE_CHECKING:
@@ -106,26 +106,18 @@ class TritonAttentionBackend(AttentionBackend):
         mid_lse = self._mid_lse[:n].view(bs, num_heads, num_splits)
         return mid_o, mid_lse
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer_id: int,
-        fb: ForwardBatch,
-        scaling: float,
-        kv_stored: bool = False,
+    def store_new_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch) -> None:
+        store_kv_into_pool(fb.kv_pool, layer_id, fb.out_cache_loc, k, v)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch, scale: float
     ) -> torch.Tensor:
         pool = fb.kv_pool
         k_buf, v_buf = pool.get_kv(layer_id)
         if pool.quantized:
-            # FP8 cache (not yet run on a GPU): quantizing store, the kernels read FP8 in q's dtype, the
-            # per-tensor K scale folds into the softmax scale and the V scale into the output.
-            if not kv_stored:
-                pool.set_kv(layer_id, fb.out_cache_loc, k, v)
-            scaling = scaling * pool.k_scales[layer_id]
-        elif not kv_stored:
-            store_kv(k, v, k_buf, v_buf, fb.out_cache_loc)
+            # FP8 cache (not yet run on a GPU): the kernels read FP8 in q's dtype, the per-tensor K scale
+            # folds into the softmax scale and the V scale into the output.
+            scale = scale * pool.k_scales[layer_id]
         if q.stride(-1) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
         if q.dtype != k_buf.dtype and not pool.quantized:
@@ -145,7 +137,7 @@ class TritonAttentionBackend(AttentionBackend):
                 fb.seq_lens,
                 mid_o,
                 mid_lse,
-                scaling,
+                scale,
                 md.num_splits,
                 self.reduce_in_fp32,
             )
@@ -161,7 +153,7 @@ class TritonAttentionBackend(AttentionBackend):
                 fb.extend_lens,
                 md.qo_start,
                 md.max_extend_len,
-                scaling,
+                scale,
                 self.reduce_in_fp32,
             )
         if pool.quantized and pool.v_scales[layer_id] != 1.0:
