@@ -215,16 +215,14 @@ part_serving() {
   run ${T_SERVING:-200} python3 benchmarks/serving_gpu.py ${SERVING_ARGS:-} --out "$OUT/gpu_serving.json"
   grep -E "^serving|^offline|READY|goal" "$LOG" | tail -30
 }
-part_cache() {  # in parts under the tool's 16 MB a file; .whl/install.sh joins them again
-  wait_warm
-  tar cf - -C ~/.cache flashinfer | { xz -6 -T0 2>/dev/null || python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(sys.stdin.buffer, lzma.open(sys.stdout.buffer, "w"))'; } > /tmp/flashinfer-cache.txz && split -b 15M -d /tmp/flashinfer-cache.txz \
-    "$OUT/flashinfer-cache.txz.part" && ls -la "$OUT"/flashinfer-cache.txz.part* | tee -a "$LOG"
+pack() {  # pack DIR NAME: ~/DIR/NAME as xz in parts under the tool's 16 MB a file ($OUT/NAME-cache.txz.partNN);
+  # .whl/install.sh joins and unpacks them from tests/gpu/cache/
+  tar cf - -C ~/"$1" "$2" | { xz -6 -T0 2>/dev/null || python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(sys.stdin.buffer, lzma.open(sys.stdout.buffer, "w"))'; } \
+    > "/tmp/$3.txz" && split -b 15M -d "/tmp/$3.txz" "$OUT/$3.txz.part" && ls -la "$OUT/$3".txz.part* | tee -a "$LOG"
 }
-part_tritoncache() {  # Triton's compiled kernels (~/.triton/cache), packed like FlashInfer's: carried in
-  # tests/gpu/cache/, they spare a fresh machine the JIT that made the 8B server's first READY take 148-188 s
-  tar cf - -C ~/.triton cache | { xz -6 -T0 2>/dev/null || python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(sys.stdin.buffer, lzma.open(sys.stdout.buffer, "w"))'; } > /tmp/triton-cache.txz && split -b 15M -d /tmp/triton-cache.txz \
-    "$OUT/triton-cache.txz.part" && ls -la "$OUT"/triton-cache.txz.part* | tee -a "$LOG"
-}
+part_cache() { wait_warm; pack .cache flashinfer flashinfer-cache; }
+# Triton's compiled kernels: carried, they spare a fresh machine the JIT of the 8B and MoE shapes' kernels
+part_tritoncache() { pack .triton cache triton-cache; }
 
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >> "$LOG" 2>&1
 [ $# -gt 0 ] || set -- tests

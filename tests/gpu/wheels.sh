@@ -19,11 +19,13 @@ export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # sampling), brought back by `device_run.sh cache` as xz parts and kept in tests/gpu/cache/, so it travels with the
 # tree and no kernel family compiles on a fresh machine (prefill and sampling took ~90 s each). xz packs it to a
 # quarter of gzip's size: the tree, the wheels and the cache must stay under the device tool's 64 MiB.
-if ls tests/gpu/cache/flashinfer-cache.txz.part* >/dev/null 2>&1; then
-  mkdir -p ~/.cache && cat tests/gpu/cache/flashinfer-cache.txz.part* \
+unpack() {  # unpack NAME DEST: tests/gpu/cache/NAME-cache.txz.part* (from `device_run.sh cache|tritoncache`) into DEST
+  ls tests/gpu/cache/"$1"-cache.txz.part* >/dev/null 2>&1 || return 0
+  mkdir -p "$2" && cat tests/gpu/cache/"$1"-cache.txz.part* \
     | python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
-    | tar xf - -C ~/.cache
-fi
+    | tar xf - -C "$2"
+}
+unpack flashinfer ~/.cache
 # Each carried module's .so goes where FlashInfer looks for ahead-of-time builds (flashinfer/data/aot/NAME/NAME.so),
 # which it loads without running ninja. Through ninja the carried sampling family compiled again (~100 s) in every
 # process: its .ninja_deps had been cut short by builds running side by side ("deps for sampling.cuda.o are
@@ -35,10 +37,6 @@ for so in ~/.cache/flashinfer/*/*/cached_ops/*/*.so; do
 done
 # Triton's kernel cache from `device_run.sh tritoncache` (triton 3.6, sm_90): the kernels the 8B and MoE shapes
 # compile, so a server's first READY on a fresh machine is not spent in Triton's JIT.
-if ls tests/gpu/cache/triton-cache.txz.part* >/dev/null 2>&1; then
-  mkdir -p ~/.triton && cat tests/gpu/cache/triton-cache.txz.part* \
-    | python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)' \
-    | tar xf - -C ~/.triton
-fi
+unpack triton ~/.triton
 INNER
 du -sh .whl

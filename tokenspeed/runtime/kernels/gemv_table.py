@@ -34,6 +34,7 @@ def shape_key(n: int, k: int, dtype: torch.dtype | str) -> str:
 
 
 def device_file(device_name: str, directory: Path = TUNED_DIR) -> Path:
+    """A device's tuned file in `directory` (the MoE GEMV's table is named the same way)."""
     return directory / f"{device_name.strip().replace(' ', '_')}.json"
 
 
@@ -44,8 +45,12 @@ class DenseGemvTable:
     max_rows: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     source: str = ""
 
+    def rows_for(self, n: int, k: int, dtype: torch.dtype) -> int:
+        """The most rows the GEMV takes for an [n, k] weight of `dtype` (0: never)."""
+        return self.max_rows.get(shape_key(n, k, dtype), 0)
+
     def takes(self, n: int, k: int, dtype: torch.dtype, rows: int) -> bool:
-        return rows <= self.max_rows.get(shape_key(n, k, dtype), 0)
+        return rows <= self.rows_for(n, k, dtype)
 
     def __bool__(self) -> bool:
         return any(self.max_rows.values())

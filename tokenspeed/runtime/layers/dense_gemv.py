@@ -42,11 +42,18 @@ class TritonGemv(Unquantized):
         self._gemv = bf16_gemv
         self.max_rows = bf16_gemv.GEMV_MAX_M
         self.table = table
+        # the table's verdict per weight shape, looked up once rather than on every decode call
+        self._rows_for: dict[tuple[int, int, torch.dtype], int] = {}
 
     def _takes(self, x2: torch.Tensor, w: torch.Tensor) -> bool:
         if not (x2.is_cuda and self._gemv.supported(x2, w)):
             return False
-        return self.table is None or self.table.takes(w.shape[0], w.shape[1], w.dtype, x2.shape[0])
+        if self.table is None:
+            return True
+        shape = (w.shape[0], w.shape[1], w.dtype)
+        if shape not in self._rows_for:
+            self._rows_for[shape] = self.table.rows_for(*shape)
+        return x2.shape[0] <= self._rows_for[shape]
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])

@@ -27,6 +27,7 @@ from types import MappingProxyType
 
 import torch
 
+from tokenspeed.runtime.kernels import gemv_table as dense_table
 from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig
 
 FORMAT = "tokenspeed-moe-gemv/1"
@@ -46,7 +47,8 @@ def shape_key(num_experts: int, inter: int, hidden: int, dtype: torch.dtype | st
 
 
 def device_file(device_name: str, directory: Path = TUNED_DIR) -> Path:
-    return directory / f"{device_name.strip().replace(' ', '_')}.json"
+    """This device's MoE table (named like the dense GEMV's, in this package's `tuned/`)."""
+    return dense_table.device_file(device_name, directory)
 
 
 @dataclass(frozen=True)
