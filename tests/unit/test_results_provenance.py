@@ -22,17 +22,10 @@ from tokenspeed.bench_results import PROVENANCE_KEYS
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
-# H200 files measured before the scripts recorded provenance. They cannot be re-measured on a machine
-# without the GPU; the next device run of tests/gpu/device_run.sh writes each again (with provenance), and
-# its name leaves this list then. No other file may join it.
-MEASURED_BEFORE_PROVENANCE = {
-    "gpu_decode.json": "benchmarks/decode.py",
-    "gpu_decode_qwen3moe.json": "benchmarks/decode.py --model qwen3moe",
-    "gpu_decode_qwen3moe_bs1.json": "benchmarks/decode.py --model qwen3moe --batch-sizes 1 64",
-    "gpu_fp8_gemv.json": "benchmarks/fp8_gemv.py",
-    "gpu_moe_tune.json": "benchmarks/moe_tune.py",
-    "gpu_serving.json": "benchmarks/serving_gpu.py",
-}
+def _has_history() -> bool:
+    """A checkout with its whole history (not a shallow clone, not a copy without .git)."""
+    run = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    return run.returncode == 0 and run.stdout.strip() == "false"
 
 
 def _results() -> list[Path]:
@@ -42,11 +35,6 @@ def _results() -> list[Path]:
 @pytest.mark.parametrize("path", _results(), ids=lambda p: p.name)
 def test_results_file_records_its_provenance(path: Path):
     data = json.loads(path.read_text())
-    if path.name in MEASURED_BEFORE_PROVENANCE:
-        assert "provenance" not in data, (
-            f"{path.name} now records its provenance: remove it from MEASURED_BEFORE_PROVENANCE"
-        )
-        return
     assert "provenance" in data, (
         f"{path.name} has no provenance: results files are written only by their benchmark script "
         "(tokenspeed.bench_results.write_results); run the script again instead of editing or renaming a file"
@@ -56,15 +44,15 @@ def test_results_file_records_its_provenance(path: Path):
     script = prov["script"]
     assert script in ("pytest", "tokenspeed") or (ROOT / script).is_file(), f"{path.name}: no script {script!r}"
     assert isinstance(prov["argv"], list)
-    assert re.fullmatch(r"[0-9a-f]{40}", prov["commit"] or ""), f"{path.name}: commit {prov['commit']!r}"
+    # A device command may name its commit abbreviated (TOKENSPEED_COMMIT=$(git rev-parse --short HEAD)); in a
+    # checkout with its history the name must still be a commit of it, so a typo or a lost commit fails here.
+    commit = prov["commit"] or ""
+    assert re.fullmatch(r"[0-9a-f]{7,40}", commit), f"{path.name}: commit {commit!r}"
+    if _has_history():
+        known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
+        assert known.returncode == 0, f"{path.name}: commit {commit} is not in this repository's history"
     assert prov["device"], path.name
     datetime.datetime.strptime(prov["time"], "%Y-%m-%dT%H:%M:%SZ")
-
-
-def test_files_measured_before_provenance_still_exist():
-    """The list only shrinks: a name whose file is gone (or renamed) is taken off it."""
-    missing = sorted(set(MEASURED_BEFORE_PROVENANCE) - {p.name for p in _results()})
-    assert not missing, f"not in benchmarks/results/ any more: {missing}"
 
 
 def test_a_benchmark_run_writes_its_provenance(tmp_path: Path):
