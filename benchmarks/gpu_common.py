@@ -264,3 +264,8 @@ def save_json(path: str, data: dict[str, Any]) -> None:
     """Write a results file with its provenance (`tokenspeed/bench_results.py`): results are the scripts'
     own output, never edited by hand; what a reader needs to know is in the script's fields."""
     write_results(path, data)
+
+
+def save_run(path: str, benchmark: str, model: str, **fields: Any) -> None:
+    """`save_json` for a run of one model on this GPU: the benchmark, the model, the device, then `fields`."""
+    save_json(path, dict(benchmark=benchmark, model=model, device=device_info(), **fields))

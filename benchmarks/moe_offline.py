@@ -132,16 +132,13 @@ def main() -> None:
         if "record" in by:
             summary["recording_cost"] = round(1 - by["record"]["output_tok_s"] / base, 4)
     print("summary:", summary)
-    gc.save_json(
+    gc.save_run(
         args.out,
-        dict(
-            benchmark="moe_offline",
-            model="Qwen3-30B-A3B shape, dummy bf16 weights",
-            device=gc.device_info(),
-            workload=dict(requests=args.num_requests, input_len=args.input_len, output_len=args.output_len),
-            summary=summary,
-            rows=rows,
-        ),
+        "moe_offline",
+        "Qwen3-30B-A3B shape, dummy bf16 weights",
+        workload=dict(requests=args.num_requests, input_len=args.input_len, output_len=args.output_len),
+        summary=summary,
+        rows=rows,
     )
 
 

@@ -117,16 +117,13 @@ def main() -> None:
             ratio = ours["output_tok_s"] / results[name]["transformers"]["output_tok_s"]
             results[name].update(tokenspeed=ours, speedup=round(ratio, 2))
             print(f"{name}: tokenspeed {ours}  speedup x{ratio:.1f}")
-    gc.save_json(
+    gc.save_run(
         args.out,
-        dict(
-            benchmark="offline_throughput",
-            model="Llama-3.1-8B shape, dummy bf16 weights",
-            device=gc.device_info(),
-            attention_backend=args.attention_backend or "default",
-            overlap_schedule=not args.disable_overlap_schedule,
-            results=results,
-        ),
+        "offline_throughput",
+        "Llama-3.1-8B shape, dummy bf16 weights",
+        attention_backend=args.attention_backend or "default",
+        overlap_schedule=not args.disable_overlap_schedule,
+        results=results,
     )
 
 

@@ -84,15 +84,12 @@ def main() -> None:
         core.shutdown()
         core = runner = None
         gc_collect_cuda()
-    gc.save_json(
+    gc.save_run(
         args.out,
-        dict(
-            benchmark="prefill",
-            model="Llama-3.1-8B shape, dummy bf16 weights",
-            device=gc.device_info(),
-            matmul_peak_tflops=round(peak / 1e12, 1),
-            rows=rows,
-        ),
+        "prefill",
+        "Llama-3.1-8B shape, dummy bf16 weights",
+        matmul_peak_tflops=round(peak / 1e12, 1),
+        rows=rows,
     )
 
 
