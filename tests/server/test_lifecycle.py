@@ -69,17 +69,25 @@ def test_start_up_says_where_its_seconds_went(srv):
     front = re.search(r"front end start-up: (.*)", log)
     assert front, log[-3000:]
     front_phases = _phases(front.group(1))
-    assert list(front_phases)[:3] == ["process start and imports", "flags and checks", "starting the schedulers"]
+    assert list(front_phases)[:3] == [
+        "process start and imports",
+        "flags and checks",
+        "starting the schedulers",
+    ]
     assert "tokenizer" in front_phases and "warm-up" in front_phases and list(front_phases)[-1] == "other"
     assert abs(sum(front_phases.values()) - float(total.group(1))) < 0.5, (front_phases, total.group(1))
     assert front_phases["other"] <= max(0.1 * float(total.group(1)), 0.2), front_phases
     # The schedulers started before the front end's own set-up (imports, tokenizer, HTTP app), so it waited
     # for them only for what that set-up did not cover.
     order = list(front_phases)
-    assert order.index("starting the schedulers") < order.index("tokenizer") < order.index(
-        "waiting for the schedulers"
+    assert (
+        order.index("starting the schedulers")
+        < order.index("tokenizer")
+        < order.index("waiting for the schedulers")
     )
-    overlapped = front_phases["front end imports"] + front_phases["tokenizer"] + front_phases["front end set-up"]
+    overlapped = (
+        front_phases["front end imports"] + front_phases["tokenizer"] + front_phases["front end set-up"]
+    )
     assert front_phases["waiting for the schedulers"] < scheduler_total - 0.5 * overlapped, front_phases
 
 

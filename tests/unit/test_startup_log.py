@@ -43,7 +43,9 @@ def test_the_h200_fleet_log_shows_every_phase_not_only_ready():
 
 
 def test_only_the_last_start_up_of_a_log_counts():
-    restarted = H200_LOG + "[supervisor 2026-12-04 12:40:00] gpu-8b-0: exited unexpectedly (killed by SIGKILL)\n"
+    restarted = (
+        H200_LOG + "[supervisor 2026-12-04 12:40:00] gpu-8b-0: exited unexpectedly (killed by SIGKILL)\n"
+    )
     restarted += H200_LOG.replace("12:35:", "12:40:").replace("[supervisor 2026-12-04 12:40:33]",
                                                                   "[supervisor 2026-12-04 12:40:05]")  # fmt: skip
     lines = phase_lines(restarted)

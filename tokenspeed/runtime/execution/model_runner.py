@@ -95,14 +95,17 @@ class ModelRunner:
             # Allocated before the pool is sized, so the free memory measured already excludes it.
             self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
             graph_sizes = cuda_graph.verify_graph_sizes(
-                cuda_graph.decode_graph_sizes(graphs, device, attn_name, max_num_reqs), config.spec_tokens_per_req
+                cuda_graph.decode_graph_sizes(graphs, device, attn_name, max_num_reqs),
+                config.spec_tokens_per_req,
             )
             # Graph memory is held back before the pool takes what is left.
             with cuda_graph.hold_memory(
                 cuda_graph.decode_graph_reserve(model_config, graph_sizes, attn_name), device
             ):
                 # a draft's KV layer takes pages of the same count: the budget covers both pools
-                sizing = dataclasses.replace(self.spec, num_layers=self.spec.num_layers + config.draft_kv_layers)
+                sizing = dataclasses.replace(
+                    self.spec, num_layers=self.spec.num_layers + config.draft_kv_layers
+                )
                 num_pages = plan_num_pages(config, sizing, device, model_config.max_model_len)
             num_pages = self.peers.agree_num_pages(num_pages)
         kv_started = time.monotonic()
@@ -128,8 +131,12 @@ class ModelRunner:
         # EAGLE3 (runtime/speculative): target layers whose outputs every step captures for the draft
         self.aux_capture_layers: tuple[int, ...] | None = None
         with self.startup.phase("attention and sampler"):
-            self.attn_backend = create_attention_backend(attn_name, kv_config, self.kv_pool, device, **attn_opts)
-            self.sampler = create_sampler(config.sampling_backend or "torch", device, config.enable_nan_detection)
+            self.attn_backend = create_attention_backend(
+                attn_name, kv_config, self.kv_pool, device, **attn_opts
+            )
+            self.sampler = create_sampler(
+                config.sampling_backend or "torch", device, config.enable_nan_detection
+            )
         # The sampler's kernels load (or compile) now, not at the first sampled token.
         if torch.device(device).type == "cuda":
             warm_s = self.sampler.warm_up(model_config.vocab_size)
@@ -354,7 +361,11 @@ class ModelRunner:
         computed and is verified; the other sampling items draw as usual from their one row."""
         v = verify_batch(items, logits, self.sampler, NAN_ERROR)
         return StepResult(
-            token_ids=v.token_ids, logprobs=v.logprobs, errors=v.errors, top_logprobs=v.top_logprobs, runs=v.runs
+            token_ids=v.token_ids,
+            logprobs=v.logprobs,
+            errors=v.errors,
+            top_logprobs=v.top_logprobs,
+            runs=v.runs,
         )
 
     @torch.inference_mode()
