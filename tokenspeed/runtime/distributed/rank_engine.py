@@ -21,6 +21,7 @@ from tokenspeed.runtime.distributed.peer_sync import GroupPeers, join_server_wor
 from tokenspeed.runtime.engine.engine_core import EngineCore, resolve_device
 from tokenspeed.runtime.engine.process_watchdog import CHILD_STOP_SIGNAL
 from tokenspeed.runtime.moe.rank_experts import RankExperts
+from tokenspeed.runtime.startup_phases import StartupPhases
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +90,13 @@ def build_rank_engine(
 ) -> EngineCore | PeerEngine:
     dev = resolve_device(server_args, device)
     plan = ExpertPlan.from_server_args(server_args)
-    groups = join_server_world(server_args, rank, dev, nccl_port)
-    experts = RankExperts(plan, groups.attn_tp.is_first, server_args.mapping.nnodes)
-    timeout = server_args.distributed_timeout_seconds
-    peers = GroupPeers(groups, plan, experts, server_args.block_size, timeout)
-    core = EngineCore(server_args, dp_rank=dp_rank, device=dev, peers=peers, experts=experts)
+    startup = StartupPhases()
+    with startup.phase("process group init"):  # waits for every rank of the world to join, too
+        groups = join_server_world(server_args, rank, dev, nccl_port)
+        experts = RankExperts(plan, groups.attn_tp.is_first, server_args.mapping.nnodes)
+        timeout = server_args.distributed_timeout_seconds
+        peers = GroupPeers(groups, plan, experts, server_args.block_size, timeout)
+    core = EngineCore(server_args, dp_rank=dp_rank, device=dev, peers=peers, experts=experts, startup=startup)
     logger.info(
         "rank %d: attention TP %d/%d, dense TP %d, MoE EP %d, MoE TP %d",
         rank,

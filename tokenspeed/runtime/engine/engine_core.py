@@ -45,12 +45,20 @@ from tokenspeed.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from tokenspeed.runtime.speculative.config import SpecConfig
 from tokenspeed.runtime.speculative.proposer import create_proposer
 from tokenspeed.runtime.speculative.stats import SpecDecodeStats
+from tokenspeed.runtime.startup_phases import StartupPhases
 from tokenspeed.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _ABORT_REASONS = ("abort", "stop")
 _THROUGHPUT_WINDOW_S = 5.0
+
+
+def init_device(device: torch.device) -> None:
+    """Create the CUDA context now, where its seconds are booked as such, not in whichever phase first
+    touches the GPU (on a fresh H200 machine the context and the driver's module loading take seconds)."""
+    if device.type == "cuda":
+        torch.zeros(1, device=device)  # a kernel launch: the context exists and the driver is loaded
 
 
 def resolve_device(server_args: ServerArgs, device: torch.device | str | None) -> torch.device:
@@ -70,17 +78,23 @@ class EngineCore:
         device: torch.device | str | None = None,
         peers: PeerSync | None = None,
         experts: ExpertController | None = None,
+        startup: StartupPhases | None = None,
     ):
         """`peers` and `experts` (tokenspeed.runtime.distributed): set when this rank has TP/EP peers or
-        manages MoE experts; the runner then loads this rank's shard and rank 0 leads its peers' steps."""
+        manages MoE experts; the runner then loads this rank's shard and rank 0 leads its peers' steps.
+        `startup`: where the seconds of each start-up phase are booked (the ready message reports them)."""
         self.server_args = server_args
         self.config = RunnerConfig.from_server_args(server_args)
         self.dp_rank = dp_rank
         self.device = resolve_device(server_args, device)
         self.peers: PeerSync = peers if peers is not None else NoPeers()
         self.experts: ExpertController = experts if experts is not None else NoExperts()
-        torch.manual_seed(self.config.seed)
-        self.model_config = ModelConfig.from_server_args(server_args)
+        self.startup = startup if startup is not None else StartupPhases()
+        with self.startup.phase("device init"):
+            init_device(self.device)
+            torch.manual_seed(self.config.seed)
+        with self.startup.phase("model config"):  # mostly importing transformers, for AutoConfig
+            self.model_config = ModelConfig.from_server_args(server_args)
         self.runner = ModelRunner(
             self.config,
             GraphConfig.from_server_args(server_args),
@@ -89,7 +103,38 @@ class EngineCore:
             max_num_reqs=self.config.max_num_seqs,
             peers=self.peers,
             experts=self.experts,
+            startup=self.startup,
         )
+        with self.startup.phase("scheduler"):
+            self._build_scheduler(server_args)
+        # Generated tokens per step over the last few seconds, so gen_throughput does not depend on how
+        # often stats() is called; iteration_tokens is drained by each stats() call.
+        self._started = time.monotonic()
+        self._gen_events: collections.deque[tuple[float, int]] = collections.deque()
+        self._iteration_tokens: collections.deque[int] = collections.deque(maxlen=4096)
+        self._num_nan_aborted = 0
+        self.spec = SpecConfig.from_server_args(server_args)
+        self.spec_stats = SpecDecodeStats()
+        self.proposer = None
+        if self.spec is not None:
+            with self.startup.phase("speculative draft"):
+                self.proposer = create_proposer(self.spec, self.runner, self.kv)
+        self.overlap, why = overlap_mode(self.config, has_peers=not self.peers.alone)
+        if self.spec is not None:
+            if peers is not None:
+                raise ValueError(
+                    f"--speculative-algorithm {self.spec.algorithm} runs on single-rank servers in this build; "
+                    "drop --tp/--ep (or the speculative flags)"
+                )
+            # Drafts are proposed from the tokens of the step before, so each step waits for them.
+            self.overlap, why = False, "off (speculative decoding: drafts need the previous step's tokens)"
+        logger.info("overlap scheduling: %s", why)
+        self._in_flight: InFlightBatch | None = None
+        with self.startup.phase("tokenizer and grammar"):
+            self._grammars = self._grammar_admission(server_args)
+
+    def _build_scheduler(self, server_args: ServerArgs) -> None:
+        """The page allocator, prefix cache and scheduler over the runner's KV pool."""
         bs = self.config.block_size
         allocator = PageAllocator(self.runner.kv_pool.num_pages)
         prefix_cache = create_prefix_cache(self.config.enable_prefix_caching, allocator, bs)
@@ -102,27 +147,6 @@ class EngineCore:
         self.stream_interval = self.config.stream_interval
         self._eos = frozenset(self.model_config.eos_token_ids)
         self._vocab_size = self.model_config.vocab_size
-        # Generated tokens per step over the last few seconds, so gen_throughput does not depend on how
-        # often stats() is called; iteration_tokens is drained by each stats() call.
-        self._started = time.monotonic()
-        self._gen_events: collections.deque[tuple[float, int]] = collections.deque()
-        self._iteration_tokens: collections.deque[int] = collections.deque(maxlen=4096)
-        self._num_nan_aborted = 0
-        self.spec = SpecConfig.from_server_args(server_args)
-        self.spec_stats = SpecDecodeStats()
-        self.proposer = create_proposer(self.spec, self.runner, self.kv) if self.spec is not None else None
-        self.overlap, why = overlap_mode(self.config, has_peers=not self.peers.alone)
-        if self.spec is not None:
-            if peers is not None:
-                raise ValueError(
-                    f"--speculative-algorithm {self.spec.algorithm} runs on single-rank servers in this build; "
-                    "drop --tp/--ep (or the speculative flags)"
-                )
-            # Drafts are proposed from the tokens of the step before, so each step waits for them.
-            self.overlap, why = False, "off (speculative decoding: drafts need the previous step's tokens)"
-        logger.info("overlap scheduling: %s", why)
-        self._in_flight: InFlightBatch | None = None
-        self._grammars = self._grammar_admission(server_args)
 
     def _grammar_admission(self, server_args: ServerArgs) -> GrammarAdmission | None:
         if server_args.grammar_backend == "none":
@@ -197,8 +221,8 @@ class EngineCore:
 
     @property
     def startup_seconds(self) -> dict[str, float]:
-        """Seconds of the model runner's start-up phases (weights, KV cache, sampler, CUDA graphs)."""
-        return self.runner.startup_seconds
+        """Seconds of this engine's start-up phases, in order (device, model config, weights, KV cache, ...)."""
+        return dict(self.startup.seconds)
 
     def has_unfinished(self) -> bool:
         busy = self.scheduler.has_unfinished() or self._in_flight is not None or bool(self._grammars)

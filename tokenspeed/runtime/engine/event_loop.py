@@ -14,7 +14,6 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-import psutil
 import torch
 import zmq
 
@@ -40,6 +39,7 @@ from tokenspeed.runtime.engine.io_struct import (
 from tokenspeed.runtime.engine.process_watchdog import StopFlag, die_with_parent, parent_alive
 from tokenspeed.runtime.engine.rank_info import RankInfo, configure_child_logging
 from tokenspeed.runtime.engine.scheduler_liveness import HEARTBEAT_S
+from tokenspeed.runtime.startup_phases import StartupPhases, process_started_at
 
 logger = logging.getLogger("tokenspeed.scheduler")
 
@@ -98,11 +98,14 @@ def run_scheduler_process(
 
 def startup_phases(entered: float, engine_phases: dict[str, float]) -> dict[str, float]:
     """This rank's start-up in seconds: the process's start and imports (until `entered`, a time.time()),
-    the engine's own phases, and the rest of building it (CUDA context, tokenizer, scheduler)."""
-    imports = max(entered - psutil.Process().create_time(), 0.0)
-    built = time.time() - entered
-    rest = max(built - sum(engine_phases.values()), 0.0)
-    return {"process start and imports": imports, **engine_phases, "other": rest}
+    the engine's own phases (device, process group, model config, weights, KV cache, ...), and "other",
+    what none of them covers."""
+    began = process_started_at()
+    phases = StartupPhases()
+    phases.add("process start and imports", entered - began)
+    for name, seconds in engine_phases.items():
+        phases.add(name, seconds)
+    return phases.summary(time.time() - began)
 
 
 def _serve(

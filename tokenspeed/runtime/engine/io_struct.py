@@ -115,8 +115,8 @@ class ReadyMessage:
     max_total_tokens: int
     max_req_input_len: int
     max_model_len: int
-    # seconds of this rank's start-up phases, in order (process start and imports, model and weights,
-    # KV cache, sampler warm-up, CUDA graphs): the server logs them at READY
+    # seconds of this rank's start-up phases, in order (process start and imports, device init, model config,
+    # model and weights, KV cache, ..., CUDA graphs, then "other": what no phase covers): logged at READY
     startup: dict[str, float] = field(default_factory=dict)
 
 

@@ -34,6 +34,7 @@ from tokenspeed.runtime.engine.endpoints import ServerEndpoints
 from tokenspeed.runtime.engine.io_struct import ReadyMessage, RpcRequest, RpcResponse, decode, encode
 from tokenspeed.runtime.engine.prompt_check import limits_from_ready
 from tokenspeed.runtime.engine.request_state import ModelLimits
+from tokenspeed.runtime.startup_phases import format_phases
 
 logger = logging.getLogger("tokenspeed.scheduler_client")
 
@@ -206,7 +207,7 @@ class _ReadyWait:
     def take(self, msg: Any) -> None:
         if isinstance(msg, ReadyMessage):
             self.ready.append(msg)
-            phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in msg.startup.items())
+            phases = format_phases(msg.startup)
             logger.info(
                 "scheduler dp%d tp%d ready (%d/%d)%s", msg.dp_rank, msg.tp_rank, len(self.ready), self.expected,
                 f" after {sum(msg.startup.values()):.1f} s: {phases}" if phases else "",

@@ -62,9 +62,9 @@ def load_tokenizer(path: str, *, use_fast: bool = True, trust_remote_code: bool 
         kwargs["local_files_only"] = True
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a damaged tokenizer.json fails deep in transformers (KeyError, TypeError, ...)
         raise ValueError(
-            f"cannot load a tokenizer from {path!r}: {exc}. Pass a local folder holding tokenizer files "
+            f"cannot load a tokenizer from {path!r}: {type(exc).__name__}: {exc}. Pass a local folder holding tokenizer files "
             "(--tokenizer PATH), or --skip-tokenizer-init to send token ids instead of text"
         ) from exc
     if use_fast and not getattr(tokenizer, "is_fast", False):

@@ -19,7 +19,6 @@ import threading
 import time
 from typing import Any
 
-import psutil
 import uvicorn
 
 from tokenspeed.config.server_args import ServerArgs
@@ -28,6 +27,7 @@ from tokenspeed.runtime.engine.request_state import RequestFailure
 from tokenspeed.runtime.entrypoints.http_server import build_app
 from tokenspeed.runtime.entrypoints.server_state import DRAINING, READY, ServerState
 from tokenspeed.runtime.entrypoints.warmup import run_warmups
+from tokenspeed.runtime.startup_phases import StartupPhases, format_phases, process_started_at
 
 logger = logging.getLogger("tokenspeed.serve")
 
@@ -132,7 +132,9 @@ class DrainingServer(uvicorn.Server):
         timer.start()
 
 
-async def run_http(state: ServerState, procs: Any, warmups: list[str]) -> int:
+async def run_http(state: ServerState, procs: Any, warmups: list[str], startup: StartupPhases) -> int:
+    """Serve until stopped; `startup` holds the front end's start-up phases so far, logged at READY."""
+    http_began = time.monotonic()
     args = state.server_args
     http_level = (args.log_level_http or args.log_level or "info").lower()
     config = uvicorn.Config(
@@ -154,7 +156,7 @@ async def run_http(state: ServerState, procs: Any, warmups: list[str]) -> int:
         server.loop.call_soon_threadsafe(server.fatal, reason)
 
     watchdog = ChildWatchdog(procs.children, on_death).start()
-    warm = asyncio.get_running_loop().create_task(_warm_up(server, state, warmups))
+    warm = asyncio.get_running_loop().create_task(_warm_up(server, state, warmups, startup, http_began))
     try:
         await server.serve()
     finally:
@@ -167,13 +169,16 @@ async def run_http(state: ServerState, procs: Any, warmups: list[str]) -> int:
     return server.exit_code
 
 
-async def _warm_up(server: DrainingServer, state: ServerState, warmups: list[str]) -> None:
+async def _warm_up(
+    server: DrainingServer, state: ServerState, warmups: list[str], startup: StartupPhases, http_began: float
+) -> None:
     while not server.started:
         if server.should_exit:
             return
         await asyncio.sleep(0.05)
+    startup.add("HTTP server", time.monotonic() - http_began)
     try:
-        with state.llm.liveness.warming_up():
+        with state.llm.liveness.warming_up(), startup.phase("warm-up"):
             await run_warmups(state.llm, warmups)
     except Exception as exc:
         logger.error("warm-up failed: %s", exc)
@@ -184,12 +189,17 @@ async def _warm_up(server: DrainingServer, state: ServerState, warmups: list[str
         return
     # Forking a process that has grown to its serving size takes a while: done before traffic, not with the
     # first large body (the streams of that moment would pause for it).
-    await state.bodies.start()
+    with startup.phase("request body workers"):
+        await state.bodies.start()
     state.status = READY
     state.llm.accepting = True
+    total = time.time() - process_started_at()
+    # The schedulers load while the front end does its own part: "waiting for the schedulers" is what of
+    # their start-up (each rank's own line says where its seconds went) the front end could not hide.
+    logger.info("front end start-up: %s", format_phases(startup.summary(total)))
     logger.info(
         "the server is ready on %s (%d child processes), %.1f s after it started",
-        args_url(state.server_args), len(state.child_pids), time.time() - psutil.Process().create_time(),
+        args_url(state.server_args), len(state.child_pids), total,
     )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ import os
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
-from tokenspeed.runtime.engine.process_watchdog import ChildProcess, terminate_children
+from tokenspeed.runtime.engine.process_watchdog import ChildProcess, die_with_parent, terminate_children
 from tokenspeed.runtime.engine.rank_info import RankInfo
 
 logger = logging.getLogger("tokenspeed.launch")
@@ -47,14 +47,11 @@ class ServerProcesses:
         return infos
 
     def start(self) -> None:
-        from tokenspeed.runtime.engine.data_parallel_controller import run_data_parallel_controller
-        from tokenspeed.runtime.engine.event_loop import run_scheduler_process
-
         ctx = mp.get_context("spawn")
         parent = os.getpid()
         if self.endpoints.dp_size > 1 and self.node_rank == 0:
             proc = ctx.Process(
-                target=run_data_parallel_controller,
+                target=_data_parallel_controller_main,
                 args=(self.server_args, self.endpoints, parent),
                 name="tokenspeed-dp-controller",
                 daemon=False,
@@ -63,7 +60,7 @@ class ServerProcesses:
             self.children.append(ChildProcess("data-parallel controller", proc))
         for info in self.rank_infos():
             proc = ctx.Process(
-                target=run_scheduler_process,
+                target=_scheduler_main,
                 args=(self.server_args, self.endpoints, info, parent),
                 name=f"tokenspeed-scheduler-dp{info.dp_rank}-tp{info.tp_rank}",
                 daemon=False,
@@ -86,3 +83,22 @@ class ServerProcesses:
 
 class ChildDied(RuntimeError):
     pass
+
+
+# The children's entry points import their process's code in the child: the front end spawns its children
+# before it imports torch (seconds), so their start-up runs alongside the front end's own. A front end that
+# fails meanwhile takes them with it, imports and all.
+
+
+def _scheduler_main(server_args: ServerArgs, endpoints: ServerEndpoints, info: RankInfo, parent: int) -> None:
+    die_with_parent(parent)
+    from tokenspeed.runtime.engine.event_loop import run_scheduler_process
+
+    run_scheduler_process(server_args, endpoints, info, parent)
+
+
+def _data_parallel_controller_main(server_args: ServerArgs, endpoints: ServerEndpoints, parent: int) -> None:
+    die_with_parent(parent)
+    from tokenspeed.runtime.engine.data_parallel_controller import run_data_parallel_controller
+
+    run_data_parallel_controller(server_args, endpoints, parent)

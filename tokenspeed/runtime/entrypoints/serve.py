@@ -1,7 +1,8 @@
 """`tokenspeed serve MODEL [flags]`: start the server's processes and the HTTP front end.
 
 Life of a server (node 0):
-  spawn schedulers (+ DP controller) -> wait for every rank's ReadyMessage -> HTTP up, status "starting"
+  check every flag -> spawn schedulers (+ DP controller) -> tokenizer and front end set-up while they load
+  -> wait for every rank's ReadyMessage -> HTTP up, status "starting"
   -> warm-up -> "ready" -> ... -> SIGTERM/SIGINT: "draining" (new requests get 503, in-flight ones finish
   within the grace period, then are aborted) -> children stopped -> exit 0.
 A child that dies at any point ends the server with exit status 1 within seconds. Nodes > 0 run only
@@ -16,12 +17,14 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
 from tokenspeed.config import resolution_check
 from tokenspeed.config.ports import bind_error
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.config.support_check import SupportReport, assess, field_statuses, no_effect_warning
+from tokenspeed.runtime.startup_phases import StartupPhases
 
 logger = logging.getLogger("tokenspeed.serve")
 
@@ -76,6 +79,9 @@ def configure_logging(server_args: ServerArgs) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup = StartupPhases()
+    startup.since_start("process start and imports")
+    checks_began = time.monotonic()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         server_args, want_config = parse_args(argv)
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         check_device_present(server_args)
         if server_args.node_rank > 0:
             return _run_worker_node(server_args)
-        code = asyncio.run(_run_head(server_args))
+        startup.add("flags and checks", time.monotonic() - checks_began)
+        code = asyncio.run(_run_head(server_args, startup))
     except ValueError as exc:
         logger.error("%s", exc)
         return EXIT_USAGE
@@ -193,66 +200,81 @@ def _run_worker_node(server_args: ServerArgs) -> int:
     return run_worker_node(server_args)
 
 
-async def _run_head(server_args: ServerArgs) -> int:
-    from tokenspeed.runtime.engine.async_llm import AsyncLLM
-    from tokenspeed.runtime.engine.endpoints import ServerEndpoints
-    from tokenspeed.runtime.engine.tokenizer import get_tokenizer
-    from tokenspeed.runtime.entrypoints.launch import ChildDied, ServerProcesses
-    from tokenspeed.runtime.entrypoints.server_state import (
-        ServerState,
-        parse_preferred_sampling_params,
-        served_names,
-    )
-    from tokenspeed.runtime.entrypoints.warmup import warmup_names
+def _check_metrics_flags(server_args: ServerArgs) -> None:
+    reporters = server_args.metrics_reporters or ["prometheus"]
+    if server_args.enable_metrics and "prometheus" not in reporters:
+        raise ValueError(f"--metrics-reporters {reporters}: this build exports only 'prometheus'")
+
+
+def _server_metrics(server_args: ServerArgs, model_name: str):
+    if not server_args.enable_metrics:
+        return None
+    from prometheus_client import disable_created_metrics
+
     from tokenspeed.runtime.metrics.collector import ServerMetrics
 
-    # Everything a user can get wrong is checked before any process starts.
-    _check_port_free(server_args.host, server_args.port)
-    warmups = warmup_names(server_args)
-    preferred = parse_preferred_sampling_params(server_args)
-    names = served_names(server_args)
-    tokenizer = get_tokenizer(server_args)
-    metrics = None
-    if server_args.enable_metrics:
-        reporters = server_args.metrics_reporters or ["prometheus"]
-        if "prometheus" not in reporters:
-            raise ValueError(f"--metrics-reporters {reporters}: this build exports only 'prometheus'")
-        from prometheus_client import disable_created_metrics
+    # `*_created` timestamps double the exposition size and no dashboard of ours reads them.
+    disable_created_metrics()
+    return ServerMetrics(model_name, server_args.app_key)
 
-        # `*_created` timestamps double the exposition size and no dashboard of ours reads them.
-        disable_created_metrics()
-        metrics = ServerMetrics(names[0], server_args.app_key)
 
+async def _run_head(server_args: ServerArgs, startup: StartupPhases) -> int:
+    """Node 0: the schedulers are spawned as soon as every flag is checked, so that the front end's own
+    start-up (torch and transformers imports, the tokenizer, the HTTP app) runs while they load."""
+    with startup.phase("flags and checks"):
+        from tokenspeed.runtime.engine.endpoints import ServerEndpoints
+        from tokenspeed.runtime.entrypoints.launch import ChildDied, ServerProcesses
+        from tokenspeed.runtime.entrypoints.server_state import parse_preferred_sampling_params, served_names
+        from tokenspeed.runtime.entrypoints.warmup import warmup_names
+
+        # Everything a user can get wrong is checked before any process starts.
+        _check_port_free(server_args.host, server_args.port)
+        _check_metrics_flags(server_args)
+        warmups = warmup_names(server_args)
+        preferred = parse_preferred_sampling_params(server_args)
+        names = served_names(server_args)
     endpoints = ServerEndpoints.from_server_args(server_args)
     procs = ServerProcesses(server_args, endpoints)
-    llm = AsyncLLM(
-        server_args,
-        tokenizer,
-        metrics,
-        endpoints=endpoints,
-        check_alive=procs.check_alive,
-        vocab_size=vocab_size_of(server_args),
-    )
-    state = ServerState(server_args, llm, tokenizer, metrics, names, preferred)
+    llm = None
     try:
-        procs.start()
-        state.child_pids = procs.pids()
-        if metrics is not None:
-            metrics.watch_process_tree(lambda: {pid: name for name, pid in state.child_pids.items()})
+        with startup.phase("starting the schedulers"):
+            procs.start()
+        # From here on a failure must stop the children: the `finally` below does.
+        with startup.phase("front end imports"):
+            from tokenspeed.runtime.engine.async_llm import AsyncLLM
+            from tokenspeed.runtime.engine.tokenizer import get_tokenizer
+            from tokenspeed.runtime.entrypoints.http_runner import run_http
+            from tokenspeed.runtime.entrypoints.server_state import ServerState
+        with startup.phase("tokenizer"):
+            tokenizer = get_tokenizer(server_args)
+        with startup.phase("front end set-up"):
+            metrics = _server_metrics(server_args, names[0])
+            llm = AsyncLLM(
+                server_args,
+                tokenizer,
+                metrics,
+                endpoints=endpoints,
+                check_alive=procs.check_alive,
+                vocab_size=vocab_size_of(server_args),
+            )
+            state = ServerState(server_args, llm, tokenizer, metrics, names, preferred)
+            state.child_pids = procs.pids()
+            if metrics is not None:
+                metrics.watch_process_tree(lambda: {pid: name for name, pid in state.child_pids.items()})
         try:
-            await llm.wait_ready(server_args.mapping.world_size)
+            with startup.phase("waiting for the schedulers"):
+                await llm.wait_ready(server_args.mapping.world_size)
         except ChildDied as exc:
             logger.error("start-up failed: %s", exc)
             return EXIT_FAILED
         llm.start()
-        from tokenspeed.runtime.entrypoints.http_runner import run_http
-
-        return await run_http(state, procs, warmups)
+        return await run_http(state, procs, warmups, startup)
     finally:
         with contextlib.suppress(Exception):
             procs.shutdown()
-        with contextlib.suppress(Exception):
-            await llm.close()
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                await llm.close()
         endpoints.cleanup()
 
 

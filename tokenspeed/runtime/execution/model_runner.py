@@ -44,6 +44,7 @@ from tokenspeed.runtime.moe.rank_experts import ExpertController, NoExperts
 from tokenspeed.runtime.scheduler.batch import ScheduledBatch, ScheduledRequest
 from tokenspeed.runtime.scheduler.sample_row import SampleRow
 from tokenspeed.runtime.speculative.verifier import verify_batch
+from tokenspeed.runtime.startup_phases import StartupPhases
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ class ModelRunner:
         max_num_reqs: int,
         peers: PeerSync | None = None,
         experts: ExpertController | None = None,
+        startup: StartupPhases | None = None,
     ):
+        """`startup`: where this runner books the seconds of its start-up phases (a fresh one if None)."""
         self.device = device
         self.model_config = model_config
         # With TP/EP peers (distributed/peer_sync.py) the model is this rank's shard and the KV cache and
@@ -68,15 +71,15 @@ class ModelRunner:
         self.peers: PeerSync = peers if peers is not None else NoPeers()
         self.experts: ExpertController = experts if experts is not None else NoExperts()
         # seconds of each start-up phase, for the ready message (engine/event_loop.py)
-        self.startup_seconds: dict[str, float] = {}
-        started = time.monotonic()
-        loaded = self.peers.load_model(model_config, config.load_format, device, config.seed)
-        self.startup_seconds["model and weights"] = time.monotonic() - started
+        self.startup = startup if startup is not None else StartupPhases()
+        with self.startup.phase("model and weights"):
+            loaded = self.peers.load_model(model_config, config.load_format, device, config.seed)
         self.model = loaded.model
-        self.experts.attach(self.model, model_config, loaded.expert_state, device)
+        with self.startup.phase("MoE and GEMV backends"):
+            self.experts.attach(self.model, model_config, loaded.expert_state, device)
+            apply_moe_backend(self.model, config.moe_backend, device)
+            apply_dense_gemv_backend(self.model, config.dense_gemv_backend, device)
         kv_config = self.peers.local_model_config(model_config)
-        apply_moe_backend(self.model, config.moe_backend, device)
-        apply_dense_gemv_backend(self.model, config.dense_gemv_backend, device)
         bs = config.block_size
         if bs < 1:
             raise ValueError(f"--block-size must be >= 1, got {bs}")
@@ -87,29 +90,33 @@ class ModelRunner:
             dtype=kv_storage_dtype(config.kv_cache_dtype, model_config.dtype),
             block_size=bs,
         )
-        # Allocated before the pool is sized, so the free memory measured already excludes it.
-        self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
         attn_name = config.attention_backend or default_attention_backend(device, model_config.dtype)
-        graph_sizes = cuda_graph.verify_graph_sizes(
-            cuda_graph.decode_graph_sizes(graphs, device, attn_name, max_num_reqs), config.spec_tokens_per_req
-        )
-        # Graph memory is held back before the pool takes what is left.
-        with cuda_graph.hold_memory(
-            cuda_graph.decode_graph_reserve(model_config, graph_sizes, attn_name), device
-        ):
-            # a draft's KV layer takes pages of the same count: the budget covers both pools
-            sizing = dataclasses.replace(self.spec, num_layers=self.spec.num_layers + config.draft_kv_layers)
-            num_pages = plan_num_pages(config, sizing, device, model_config.max_model_len)
-        num_pages = self.peers.agree_num_pages(num_pages)
+        with self.startup.phase("KV cache sizing"):
+            # Allocated before the pool is sized, so the free memory measured already excludes it.
+            self.req_to_token = ReqToTokenTable(max_num_reqs, model_config.max_model_len, bs, device)
+            graph_sizes = cuda_graph.verify_graph_sizes(
+                cuda_graph.decode_graph_sizes(graphs, device, attn_name, max_num_reqs),
+                config.spec_tokens_per_req,
+            )
+            # Graph memory is held back before the pool takes what is left.
+            with cuda_graph.hold_memory(
+                cuda_graph.decode_graph_reserve(model_config, graph_sizes, attn_name), device
+            ):
+                # a draft's KV layer takes pages of the same count: the budget covers both pools
+                sizing = dataclasses.replace(
+                    self.spec, num_layers=self.spec.num_layers + config.draft_kv_layers
+                )
+                num_pages = plan_num_pages(config, sizing, device, model_config.max_model_len)
+            num_pages = self.peers.agree_num_pages(num_pages)
         kv_started = time.monotonic()
-        kv_scales = pool_kv_scales(
-            config.kv_cache_dtype != "auto",
-            config.quantization_param_path,
-            getattr(self.model, "kv_scales", None),
-            model_config.num_layers,
-        )
-        self.kv_pool = KVPool(self.spec, num_pages, device, kv_scales)
-        self.startup_seconds["KV cache"] = time.monotonic() - kv_started
+        with self.startup.phase("KV cache"):
+            kv_scales = pool_kv_scales(
+                config.kv_cache_dtype != "auto",
+                config.quantization_param_path,
+                getattr(self.model, "kv_scales", None),
+                model_config.num_layers,
+            )
+            self.kv_pool = KVPool(self.spec, num_pages, device, kv_scales)
         logger.info(
             "KV cache: %d pages of %d tokens (%.1f MiB), allocated in %.1f s",
             num_pages - 1,
@@ -121,13 +128,19 @@ class ModelRunner:
         if attn_name == "triton" and config.triton_attention_reduce_in_fp32:
             attn_opts["reduce_in_fp32"] = True
         self.attn_backend_name = attn_name  # an EAGLE3 draft's attention runs on the same backend
-        self.attn_backend = create_attention_backend(attn_name, kv_config, self.kv_pool, device, **attn_opts)
         # EAGLE3 (runtime/speculative): target layers whose outputs every step captures for the draft
         self.aux_capture_layers: tuple[int, ...] | None = None
-        self.sampler = create_sampler(config.sampling_backend or "torch", device, config.enable_nan_detection)
+        with self.startup.phase("attention and sampler"):
+            self.attn_backend = create_attention_backend(
+                attn_name, kv_config, self.kv_pool, device, **attn_opts
+            )
+            self.sampler = create_sampler(
+                config.sampling_backend or "torch", device, config.enable_nan_detection
+            )
         # The sampler's kernels load (or compile) now, not at the first sampled token.
         if torch.device(device).type == "cuda":
-            warm_s = self.startup_seconds["sampler"] = self.sampler.warm_up(model_config.vocab_size)
+            warm_s = self.sampler.warm_up(model_config.vocab_size)
+            self.startup.add("sampler warm-up", warm_s)
             logger.info("sampler %s: warmed up in %.1f s", self.sampler.name, warm_s)
         self.graph_use = cuda_graph.GraphUse()
         self.eager_once = cuda_graph.EagerOnce(logger)
@@ -156,7 +169,7 @@ class ModelRunner:
             aux_layers=self.aux_capture_layers,
         )
         if self.graph_runner is not None:
-            self.startup_seconds["CUDA graphs"] = time.monotonic() - started
+            self.startup.add("CUDA graphs", time.monotonic() - started)
 
     def set_aux_capture(self, layers: tuple[int, ...]) -> None:
         """Every step stores the residual stream after `layers` for an EAGLE3 draft; graphs store it too."""
@@ -348,7 +361,11 @@ class ModelRunner:
         computed and is verified; the other sampling items draw as usual from their one row."""
         v = verify_batch(items, logits, self.sampler, NAN_ERROR)
         return StepResult(
-            token_ids=v.token_ids, logprobs=v.logprobs, errors=v.errors, top_logprobs=v.top_logprobs, runs=v.runs
+            token_ids=v.token_ids,
+            logprobs=v.logprobs,
+            errors=v.errors,
+            top_logprobs=v.top_logprobs,
+            runs=v.runs,
         )
 
     @torch.inference_mode()

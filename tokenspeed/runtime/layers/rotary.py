@@ -66,7 +66,11 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.max_position = max_position
         self.params = dict(params)
-        compute_inv_freq(head_dim, self.params)  # fail at construction on an unsupported rope type
+        # Fail at construction on an unsupported rope type. Computed on the CPU: the model is built under
+        # the meta device, where this division goes through torch's reference ops, whose first use imports
+        # torch._dynamo (2.4 s of a CPU server's start-up).
+        with torch.device("cpu"):
+            compute_inv_freq(head_dim, self.params)
         self.register_buffer("cos_sin_cache", torch.empty(max_position, 2 * head_dim), persistent=False)
 
     def init_buffers(self) -> None:
