@@ -23,6 +23,8 @@
 #   moegemvdecode                       Qwen3-30B-A3B decode steps (bs 1-16, 64), recording off and on, with the
 #                                       GEMV table (MOE_GEMV_TABLE, default the shipped one) and with it off
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
+#   ngram                               benchmarks/ngram_speculative.py: the offline Engine plain vs NGRAM on repetitive
+#                                       prompts (8B shape, batch 1 and 16) -> $OUT/gpu_ngram.json
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
 # `tritoncache` packs ~/.triton/cache the same way (triton-cache.txz.partNN, also for tests/gpu/cache/).
@@ -128,6 +130,11 @@ part_specbench() {  # speculative decoding, 8B shape: plain decode vs a 5-token 
   stage bench-speculative
   run ${T_SPECBENCH:-180} python3 benchmarks/speculative_gpu.py ${SPECBENCH_ARGS:-} --out "$OUT/gpu_speculative.json"
   grep -E "bs=|goal|graph use|graphs|Error|error" "$LOG" | tail -40
+}
+part_ngram() {  # NGRAM prompt lookup through the Engine on repetitive prompts, against plain decoding
+  stage bench-ngram
+  run ${T_NGRAM:-240} python3 benchmarks/ngram_speculative.py ${NGRAM_ARGS:-} --out "$OUT/gpu_ngram.json"
+  grep -E "^(plain|ngram) " "$LOG" | tail -8
 }
 part_fp8bench() {  # decode with FP8 weights (bs 1) and an FP8 KV cache (bs 64 @ 4k) vs bf16, same run
   stage bench-decode-fp8

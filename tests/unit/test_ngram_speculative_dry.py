@@ -1,0 +1,42 @@
+"""`benchmarks/ngram_speculative.py` on the CPU with the demo model: the path the H200 run takes (the
+offline Engine plain and with NGRAM on repetitive prompts), so the device call works on its first try."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("ngram_speculative", ROOT / "benchmarks" / "ngram_speculative.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_prompts_repeat_a_phrase_to_the_asked_length():
+    prompts = _script().repetitive_prompts(3, 100, vocab=1000, seed=1)
+    assert [len(p) for p in prompts] == [100, 100, 100]
+    for p in prompts:
+        period = next(n for n in range(8, 25) if p[n:] == p[:-n])  # a phrase of 8-24 tokens, repeated
+        assert p[:period] != p[1 : period + 1]
+
+
+def test_dry_run_on_the_cpu_writes_plain_and_ngram_with_provenance(tmp_path):
+    out = tmp_path / "ngram.json"
+    args = ["--model", "demo", "--device", "cpu", "--prompts", "3", "--prompt-len", "48",
+            "--max-new-tokens", "12", "--batch", "3", "--out", str(out)]  # fmt: skip
+    _script().main(args)
+    data = json.loads(out.read_text())
+    assert data["provenance"]["argv"] and data["provenance"]["time"]
+    plain, ngram = data["results"]["plain"], data["results"]["ngram"]
+    for mode, requests in (("batch1", 3), ("batched", 3)):
+        assert plain[mode]["output_tokens"] == ngram[mode]["output_tokens"] == requests * 12
+        assert plain[mode]["verify_forwards_with_drafts"] == 0
+        assert ngram[mode]["verify_forwards_with_drafts"] > 0  # NGRAM found the repeated phrase and drafted
+        assert ngram[mode]["mean_acceptance_length"] >= 1.0
+        assert ngram[mode]["outputs_equal_plain"], ngram[mode]["prompts_differing_from_plain"]  # float32: exact
+        assert ngram[mode]["speedup"] > 0
