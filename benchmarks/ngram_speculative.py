@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.speculative import spec_counts  # noqa: E402
 from tokenspeed.bench_results import write_results  # noqa: E402
 
 
@@ -39,20 +40,15 @@ def repetitive_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[l
     return prompts
 
 
-def _counts(engine) -> tuple[int, int]:
-    stats = engine.get_stats()
-    return stats.spec_num_drafts, stats.spec_num_accepted_tokens
-
-
 def timed(engine, prompts: list[list[int]], params: dict, one_at_a_time: bool) -> dict:
-    drafts0, accepted0 = _counts(engine)
+    drafts0, accepted0 = spec_counts(engine)
     start = time.perf_counter()
     if one_at_a_time:
         outs = [engine.generate(input_ids=[p], sampling_params=params)[0] for p in prompts]
     else:
         outs = engine.generate(input_ids=prompts, sampling_params=params)
     seconds = time.perf_counter() - start
-    drafts, accepted = (a - b for a, b in zip(_counts(engine), (drafts0, accepted0), strict=True))
+    drafts, accepted = (a - b for a, b in zip(spec_counts(engine), (drafts0, accepted0), strict=True))
     tokens = sum(len(o["output_ids"]) for o in outs)
     return dict(
         seconds=round(seconds, 3), output_tokens=tokens, tokens_per_s=round(tokens / seconds, 1),

@@ -3,22 +3,13 @@ offline Engine plain and with NGRAM on repetitive prompts), so the device call w
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("ngram_speculative", ROOT / "benchmarks" / "ngram_speculative.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import ngram_speculative
 
 
 def test_prompts_repeat_a_phrase_to_the_asked_length():
-    prompts = _script().repetitive_prompts(3, 100, vocab=1000, seed=1)
+    prompts = ngram_speculative.repetitive_prompts(3, 100, vocab=1000, seed=1)
     assert [len(p) for p in prompts] == [100, 100, 100]
     for p in prompts:
         period = next(n for n in range(8, 25) if p[n:] == p[:-n])  # a phrase of 8-24 tokens, repeated
@@ -29,7 +20,7 @@ def test_dry_run_on_the_cpu_writes_plain_and_ngram_with_provenance(tmp_path):
     out = tmp_path / "ngram.json"
     args = ["--model", "demo", "--device", "cpu", "--prompts", "3", "--prompt-len", "48",
             "--max-new-tokens", "12", "--batch", "3", "--out", str(out)]  # fmt: skip
-    _script().main(args)
+    ngram_speculative.main(args)
     data = json.loads(out.read_text())
     assert data["provenance"]["argv"] and data["provenance"]["time"]
     plain, ngram = data["results"]["plain"], data["results"]["ngram"]
