@@ -24,7 +24,9 @@
 #                                       GEMV table (MOE_GEMV_TABLE, default the shipped one) and with it off
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   ngram                               benchmarks/ngram_speculative.py: the offline Engine plain vs NGRAM on repetitive
-#                                       prompts (8B shape, batch 1 and 16) -> $OUT/gpu_ngram.json
+#                                       prompts (8B shape, batch 1 and 16) -> $OUT/gpu_ngram.json, then the
+#                                       trained demo model -> $OUT/gpu_ngram_demo.json
+#   imports                             where start-up's model-config and tokenizer seconds go (-X importtime)
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
 # `tritoncache` packs ~/.triton/cache the same way (triton-cache.txz.partNN, also for tests/gpu/cache/).
@@ -134,7 +136,10 @@ part_specbench() {  # speculative decoding, 8B shape: plain decode vs a 5-token 
 part_ngram() {  # NGRAM prompt lookup through the Engine on repetitive prompts, against plain decoding
   stage bench-ngram
   run ${T_NGRAM:-240} python3 benchmarks/ngram_speculative.py ${NGRAM_ARGS:-} --out "$OUT/gpu_ngram.json"
-  grep -E "^(plain|ngram) " "$LOG" | tail -8
+  # the trained demo model (bf16): what repetitive prompts reach with a model that copies, and greedy equality
+  run ${T_NGRAM:-240} python3 benchmarks/ngram_speculative.py --model demo --prompt-len 256 --max-new-tokens 64 \
+    --out "$OUT/gpu_ngram_demo.json"
+  grep -E "^(plain|ngram)" "$LOG" | tail -12
 }
 part_fp8bench() {  # decode with FP8 weights (bs 1) and an FP8 KV cache (bs 64 @ 4k) vs bf16, same run
   stage bench-decode-fp8
@@ -216,6 +221,25 @@ fleet_logs() {  # the fleet's own logs: a start that never reached READY printed
     { echo "--- $f"; python3 benchmarks/startup_log.py "$f"; tail -n 25 "$f"
       echo "--- supervisor"; tail -n 25 "$(dirname "$(dirname "$f")")"/supervisor.log; } >> "$LOG" 2>&1
   done
+}
+part_imports() {  # where start-up's "model config" and "tokenizer" seconds go on this machine: the imports they
+  # pull in (-X importtime, largest cumulative first), twice (the second run has the bytecode the first wrote)
+  stage imports
+  for i in 1 2; do
+    local t0=$(date +%s.%N)
+    python3 -X importtime -c "from transformers import AutoConfig, AutoTokenizer" 2> /tmp/importtime.txt
+    echo "import run $i: $(python3 -c "print(round($(date +%s.%N) - $t0, 2))") s" | tee -a "$LOG"
+    sort -t'|' -k2 -n -r /tmp/importtime.txt | head -n 25 >> "$LOG"
+  done
+  run 60 python3 -c "
+import time; t=time.monotonic()
+from tokenspeed.runtime.models.model_config import ModelConfig
+print('ModelConfig import', round(time.monotonic()-t, 2)); t=time.monotonic()
+from tokenspeed.demo_models import demo_model_path
+ModelConfig.from_pretrained(str(demo_model_path('demo')), dtype='bfloat16', device='cuda')
+print('from_pretrained', round(time.monotonic()-t, 2)); t=time.monotonic()
+from transformers import AutoTokenizer; AutoTokenizer.from_pretrained(str(demo_model_path('demo')))
+print('AutoTokenizer', round(time.monotonic()-t, 2))"
 }
 part_serving() {
   stage bench-serving

@@ -142,7 +142,11 @@ def test_profile_plan_up_openai_metrics_kill_heal_down(fleet):
         model="llama8b-dummy", prompt="w21 w22", max_tokens=16, stream=True, extra_body={"ignore_eos": True}
     )
     pieces = [c.choices[0].text for c in stream if c.choices and c.choices[0].text]
-    assert len(pieces) == 16  # one chunk a token: every id of the vocabulary decodes to a word
+    # Every id of the vocabulary decodes to a word, so the stream carries 16 words. A chunk holds what arrived
+    # since the front end last woke (as vLLM's and SGLang's streams do): at 4.6 ms a token a hiccup can merge two
+    # (seen on the H200: 15 chunks), so the bar is that it streamed, not one chunk per token.
+    assert len("".join(pieces).split()) == 16, pieces
+    assert len(pieces) >= 8, pieces
     chat = client.chat.completions.create(
         model="llama8b-dummy", messages=[{"role": "user", "content": "w5 w6 w7"}], max_tokens=8
     )

@@ -31,3 +31,6 @@ def test_dry_run_on_the_cpu_writes_plain_and_ngram_with_provenance(tmp_path):
         assert ngram[mode]["mean_acceptance_length"] >= 1.0
         assert ngram[mode]["outputs_equal_plain"], ngram[mode]["prompts_differing_from_plain"]  # float32: exact
         assert ngram[mode]["speedup"] > 0
+        no_overlap = data["results"]["plain_no_overlap"][mode]
+        assert no_overlap["verify_forwards_with_drafts"] == 0
+        assert no_overlap["outputs_equal_plain"], no_overlap["prompts_differing_from_plain"]
