@@ -1,4 +1,4 @@
-"""Dense bf16 GEMV against cuBLAS on the Llama-3.1-8B linear shapes at decode batches of 1, 2 and 4 rows.
+"""Dense bf16 GEMV against cuBLAS on a model's linear shapes at decode batches of 1, 2 and 4 rows.
 
 For each shape (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336, lm_head 128256x4096) and M:
 - `gemv`: the Triton GEMV (`kernels/bf16_gemv.py`, autotuned at its first call, which is timed);
@@ -8,12 +8,17 @@ cuBLAS's bf16 output is cast). Each path is timed as a CUDA graph of 20 calls (t
 graphs), the calls cycling over enough copies of the weight (>= 256 MB) that none is served from the L2
 cache. Reported: weight bytes read per second, as a fraction of the H200's 4.8 TB/s and of a
 device-to-device copy measured in the same run (bytes read + written), each output's relative error to
-the float32 reference, and a batch-1 step estimate (32 layers of qkv/o/gate_up/down plus the LM head).
+the float32 reference, and a batch-1 step estimate (each layer's linears plus the LM head).
+`--model qwen3moe` times Qwen3-30B-A3B's dense linears instead (qkv 5120x2048, o 2048x4096, the router
+128x2048, lm_head 151936x2048; 48 layers): at one token its attention and router are small products,
+where a launch and a partly filled GPU cost the most.
 
-    python benchmarks/bf16_gemv.py [--m 1 2 4] [--shapes ...] [--out PATH] [--table-out PATH]
+    python benchmarks/bf16_gemv.py [--model llama8b|qwen3moe] [--m 1 2 4] [--shapes ...] [--out PATH]
+                                   [--table-out PATH [--table-base PATH]]
 
 `--table-out` writes the tuned table `--dense-gemv-backend auto` reads (kernels/gemv_table.py): per shape, the
-GEMV up to the largest batch where it beat cuBLAS by 3% without losing at a smaller one.
+GEMV up to the largest batch where it beat cuBLAS by 3% without losing at a smaller one; `--table-base`
+keeps the shapes of an existing table (the other model's) that this run did not time.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import gemv_timing as gt  # noqa: E402
 from benchmarks import gpu_common as gc  # noqa: E402
 
-SHAPES = gt.LLAMA_8B_LINEARS
-LAYERS = 32  # Llama-3.1-8B: each of qkv/o/gate_up/down once per layer, the LM head once per step
+# per model: its [N, K] linear shapes and its layers (each shape once per layer, the LM head once per step)
+MODELS = {"llama8b": (gt.LLAMA_8B_LINEARS, 32), "qwen3moe": (gt.QWEN3_MOE_LINEARS, 48)}
 
 
 def _paths(name: str, x: torch.Tensor, ws: list[torch.Tensor]) -> dict[str, list]:
@@ -71,18 +76,18 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
     return rows
 
 
-def step_estimate(rows: list[dict], m: int) -> dict[str, dict]:
-    """A decode step's linear layers at batch m, per path: 32 x (qkv, o, gate_up, down) + the LM head.
+def step_estimate(rows: list[dict], m: int, shapes: dict, layers: int) -> dict[str, dict]:
+    """A decode step's linear layers at batch m, per path: `layers` x each shape + the LM head once.
     `faster` takes each shape's faster path: what a per-shape choice of the backend would reach."""
-    count = {s: (1 if s == "lm_head" else LAYERS) for s in SHAPES}
+    count = {s: (1 if s == "lm_head" else layers) for s in shapes}
     by_path = {}
     for path in ("gemv", "cublas"):
         got = {r["shape"]: r for r in rows if r["m"] == m and r["path"] == path and "us" in r}
-        if set(got) == set(SHAPES):
+        if set(got) == set(shapes):
             by_path[path] = got
     if len(by_path) == 2:
         by_path["faster"] = {
-            s: min((by_path[p][s] for p in ("gemv", "cublas")), key=lambda r: r["us"]) for s in SHAPES
+            s: min((by_path[p][s] for p in ("gemv", "cublas")), key=lambda r: r["us"]) for s in shapes
         }
     out = {}
     for path, got in by_path.items():
@@ -92,7 +97,7 @@ def step_estimate(rows: list[dict], m: int) -> dict[str, dict]:
             ms=round(us / 1e3, 3), tb_s=round(nbytes / us / 1e6, 3), of_peak=round(nbytes / us / 1e6 / 4.8, 3)
         )
         if path == "faster":
-            out[path]["gemv_shapes"] = sorted(s for s in SHAPES if got[s]["path"] == "gemv")
+            out[path]["gemv_shapes"] = sorted(s for s in shapes if got[s]["path"] == "gemv")
     return out
 
 
@@ -116,20 +121,28 @@ def table_rows(rows: list[dict], margin: float = 0.03) -> dict[str, int]:
     return out
 
 
-def write_table(path: str, device_name: str, max_rows: dict[str, int]) -> None:
-    """The tuned table `--dense-gemv-backend auto` reads (copy it to tokenspeed/runtime/kernels/tuned/)."""
+def write_table(path: str, device_name: str, max_rows: dict[str, int], base: str | None = None) -> None:
+    """The tuned table `--dense-gemv-backend auto` reads (copy it to tokenspeed/runtime/kernels/tuned/);
+    `base`: a table whose other shapes it keeps (this run's figures win for the shapes both have)."""
     from tokenspeed.bench_results import provenance
     from tokenspeed.runtime.kernels.gemv_table import load_table, to_json
 
+    if base:
+        max_rows = {**json.loads(Path(base).read_text())["shapes"], **max_rows}
     Path(path).write_text(json.dumps(to_json(device_name, max_rows, provenance()), indent=2) + "\n")
     load_table(path)  # what the server will read
     print(f"wrote {path}: the GEMV takes {max_rows}")
 
 
 def main() -> None:
-    args = gt.parse_args(__doc__, SHAPES, [1, 2, 4], str(ROOT / "benchmarks/results/gpu_bf16_gemv.json"))
+    names = dict.fromkeys(n for shapes, _ in MODELS.values() for n in shapes)
+    args = gt.parse_args(
+        __doc__, names, [1, 2, 4], str(ROOT / "benchmarks/results/gpu_bf16_gemv.json"),
+        models=tuple(MODELS),
+    )  # fmt: skip
+    shapes, layers = MODELS[args.model]
     start = time.perf_counter()
-    bw, rows = gt.run_shapes(bench_shape, SHAPES, args.shapes, args.m)
+    bw, rows = gt.run_shapes(bench_shape, shapes, args.shapes or list(shapes), args.m)
     speedup = {}
     print(f"{'shape':8s} {'m':>2s} {'gemv us':>9s} {'cublas us':>9s} {'gemv/4.8':>8s} {'cublas/4.8':>10s} "
           f"{'gemv/copy':>9s} {'speedup':>7s}")  # fmt: skip
@@ -137,20 +150,21 @@ def main() -> None:
         speedup[f"{r['shape']}/m{r['m']}"] = round(base["us"] / r["us"], 3)
         print(f"{r['shape']:8s} {r['m']:2d} {r['us']:9.2f} {base['us']:9.2f} {r['of_peak']:8.3f} "
               f"{base['of_peak']:10.3f} {r['of_copy_bw']:9.3f} {base['us'] / r['us']:7.2f}x")  # fmt: skip
-    steps = {f"m{m}": step_estimate(rows, m) for m in args.m}
+    steps = {f"m{m}": step_estimate(rows, m, shapes, layers) for m in args.m}
     for m, est in steps.items():
         print(
             f"decode-step linears {m}: "
             + ", ".join(f"{p} {e['ms']} ms ({e['of_peak']} of 4.8 TB/s)" for p, e in est.items())
         )
     if args.table_out:
-        write_table(args.table_out, torch.cuda.get_device_name(0), table_rows(rows))
+        write_table(args.table_out, torch.cuda.get_device_name(0), table_rows(rows), args.table_base)
     seconds = round(time.perf_counter() - start, 1)
     print(f"total {seconds} s")
     gt.save_results(
         args.out,
         "bf16_gemv",
         bw,
+        model=args.model,
         gemv_speedup_over_cublas=speedup,
         step_estimate=steps,
         seconds=seconds,

@@ -100,7 +100,7 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
 def main() -> None:
     args = gt.parse_args(__doc__, SHAPES, [1, 4, 16], str(ROOT / "benchmarks/results/gpu_fp8_gemv.json"))
     start = time.perf_counter()
-    bw, rows = gt.run_shapes(bench_shape, SHAPES, args.shapes, args.m)
+    bw, rows = gt.run_shapes(bench_shape, SHAPES, args.shapes or list(SHAPES), args.m)
     speedup = {
         f"{r['shape']}/m{r['m']}": round(b["us"] / r["us"], 2) for r, b in gt.against(rows, "scaled_mm")
     }

@@ -24,6 +24,13 @@ LLAMA_8B_LINEARS = {
     "down": (4096, 14336),
     "lm_head": (128256, 4096),
 }
+# Qwen3-30B-A3B's dense linear layers (its experts run in the fused MoE kernels): attention, router, LM head
+QWEN3_MOE_LINEARS = {
+    "qkv": (5120, 2048),
+    "o": (2048, 4096),
+    "router": (128, 2048),
+    "lm_head": (151936, 2048),
+}
 PEAK = 4.8e12  # H200 HBM3e, datasheet
 CALLS = 20
 
@@ -62,15 +69,19 @@ def row_figures(row: dict) -> str:
 
 
 def parse_args(
-    doc: str, shapes: dict, default_m: list[int], out: str, argv: list[str] | None = None
+    doc: str, shapes: dict, default_m: list[int], out: str, argv: list[str] | None = None, models: tuple = ()
 ) -> argparse.Namespace:
-    """--m (batch rows), --shapes (names from `shapes`), --out (the results file, default `out`) and
-    --table-out (where a script that derives a tuned table writes it)."""
+    """--m (batch rows), --shapes (names from `shapes`, default all), --out (the results file, default `out`)
+    and --table-out (where a script that derives a tuned table writes it); --model when `models` names more
+    than one model (whose shapes the script then picks)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--m", nargs="+", type=int, default=default_m)
-    ap.add_argument("--shapes", nargs="+", choices=list(shapes), default=list(shapes))
+    ap.add_argument("--shapes", nargs="+", choices=list(shapes), default=None)
+    if models:
+        ap.add_argument("--model", choices=list(models), default=models[0])
     ap.add_argument("--out", default=out)
     ap.add_argument("--table-out", default=None)
+    ap.add_argument("--table-base", default=None, help="an existing table whose other shapes --table-out keeps")
     return ap.parse_args(argv)
 
 

@@ -22,6 +22,9 @@
 #                                       (copy it to tokenspeed/runtime/moe/kernels/tuned/NVIDIA_H200.json to ship it)
 #   moegemvdecode                       Qwen3-30B-A3B decode steps (bs 1-16, 64), recording off and on, with the
 #                                       GEMV table (MOE_GEMV_TABLE, default the shipped one) and with it off
+#   moedense                            Qwen3-30B-A3B's dense linears: `bf16_gemv.py --model qwen3moe` -> gpu_bf16_gemv_qwen3moe.json
+#                                       and the merged table dense_gemv_table.json, then MoE decode steps with the
+#                                       table (auto; default and record) and with cuBLAS (torch) -> gpu_decode_qwen3moe*.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   ngram                               benchmarks/ngram_speculative.py: the offline Engine plain vs NGRAM on repetitive
 #                                       prompts (8B shape, batch 1 and 16) -> $OUT/gpu_ngram.json, then the
@@ -119,6 +122,22 @@ part_bf16gemvdecode() {  # whole 8B decode steps: the tuned table of bf16gemvben
       --batch-sizes 1 2 4 64 --dense-gemv-backend $b --out "$OUT/gpu_decode_dense_$b.json"
   done
   grep -E "ratio=|Triton GEMV" "$LOG" | tail -20
+}
+part_moedense() {  # Qwen3-30B-A3B's dense linears (attention, router, LM head): GEMV vs cuBLAS and the tuned table
+  # merged into the shipped one, then MoE decode steps with that table (auto) and with cuBLAS (torch)
+  stage moe-dense-gemv
+  local tuned=tokenspeed/runtime/kernels/tuned/NVIDIA_H200.json
+  run ${T_MOEDENSE:-150} python3 benchmarks/bf16_gemv.py --model qwen3moe --out "$OUT/gpu_bf16_gemv_qwen3moe.json" \
+    --table-out "$OUT/dense_gemv_table.json" --table-base "$tuned"
+  grep -E "^(qkv|o|router|lm_head) +[0-9]|decode-step|wrote" "$LOG" | tail -16
+  [ -f "$OUT/dense_gemv_table.json" ] && cp "$OUT/dense_gemv_table.json" "$tuned"
+  run ${T_MOE_DECODE:-150} python3 benchmarks/decode.py --model qwen3moe --backends triton \
+    --moe-configs default record --contexts 1024 --batch-sizes 1 16 64 256 --max-total-tokens 300000 \
+    --dense-gemv-backend auto --out "$OUT/gpu_decode_qwen3moe.json"
+  run ${T_MOE_DECODE:-150} python3 benchmarks/decode.py --model qwen3moe --backends triton \
+    --moe-configs default --contexts 1024 --batch-sizes 1 16 --max-total-tokens 300000 \
+    --dense-gemv-backend torch --out "$OUT/gpu_decode_qwen3moe_cublas.json"
+  grep -E "ratio=|recording cost|Triton GEMV" "$LOG" | tail -20
 }
 part_structured() {
   stage tests-structured

@@ -87,3 +87,28 @@ def test_rope_store_kv_equals_rope_then_store(dtype, head_dim):
     got_q, got_k = rope_store_kv(cos_sin, q, k, v, k_buf, v_buf, loc)
     assert torch.equal(got_q, q_ref) and torch.equal(got_k, kr_ref)
     assert torch.equal(k_buf, k_ref) and torch.equal(v_buf, v_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rope_store_kv_with_qk_norm_equals_norms_then_rope_store(dtype):
+    """Qwen3's per-head q/k RMSNorm inside the fused kernel: what the RMSNorm kernel and then the fused RoPE +
+    KV write give, within one rounding of the norm (its sum of squares adds two halves)."""
+    from tokenspeed.runtime.kernels.fused_ops import rms_norm
+    from tokenspeed.runtime.kernels.rope_store import rope_store_kv
+
+    head_dim, t, h, kvh, slots, eps = 128, 23, 32, 4, 97, 1e-6
+    qkv = torch.randn(t, (h + 2 * kvh) * head_dim, device="cuda", dtype=dtype) * 3
+    q, k, v = qkv.split([h * head_dim, kvh * head_dim, kvh * head_dim], dim=-1)
+    q, k, v = (x.reshape(t, -1, head_dim) for x in (q, k, v))
+    qw, kw = (torch.rand(head_dim, device="cuda", dtype=dtype) + 0.5 for _ in range(2))
+    emb = rotary.RotaryEmbedding(head_dim, 512, {"rope_theta": 1000000.0, "rope_type": "default"}).cuda()
+    emb.init_buffers()
+    cos_sin = emb.cos_sin(torch.randint(0, 512, (t,), device="cuda"), dtype)
+    loc = torch.randperm(slots - 1, device="cuda")[:t] + 1
+    bufs = [torch.zeros(slots, kvh, head_dim, device="cuda", dtype=dtype) for _ in range(4)]
+    ref_q, ref_k = rope_store_kv(cos_sin, rms_norm(q, qw, eps), rms_norm(k, kw, eps), v, bufs[0], bufs[1], loc)
+    got_q, got_k = rope_store_kv(cos_sin, q, k, v, bufs[2], bufs[3], loc, (qw, kw, eps))
+    _close(got_q, ref_q, dtype)
+    _close(got_k, ref_k, dtype)
+    _close(bufs[2], bufs[0], dtype)
+    assert torch.equal(bufs[3], bufs[1])  # v is copied, not normed

@@ -89,3 +89,17 @@ def test_a_malformed_table_names_the_file_and_the_problem(tmp_path, content, mes
     with pytest.raises(ValueError, match=message) as err:
         load_table(path)
     assert str(path) in str(err.value)
+
+
+def test_a_second_models_table_keeps_the_first_models_shapes(tmp_path):
+    # `--model qwen3moe --table-base <the 8B table>`: one file serves both models; this run's verdicts win
+    base, out = tmp_path / "base.json", tmp_path / "NVIDIA_H200.json"
+    script = _bf16_gemv_script()
+    script.write_table(str(base), "NVIDIA H200", script.table_rows(json.loads(H200_RUN.read_text())["rows"]))
+    qwen = {shape_key(5120, 2048, "bfloat16"): 1, shape_key(4096, 4096, "bfloat16"): 0}
+    script.write_table(str(out), "NVIDIA H200", qwen, str(base))
+    table = table_for_device("NVIDIA H200", directory=tmp_path)
+    bf16 = torch.bfloat16
+    assert table.takes(5120, 2048, bf16, 1) and not table.takes(5120, 2048, bf16, 2)
+    assert table.takes(128256, 4096, bf16, 1)  # kept from the base
+    assert not table.takes(4096, 4096, bf16, 1)  # this run's verdict replaced the base's 2

@@ -106,19 +106,46 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def rotate_head(src, cs, HALF: tl.constexpr, BLOCK: tl.constexpr):
     """Neox-style rotation of the head at `src` by its token's cos|sin row at `cs`: its two halves, in the
     head's dtype. Shared by every RoPE kernel, so they all round alike."""
+    x1, x2 = load_halves(src, HALF, BLOCK)
+    return rotate_halves(x1, x2, cs, HALF, BLOCK)
+
+
+@triton.jit
+def load_halves(src, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
+    return tl.load(src + offs, mask=mask, other=0.0), tl.load(src + HALF + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def rotate_halves(x1, x2, cs, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """The rotation of a head held as its two halves (in the head's dtype) by the cos|sin row at `cs`."""
     offs = tl.arange(0, BLOCK)
     mask = offs < HALF
     cos1 = tl.load(cs + offs, mask=mask, other=0.0)
     cos2 = tl.load(cs + HALF + offs, mask=mask, other=0.0)
     sin1 = tl.load(cs + 2 * HALF + offs, mask=mask, other=0.0)
     sin2 = tl.load(cs + 3 * HALF + offs, mask=mask, other=0.0)
-    x1 = tl.load(src + offs, mask=mask, other=0.0)
-    x2 = tl.load(src + HALF + offs, mask=mask, other=0.0)
     dt = x1.dtype
     # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds.
     o1 = ((x1 * cos1).to(dt) + (-x2 * sin1).to(dt)).to(dt)
     o2 = ((x2 * cos2).to(dt) + (x1 * sin2).to(dt)).to(dt)
     return o1, o2
+
+
+@triton.jit
+def rms_norm_halves(x1, x2, W, eps, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """RMSNorm (weight `W`, in the head's dtype) of a head held as its two halves, rounded where
+    `_rmsnorm_kernel` rounds: Qwen3's per-head q/k norm inside the RoPE kernels."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
+    dt = x1.dtype
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    inv = tl.rsqrt((tl.sum(f1 * f1, 0) + tl.sum(f2 * f2, 0)) / (2 * HALF) + eps)
+    w1 = tl.load(W + offs, mask=mask, other=0.0).to(dt)
+    w2 = tl.load(W + HALF + offs, mask=mask, other=0.0).to(dt)
+    return ((f1 * inv).to(dt) * w1).to(dt), ((f2 * inv).to(dt) * w2).to(dt)
 
 
 @triton.jit

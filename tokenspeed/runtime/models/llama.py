@@ -60,10 +60,9 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        # RoPE is applied by the attention layer, fused there with the KV-cache write on the GPU.
-        out = self.attn(q, k, v, fb, cos_sin=cos_sin)
+        # The attention layer applies the q/k norms (Qwen3) and RoPE, fused with the KV-cache write on the GPU.
+        qk_norm = None if self.q_norm is None else (self.q_norm, self.k_norm)
+        out = self.attn(q, k, v, fb, cos_sin=cos_sin, qk_norm=qk_norm)
         return self.o_proj(out)
 
 

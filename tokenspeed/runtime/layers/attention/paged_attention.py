@@ -3,7 +3,8 @@
 Given the step's cos|sin rows, the layer applies RoPE itself: on a backend that supports it (the CUDA
 backends) the rotation and the write of the new K/V into the pool are one kernel
 (`kernels/rope_store.py`), and the backend then only attends; elsewhere q and k are rotated
-(`layers/rotary.apply_rotary`) and the backend stores K/V as part of `forward`.
+(`layers/rotary.apply_rotary`) and the backend stores K/V as part of `forward`. A layer with per-head q/k
+norms (Qwen3) hands them over too: the fused kernel applies them before rotating, elsewhere they run first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tokenspeed.runtime.layers.rotary import apply_rotary
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.execution.forward_batch import ForwardBatch
+    from tokenspeed.runtime.layers.norm import RMSNorm
 
 
 class PagedAttention(nn.Module):
@@ -35,10 +37,12 @@ class PagedAttention(nn.Module):
         v: torch.Tensor,
         fb: ForwardBatch,
         cos_sin: torch.Tensor | None = None,
+        qk_norm: tuple[RMSNorm, RMSNorm] | None = None,
     ) -> torch.Tensor:
         """q [T, heads*head_dim], k/v [T, kv_heads*head_dim] (or already split into heads) ->
         [T, heads*head_dim]. With `cos_sin` ([T, 2*head_dim], `RotaryEmbedding.cos_sin`) q and k are
-        rotated here first; without it they arrive rotated."""
+        rotated here first; without it they arrive rotated. `qk_norm`: (q_norm, k_norm), each head's
+        RMSNorm, applied before the rotation."""
         t = q.shape[0]
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
@@ -49,13 +53,24 @@ class PagedAttention(nn.Module):
             # An FP8 pool is written by its own quantizing store (`KVPool.set_kv`), not the fused kernel.
             fused = getattr(backend, "supports_fused_rope_store", False) and not fb.kv_pool.quantized
             if q.is_cuda and fused:
-                from tokenspeed.runtime.kernels.rope_store import rope_store_kv
+                from tokenspeed.runtime.kernels.rope_store import qk_norm_fusable, rope_store_kv
 
+                norms = None
+                if qk_norm is not None:
+                    q_norm, k_norm = qk_norm
+                    if qk_norm_fusable(q, q_norm.weight, k_norm.weight) and q_norm.eps == k_norm.eps:
+                        norms = (q_norm.weight, k_norm.weight, q_norm.eps)
+                    else:
+                        q, k = q_norm(q), k_norm(k)
                 k_buf, v_buf = fb.kv_pool.get_kv(self.layer_id)
-                q, k = rope_store_kv(cos_sin, q, k, v, k_buf, v_buf, fb.out_cache_loc)
+                q, k = rope_store_kv(cos_sin, q, k, v, k_buf, v_buf, fb.out_cache_loc, norms)
                 kv_stored = True
             else:
+                if qk_norm is not None:
+                    q, k = qk_norm[0](q), qk_norm[1](k)
                 q, k = apply_rotary(cos_sin, q, k)
+        elif qk_norm is not None:
+            q, k = qk_norm[0](q), qk_norm[1](k)
         out = backend.forward(q, k, v, self.layer_id, fb, self.scaling, kv_stored=kv_stored)
         return out.reshape(t, self.num_heads * self.head_dim)
 
