@@ -20,6 +20,7 @@ from tokenspeed.runtime.kernels.gemv_table import (
 
 ROOT = Path(__file__).resolve().parents[2]
 H200_RUN = ROOT / "benchmarks" / "results" / "gpu_bf16_gemv.json"
+QWEN3_MOE_RUN = ROOT / "benchmarks" / "results" / "gpu_bf16_gemv_qwen3moe.json"
 SHIPPED_H200 = ROOT / "tokenspeed" / "runtime" / "kernels" / "tuned" / "NVIDIA_H200.json"
 
 
@@ -43,10 +44,24 @@ def test_the_h200_run_gives_the_gemv_only_where_it_won():
         shape_key(4096, 14336, "bfloat16"): 2,
         shape_key(128256, 4096, "bfloat16"): 1,
     }
-    # ... and the table the package ships for the H200 is the one that run wrote
+    # ... and the table the package ships for the H200 is that run's, with the Qwen3-30B-A3B run's shapes
+    # merged in by the second run (`--model qwen3moe --table-base`), whose provenance it carries
+    qwen_run = json.loads(QWEN3_MOE_RUN.read_text())
     shipped = json.loads(SHIPPED_H200.read_text())
-    assert shipped["shapes"] == table
-    assert shipped["provenance"] == json.loads(H200_RUN.read_text())["provenance"]
+    assert shipped["shapes"] == {**table, **_bf16_gemv_script().table_rows(qwen_run["rows"])}
+    assert shipped["provenance"] == qwen_run["provenance"]
+
+
+def test_the_qwen3_moe_run_gives_the_gemv_its_small_products():
+    # gpu_bf16_gemv_qwen3moe.json (H200, 2026-12-04 15:59 UTC): o 1.29x / 1.34x / 1.09x at 1 / 2 / 4 rows, the
+    # router 2.06x / 1.94x / 1.57x, qkv 1.04x at 1 and 0.93x at 2, the LM head 1.04x at 1 and 1.00x at 2
+    table = _bf16_gemv_script().table_rows(json.loads(QWEN3_MOE_RUN.read_text())["rows"])
+    assert table == {
+        shape_key(5120, 2048, "bfloat16"): 1,
+        shape_key(2048, 4096, "bfloat16"): 4,
+        shape_key(128, 2048, "bfloat16"): 4,
+        shape_key(151936, 2048, "bfloat16"): 1,
+    }
 
 
 def test_written_table_is_read_back_and_decides_per_shape_and_batch(tmp_path):

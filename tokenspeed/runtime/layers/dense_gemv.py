@@ -5,8 +5,9 @@
   dtypes and devices still go through `F.linear` (cuBLAS). Needs a CUDA GPU and Triton.
 - `torch`: `F.linear` always.
 - `auto` (the default): on CUDA, the GEMV for the shapes and batches the GPU's tuned table names
-  (`kernels/gemv_table.py`: on the H200 the GEMV won on some 8B shapes at one or two rows and lost on
-  others), cuBLAS for the rest; `torch` where no table ships for the GPU (none ships yet) and on the CPU.
+  (`kernels/gemv_table.py`: on the H200 the GEMV won on some Llama-3.1-8B and Qwen3-30B-A3B shapes at one
+  to four rows and lost on others), cuBLAS for the rest; `torch` where no table ships for the GPU (only the
+  H200's does) and on the CPU.
 
 The choice is made once, after the weights are loaded: each linear layer whose multiply is the plain
 `linear.UNQUANTIZED` (so not an FP8 layer, which has its own GEMV) and the LM head are handed the chosen
