@@ -14,11 +14,15 @@ the float32 reference, and a batch-1 step estimate (each layer's linears plus th
 where a launch and a partly filled GPU cost the most.
 
     python benchmarks/bf16_gemv.py [--model llama8b|qwen3moe] [--m 1 2 4] [--shapes ...] [--out PATH]
-                                   [--table-out PATH [--table-base PATH]]
+                                   [--table-out PATH [--table-base PATH | --table-from RESULTS...]]
 
 `--table-out` writes the tuned table `--dense-gemv-backend auto` reads (kernels/gemv_table.py): per shape, the
-GEMV up to the largest batch where it beat cuBLAS by 3% without losing at a smaller one; `--table-base`
-keeps the shapes of an existing table (the other model's) that this run did not time.
+GEMV up to the largest batch where it beat cuBLAS by 3% without losing at a smaller one, and the launch
+configuration that won each of those batches; `--table-base` keeps the shapes of an existing table (the
+other model's) that this run did not time. `--table-from RESULTS...` derives the table from earlier runs'
+results files instead of timing anything (no GPU): `python benchmarks/bf16_gemv.py --table-from
+benchmarks/results/gpu_bf16_gemv.json benchmarks/results/gpu_bf16_gemv_qwen3moe.json --table-out
+tokenspeed/runtime/kernels/tuned/NVIDIA_H200.json` writes the shipped H200 table.
 """
 
 from __future__ import annotations
@@ -121,17 +125,67 @@ def table_rows(rows: list[dict], margin: float = 0.03) -> dict[str, int]:
     return out
 
 
-def write_table(path: str, device_name: str, max_rows: dict[str, int], base: str | None = None) -> None:
+def config_from_row(text: str) -> dict[str, int]:
+    """A row's winning configuration (`str(triton.Config)`, "BLOCK_N: 8, BLOCK_K: 512, ..., num_warps: 4,
+    ...") as a tuned table names it (`gemv_table.CONFIG_FIELDS`)."""
+    from tokenspeed.runtime.kernels.gemv_table import CONFIG_FIELDS
+
+    fields = dict(part.split(": ", 1) for part in text.split(", "))
+    return {name: int(fields[name]) for name in CONFIG_FIELDS}
+
+
+def table_configs(rows: list[dict], max_rows: dict[str, int]) -> dict[str, dict[str, dict[str, int]]]:
+    """Per shape key and batch bucket the GEMV takes, the configuration that won that row's autotuning: the
+    table ships it, so a server launches it instead of tuning again (and every process sums alike)."""
+    from tokenspeed.runtime.kernels.bf16_gemv import m_bucket
+    from tokenspeed.runtime.kernels.gemv_table import shape_key
+
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for r in rows:
+        key = shape_key(r["n"], r["k"], "bfloat16")
+        if r["path"] == "gemv" and "us" in r and r.get("config") and r["m"] <= max_rows.get(key, 0):
+            out.setdefault(key, {})[str(m_bucket(r["m"]))] = config_from_row(r["config"])
+    return out
+
+
+def write_table(
+    path: str,
+    device_name: str,
+    max_rows: dict[str, int],
+    base: str | None = None,
+    configs: dict[str, dict[str, dict[str, int]]] | None = None,
+) -> None:
     """The tuned table `--dense-gemv-backend auto` reads (copy it to tokenspeed/runtime/kernels/tuned/);
     `base`: a table whose other shapes it keeps (this run's figures win for the shapes both have)."""
     from tokenspeed.bench_results import provenance
     from tokenspeed.runtime.kernels.gemv_table import load_table, to_json
 
+    configs = dict(configs or {})
     if base:
-        max_rows = {**json.loads(Path(base).read_text())["shapes"], **max_rows}
-    Path(path).write_text(json.dumps(to_json(device_name, max_rows, provenance()), indent=2) + "\n")
+        old = json.loads(Path(base).read_text())
+        kept = {key: cfg for key, cfg in old.get("configs", {}).items() if key not in max_rows}
+        max_rows, configs = {**old["shapes"], **max_rows}, {**kept, **configs}
+    data = to_json(device_name, max_rows, provenance(), configs)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
     load_table(path)  # what the server will read
     print(f"wrote {path}: the GEMV takes {max_rows}")
+
+
+def table_from_results(paths: list[str], out: str) -> None:
+    """`--table-from`: the tuned table of earlier runs' results files (no GPU needed), each file's verdicts
+    and winning configurations over the ones before it."""
+    max_rows: dict[str, int] = {}
+    configs: dict[str, dict[str, dict[str, int]]] = {}
+    devices = set()
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        devices.add(data["device"]["gpu"])
+        rows = table_rows(data["rows"])
+        max_rows.update(rows)
+        configs.update(table_configs(data["rows"], rows))
+    if len(devices) != 1:
+        raise SystemExit(f"--table-from: the results files come from {sorted(devices)}; a table is one GPU's")
+    write_table(out, devices.pop(), max_rows, configs=configs)
 
 
 def main() -> None:
@@ -140,6 +194,11 @@ def main() -> None:
         __doc__, names, [1, 2, 4], str(ROOT / "benchmarks/results/gpu_bf16_gemv.json"),
         models=tuple(MODELS),
     )  # fmt: skip
+    if args.table_from:
+        if not args.table_out:
+            raise SystemExit("--table-from needs --table-out (where the table goes)")
+        table_from_results(args.table_from, args.table_out)
+        return
     shapes, layers = MODELS[args.model]
     start = time.perf_counter()
     bw, rows = gt.run_shapes(bench_shape, shapes, args.shapes or list(shapes), args.m)
@@ -157,7 +216,10 @@ def main() -> None:
             + ", ".join(f"{p} {e['ms']} ms ({e['of_peak']} of 4.8 TB/s)" for p, e in est.items())
         )
     if args.table_out:
-        write_table(args.table_out, torch.cuda.get_device_name(0), table_rows(rows), args.table_base)
+        verdicts = table_rows(rows)
+        write_table(
+            args.table_out, torch.cuda.get_device_name(0), verdicts, args.table_base, table_configs(rows, verdicts)
+        )
     seconds = round(time.perf_counter() - start, 1)
     print(f"total {seconds} s")
     gt.save_results(

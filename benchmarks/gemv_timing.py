@@ -82,6 +82,7 @@ def parse_args(
     ap.add_argument("--out", default=out)
     ap.add_argument("--table-out", default=None)
     ap.add_argument("--table-base", default=None, help="an existing table whose other shapes --table-out keeps")
+    ap.add_argument("--table-from", nargs="+", default=None, help="results files to derive --table-out from")
     return ap.parse_args(argv)
 
 

@@ -44,12 +44,55 @@ def test_the_h200_run_gives_the_gemv_only_where_it_won():
         shape_key(4096, 14336, "bfloat16"): 2,
         shape_key(128256, 4096, "bfloat16"): 1,
     }
-    # ... and the table the package ships for the H200 is that run's, with the Qwen3-30B-A3B run's shapes
-    # merged in by the second run (`--model qwen3moe --table-base`), whose provenance it carries
-    qwen_run = json.loads(QWEN3_MOE_RUN.read_text())
+    # ... and the table the package ships for the H200 is the one `--table-from` derives from that run and the
+    # Qwen3-30B-A3B run: their verdicts, and the configuration that won each batch the GEMV takes
+    script = _bf16_gemv_script()
+    qwen_rows = json.loads(QWEN3_MOE_RUN.read_text())["rows"]
+    qwen_table = script.table_rows(qwen_rows)
     shipped = json.loads(SHIPPED_H200.read_text())
-    assert shipped["shapes"] == {**table, **_bf16_gemv_script().table_rows(qwen_run["rows"])}
-    assert shipped["provenance"] == qwen_run["provenance"]
+    assert shipped["shapes"] == {**table, **qwen_table}
+    assert shipped["configs"] == {**script.table_configs(rows, table), **script.table_configs(qwen_rows, qwen_table)}
+    assert shipped["provenance"]["script"] == "benchmarks/bf16_gemv.py"
+    assert shipped["provenance"]["argv"][:3] == ["--table-from", str(H200_RUN.relative_to(ROOT)), str(QWEN3_MOE_RUN.relative_to(ROOT))]
+
+
+def test_the_shipped_table_names_a_configuration_for_every_batch_the_gemv_takes():
+    # so no server autotunes the shapes the table gives the GEMV: every process launches the same kernels
+    from tokenspeed.runtime.kernels.bf16_gemv import DenseGemvConfig, fits, m_bucket
+
+    table = load_table(SHIPPED_H200)
+    bf16 = torch.bfloat16
+    for key, rows in table.max_rows.items():
+        n, k = (int(part.split("=")[1]) for part in key.split(",")[:2])
+        for m in range(1, rows + 1):
+            cfg = table.config_for(n, k, bf16, m_bucket(m))
+            assert cfg is not None, (key, m)
+            assert fits(DenseGemvConfig.from_table(cfg), m_bucket(m)), (key, m)
+    # the 8B down projection at one row: the configuration the H200 run's autotuner chose (gpu_bf16_gemv.json)
+    assert dict(table.config_for(4096, 14336, bf16, 1)) == {
+        "BLOCK_N": 4, "BLOCK_K": 512, "SPLIT_K": 1, "PREFETCH": 1, "num_warps": 4, "num_stages": 1,
+    }  # fmt: skip
+
+
+def test_the_layer_launches_the_shipped_configuration(tmp_path):
+    from tokenspeed.runtime.kernels.bf16_gemv import DenseGemvConfig
+    from tokenspeed.runtime.layers.dense_gemv import TritonGemv
+
+    shipped = load_table(SHIPPED_H200)
+    gemv = TritonGemv(shipped)
+    w = torch.empty(2048, 4096, dtype=torch.bfloat16)  # Qwen3-30B-A3B's o_proj
+    for m in (1, 2, 3, 4):
+        x = torch.empty(m, 4096, dtype=torch.bfloat16)
+        bucket = 1 if m == 1 else 2 if m == 2 else 4
+        assert gemv._config(x, w) == DenseGemvConfig.from_table(shipped.config_for(2048, 4096, torch.bfloat16, bucket))
+    # a shape the table gives no configuration: the autotuner picks (None)
+    assert gemv._config(torch.empty(1, 64, dtype=torch.bfloat16), torch.empty(32, 64, dtype=torch.bfloat16)) is None
+    # a configuration whose accumulators cannot fit the bucket is not launched: autotuned instead
+    big = {"BLOCK_N": 16, "BLOCK_K": 1024, "SPLIT_K": 1, "PREFETCH": 1, "num_warps": 4, "num_stages": 1}
+    path = tmp_path / "NVIDIA_H200.json"
+    key = shape_key(32, 64, "bfloat16")
+    path.write_text(json.dumps({"format": FORMAT, "shapes": {key: 4}, "configs": {key: {"4": big}}}))
+    assert TritonGemv(load_table(path))._config(torch.empty(4, 64, dtype=torch.bfloat16), torch.empty(32, 64, dtype=torch.bfloat16)) is None
 
 
 def test_the_qwen3_moe_run_gives_the_gemv_its_small_products():
@@ -96,6 +139,21 @@ def test_written_table_is_read_back_and_decides_per_shape_and_batch(tmp_path):
         (json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": -1}}), "rows >= 0"),
         (json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": True}}), "rows >= 0"),
         (json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": "2"}}), "rows >= 0"),
+        (json.dumps({"format": FORMAT, "shapes": {}, "configs": []}), "'configs' must be an object"),
+        (json.dumps({"format": FORMAT, "shapes": {}, "configs": {"N=1,K=2,dtype=bfloat16": {}}}), "not in 'shapes'"),
+        (
+            json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": 1}, "configs": {"N=1,K=2,dtype=bfloat16": {"3": {}}}}),
+            r"must map batch buckets \['1', '2', '4'\]",
+        ),
+        (
+            json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": 1}, "configs": {"N=1,K=2,dtype=bfloat16": {"1": {"BLOCK_N": 4}}}}),
+            "must be an object with exactly",
+        ),
+        (
+            json.dumps({"format": FORMAT, "shapes": {"N=1,K=2,dtype=bfloat16": 1}, "configs": {"N=1,K=2,dtype=bfloat16": {"1": {
+                "BLOCK_N": 4, "BLOCK_K": 512, "SPLIT_K": 0, "PREFETCH": 1, "num_warps": 4, "num_stages": 1}}}}),
+            r"\['SPLIT_K'\] must be an integer >= 1",
+        ),
     ],
 )
 def test_a_malformed_table_names_the_file_and_the_problem(tmp_path, content, message):

@@ -16,7 +16,9 @@ weight row once, row-major [N, K], in 16-byte vector loads, with these choices f
 Configs whose accumulators would not fit the registers next to the loads in flight are pruned per batch
 bucket (1, 2, 4 rows: a batch of 3 runs the 4-row kernel with its last row masked).
 
-`triton.autotune` picks a config at a shape's first call, keyed on (N, K, batch bucket, output dtype).
+`triton.autotune` picks a config at a shape's first call, keyed on (N, K, batch bucket, output dtype),
+unless the caller passes one: `layers/dense_gemv.py` passes the configuration the GPU's tuned table ships
+for the shape and bucket (the same one in every process, so the same bits at every start).
 The CUDA-graph runner makes an eager warm-up forward for every captured batch size before it captures,
 so tuning (which synchronizes) never happens inside a capture; a captured call is zero (split-K only),
 product, cast (split-K only), with its buffers from the graph's pool.
@@ -27,6 +29,7 @@ NOT YET RUN ON A GPU when written: tests/gpu/test_bf16_gemv_gpu.py and benchmark
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +65,20 @@ class DenseGemvConfig:
     def per_thread(self) -> int:
         """Weight elements of a tile each thread holds (and accumulators per batch row)."""
         return self.block_n * self.block_k // (32 * self.num_warps)
+
+    def to_table(self) -> dict[str, int]:
+        """The configuration as a tuned table names it (`gemv_table.CONFIG_FIELDS`)."""
+        return dict(
+            BLOCK_N=self.block_n, BLOCK_K=self.block_k, SPLIT_K=self.split_k, PREFETCH=self.prefetch,
+            num_warps=self.num_warps, num_stages=self.num_stages,
+        )  # fmt: skip
+
+    @classmethod
+    def from_table(cls, cfg: Mapping[str, int]) -> DenseGemvConfig:
+        return cls(
+            block_n=cfg["BLOCK_N"], block_k=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"], split_k=cfg["SPLIT_K"], prefetch=cfg["PREFETCH"],
+        )  # fmt: skip
 
     def triton_config(self) -> triton.Config:
         kwargs = dict(
@@ -227,7 +244,8 @@ def dense_gemv(
     config: DenseGemvConfig | None = None,
 ) -> torch.Tensor:
     """x [M, K] times w [N, K] (+ bias [N]) -> [M, N] in `out_dtype` (default x's; float32 for logits
-    saves the cast). `config` forces one launch configuration (tests); by default the autotuner picks."""
+    saves the cast). `config` forces one launch configuration (a tuned table's, or a test's); by default the
+    autotuner picks."""
     m, k = x.shape
     n = w.shape[0]
     if x.stride(1) != 1:

@@ -8,8 +8,16 @@ features, the weight's dtype) to the most rows for which the GEMV runs (0: never
 not name, or a device without a table, keeps cuBLAS. `benchmarks/bf16_gemv.py --table-out` writes it from
 a run (the GEMV where it won by the margin); `--dense-gemv-backend auto` reads it.
 
+`configs` names, per shape and batch bucket (1, 2 or 4 rows), the launch configuration that won in that
+run, and the GEMV then launches it as it is instead of autotuning at the shape's first call. Autotuning
+picks by timing, so two processes could pick configurations that sum K in different orders: the same
+prompt's greedy output could then change from one server start to the next. With the configuration
+shipped, every start on that GPU computes the same bits. A shape or bucket without one is autotuned.
+
     {"format": "tokenspeed-dense-gemv/1", "device": "NVIDIA H200", "provenance": {...},
-     "shapes": {"N=6144,K=4096,dtype=bfloat16": 1, "N=28672,K=4096,dtype=bfloat16": 0}}
+     "shapes": {"N=6144,K=4096,dtype=bfloat16": 1, "N=28672,K=4096,dtype=bfloat16": 0},
+     "configs": {"N=6144,K=4096,dtype=bfloat16": {"1": {"BLOCK_N": 8, "BLOCK_K": 512, "SPLIT_K": 1,
+                 "PREFETCH": 1, "num_warps": 4, "num_stages": 1}}}}
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ import torch
 FORMAT = "tokenspeed-dense-gemv/1"
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 _KEY = re.compile(r"N=(\d+),K=(\d+),dtype=(\w+)")
+# a launch configuration's fields (bf16_gemv.DenseGemvConfig.to_table) and their least values
+CONFIG_FIELDS = {"BLOCK_N": 1, "BLOCK_K": 1, "SPLIT_K": 1, "PREFETCH": 0, "num_warps": 1, "num_stages": 1}
+BUCKETS = ("1", "2", "4")
 
 
 def shape_key(n: int, k: int, dtype: torch.dtype | str) -> str:
@@ -40,10 +51,15 @@ def device_file(device_name: str, directory: Path = TUNED_DIR) -> Path:
 
 @dataclass(frozen=True)
 class DenseGemvTable:
-    """shape key -> the most rows the GEMV takes (0: never)."""
+    """shape key -> the most rows the GEMV takes (0: never); shape key -> bucket -> launch configuration."""
 
     max_rows: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     source: str = ""
+    configs: Mapping[str, Mapping[int, Mapping[str, int]]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def config_for(self, n: int, k: int, dtype: torch.dtype, bucket: int) -> Mapping[str, int] | None:
+        """The shipped launch configuration of an [n, k] weight at a batch bucket, or None (autotune)."""
+        return self.configs.get(shape_key(n, k, dtype), {}).get(bucket)
 
     def rows_for(self, n: int, k: int, dtype: torch.dtype) -> int:
         """The most rows the GEMV takes for an [n, k] weight of `dtype` (0: never)."""
@@ -73,7 +89,28 @@ def parse_table(data: object, path: Path) -> DenseGemvTable:
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
             raise ValueError(f"{path}: shapes[{key!r}] must be a number of rows >= 0 (0: never), got {rows!r}")
         out[key] = rows
-    return DenseGemvTable(MappingProxyType(out), source=str(path))
+    configs = data.get("configs", {})
+    if not isinstance(configs, dict):
+        raise ValueError(f"{path}: 'configs' must be an object: shape key -> batch bucket -> configuration")
+    parsed: dict[str, Mapping[int, Mapping[str, int]]] = {}
+    for key, per_bucket in configs.items():
+        where = f"{path}: configs[{key!r}]"
+        if key not in out:
+            raise ValueError(f"{where}: the shape is not in 'shapes'; name it there with its rows")
+        if not isinstance(per_bucket, dict) or not set(per_bucket) <= set(BUCKETS):
+            raise ValueError(f"{where} must map batch buckets {list(BUCKETS)} to configurations")
+        parsed[key] = MappingProxyType({int(b): _parse_config(cfg, f"{where}[{b!r}]") for b, cfg in per_bucket.items()})
+    return DenseGemvTable(MappingProxyType(out), source=str(path), configs=MappingProxyType(parsed))
+
+
+def _parse_config(cfg: object, where: str) -> Mapping[str, int]:
+    if not isinstance(cfg, dict) or set(cfg) != set(CONFIG_FIELDS):
+        raise ValueError(f"{where} must be an object with exactly {sorted(CONFIG_FIELDS)}, got {cfg!r}")
+    for name, least in CONFIG_FIELDS.items():
+        value = cfg[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{where}[{name!r}] must be an integer >= {least}, got {value!r}")
+    return MappingProxyType(dict(cfg))
 
 
 def load_table(path: str | Path) -> DenseGemvTable:
@@ -91,6 +128,16 @@ def table_for_device(device_name: str, directory: Path = TUNED_DIR) -> DenseGemv
     return load_table(path) if path.is_file() else DenseGemvTable()
 
 
-def to_json(device_name: str, max_rows: Mapping[str, int], provenance: dict) -> dict:
+def to_json(
+    device_name: str,
+    max_rows: Mapping[str, int],
+    provenance: dict,
+    configs: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
+) -> dict:
     """The file `load_table` reads (what `benchmarks/bf16_gemv.py --table-out` writes)."""
-    return dict(format=FORMAT, device=device_name, provenance=provenance, shapes=dict(sorted(max_rows.items())))
+    out = dict(format=FORMAT, device=device_name, provenance=provenance, shapes=dict(sorted(max_rows.items())))
+    if configs:
+        out["configs"] = {
+            key: {b: dict(cfg) for b, cfg in sorted(per_bucket.items())} for key, per_bucket in sorted(configs.items())
+        }
+    return out

@@ -9,7 +9,9 @@
   to four rows and lost on others), cuBLAS for the rest; `torch` where no table ships for the GPU (only the
   H200's does) and on the CPU.
 
-The choice is made once, after the weights are loaded: each linear layer whose multiply is the plain
+Where the table also ships the launch configuration that won for a shape and batch bucket, the GEMV runs
+it rather than autotuning, so every process computes the same bits (greedy output does not change from
+one start to the next). The choice is made once, after the weights are loaded: each linear layer whose multiply is the plain
 `linear.UNQUANTIZED` (so not an FP8 layer, which has its own GEMV) and the LM head are handed the chosen
 object as their `quant`; nothing is patched into classes or modules. Under CUDA graphs a call is device
 work only (the autotuner runs in the runner's eager warm-up before each capture).
@@ -45,6 +47,26 @@ class TritonGemv(Unquantized):
         self.table = table
         # the table's verdict per weight shape, looked up once rather than on every decode call
         self._rows_for: dict[tuple[int, int, torch.dtype], int] = {}
+        # the table's launch configuration per (shape, batch bucket); None: the autotuner picks
+        self._config_for: dict[tuple[int, int, torch.dtype, int], object] = {}
+
+    def _config(self, x2: torch.Tensor, w: torch.Tensor):
+        """The shipped launch configuration for this weight and batch, if the table names one that fits."""
+        if self.table is None:
+            return None
+        bucket = self._gemv.m_bucket(x2.shape[0])
+        key = (w.shape[0], w.shape[1], w.dtype, bucket)
+        if key not in self._config_for:
+            cfg = self.table.config_for(w.shape[0], w.shape[1], w.dtype, bucket)
+            cfg = None if cfg is None else self._gemv.DenseGemvConfig.from_table(cfg)
+            if cfg is not None and not self._gemv.fits(cfg, bucket):
+                logger.warning(
+                    "%s: the configuration for %s at %d rows does not fit; autotuning it instead",
+                    self.table.source, key[:3], bucket,
+                )  # fmt: skip
+                cfg = None
+            self._config_for[key] = cfg
+        return self._config_for[key]
 
     def _takes(self, x2: torch.Tensor, w: torch.Tensor) -> bool:
         if not (x2.is_cuda and self._gemv.supported(x2, w)):
@@ -60,13 +82,13 @@ class TritonGemv(Unquantized):
         x2 = x.reshape(-1, x.shape[-1])
         if not self._takes(x2, layer.weight):
             return F.linear(x, layer.weight, bias)
-        y = self._gemv.dense_gemv(x2, layer.weight, bias)
+        y = self._gemv.dense_gemv(x2, layer.weight, bias, config=self._config(x2, layer.weight))
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def logits(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or not self._takes(x, layer.weight):
             return super().logits(layer, x)
-        return self._gemv.dense_gemv(x, layer.weight, None, torch.float32)
+        return self._gemv.dense_gemv(x, layer.weight, None, torch.float32, config=self._config(x, layer.weight))
 
 
 def _make_triton(device: torch.device) -> Unquantized:
