@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.speculative import spec_counts  # noqa: E402
+from benchmarks.speculative import timed_run  # noqa: E402
 from tokenspeed.bench_results import write_results  # noqa: E402
 
 
@@ -41,20 +40,13 @@ def repetitive_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[l
 
 
 def timed(engine, prompts: list[list[int]], params: dict, one_at_a_time: bool) -> dict:
-    drafts0, accepted0 = spec_counts(engine)
-    start = time.perf_counter()
-    if one_at_a_time:
-        outs = [engine.generate(input_ids=[p], sampling_params=params)[0] for p in prompts]
-    else:
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
-    seconds = time.perf_counter() - start
-    drafts, accepted = (a - b for a, b in zip(spec_counts(engine), (drafts0, accepted0), strict=True))
-    tokens = sum(len(o["output_ids"]) for o in outs)
+    seconds, outputs, drafts, accepted = timed_run(engine, prompts, params, one_at_a_time, field="input_ids")
+    tokens = sum(len(o) for o in outputs)
     return dict(
         seconds=round(seconds, 3), output_tokens=tokens, tokens_per_s=round(tokens / seconds, 1),
         verify_forwards_with_drafts=drafts, accepted_draft_tokens=accepted,
         mean_acceptance_length=round(1 + accepted / drafts, 3) if drafts else None,
-        outputs=[o["output_ids"] for o in outs],
+        outputs=outputs,
     )  # fmt: skip
 
 

@@ -79,14 +79,15 @@ def spec_counts(engine: Engine) -> tuple[int, int]:
     return stats.spec_num_drafts, stats.spec_num_accepted_tokens
 
 
-def timed_run(engine: Engine, texts: list[str], params: dict, one_at_a_time: bool):
-    """(seconds, outputs, verify forwards with drafts, accepted drafts) of one pass over the prompts."""
+def timed_run(engine: Engine, prompts: list, params: dict, one_at_a_time: bool, field: str = "prompt"):
+    """(seconds, outputs, verify forwards with drafts, accepted drafts) of one pass over the prompts (texts,
+    or token id lists with `field="input_ids"`)."""
     drafts0, accepted0 = spec_counts(engine)
     start = time.perf_counter()
     if one_at_a_time:
-        outs = [engine.generate(prompt=[t], sampling_params=params)[0] for t in texts]
+        outs = [engine.generate(**{field: [p]}, sampling_params=params)[0] for p in prompts]
     else:
-        outs = engine.generate(prompt=texts, sampling_params=params)
+        outs = engine.generate(**{field: prompts}, sampling_params=params)
     seconds = time.perf_counter() - start
     drafts1, accepted1 = spec_counts(engine)
     return seconds, [o["output_ids"] for o in outs], drafts1 - drafts0, accepted1 - accepted0
