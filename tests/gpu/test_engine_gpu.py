@@ -115,3 +115,26 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
         same += n
         total += max(len(x), len(y))
     return same / max(1, total)
+
+
+def test_two_starts_give_the_same_greedy_tokens_on_tuned_shapes():
+    """Llama-3.1-8B's shapes cut to two layers (dummy bf16 weights): its o, down and LM head take the dense GEMV
+    at one row with the configuration the H200's tuned table ships, so two Engines started one after the
+    other compute the same bits and decode the same greedy tokens, one request at a time. (With the
+    configuration autotuned in each process, two starts could pick different ones, which sum K in another
+    order; random bf16 weights have near-ties that such a change flips.)"""
+    from benchmarks import gpu_common as gc
+    from tokenspeed.runtime.kernels.gemv_table import table_for_device
+
+    table = table_for_device(torch.cuda.get_device_name(0))
+    if table.config_for(4096, 14336, torch.bfloat16, 1) is None:
+        pytest.skip(f"no tuned dense GEMV configuration ships for {torch.cuda.get_device_name(0)}")
+    model_dir = gc.write_config({**gc.LLAMA_8B, "num_hidden_layers": 2}, "llama8b-2layers")
+    prompts = [[(7 * i + 3 * j) % 1000 + 5 for j in range(40 + 9 * i)] for i in range(4)]
+    params = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
+    runs = []
+    for _ in range(2):
+        with Engine(model=model_dir, load_format="dummy", dtype="bfloat16", device="cuda", skip_tokenizer_init=True,
+                    max_model_len=1024, max_total_tokens=8192, cudagraph_capture_sizes=[1, 2, 4]) as engine:  # fmt: skip
+            runs.append([engine.generate(input_ids=[p], sampling_params=params)[0]["output_ids"] for p in prompts])
+    assert runs[0] == runs[1]

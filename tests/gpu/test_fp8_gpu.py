@@ -137,8 +137,11 @@ def test_engine_greedy_with_fp8_kv_and_weights_runs_in_cuda_graphs():
     first = [ids[0] for ids in outs["auto", "triton"]]
     for key, got in outs.items():
         assert all(len(ids) == 32 for ids in got), key
-        # the first token comes from the prefill alone: FP8 rounding may flip at most a near-tie
-        assert sum(ids[0] == f for ids, f in zip(got, first, strict=True)) >= 3, key
+    # the first token comes from the prefill alone: FP8 rounding may flip at most a near-tie. Every
+    # combination's agreement is reported (a failure names them all, not the first alone).
+    agree = {key: sum(ids[0] == f for ids, f in zip(got, first, strict=True)) for key, got in outs.items()}
+    print(f"first tokens equal to (auto, triton)'s, of {len(first)}: {agree}")
+    assert all(n >= 3 for n in agree.values()), agree
 
 
 @pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])
