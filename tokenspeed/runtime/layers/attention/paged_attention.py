@@ -48,30 +48,32 @@ class PagedAttention(nn.Module):
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         backend = fb.attn_backend
-        kv_stored = False
-        if cos_sin is not None:
-            # An FP8 pool is written by its own quantizing store (`KVPool.set_kv`), not the fused kernel.
-            fused = getattr(backend, "supports_fused_rope_store", False) and not fb.kv_pool.quantized
-            if q.is_cuda and fused:
-                from tokenspeed.runtime.kernels.rope_store import qk_norm_fusable, rope_store_kv
-
-                norms = None
-                if qk_norm is not None:
-                    q_norm, k_norm = qk_norm
-                    if qk_norm_fusable(q, q_norm.weight, k_norm.weight) and q_norm.eps == k_norm.eps:
-                        norms = (q_norm.weight, k_norm.weight, q_norm.eps)
-                    else:
-                        q, k = q_norm(q), k_norm(k)
-                k_buf, v_buf = fb.kv_pool.get_kv(self.layer_id)
-                q, k = rope_store_kv(cos_sin, q, k, v, k_buf, v_buf, fb.out_cache_loc, norms)
-                kv_stored = True
+        # One kernel rotates q and k and writes the new K/V (an FP8 pool is written by its own quantizing
+        # store, `KVPool.set_kv`, instead); it also applies the q/k norms when their weights suit it.
+        fused = (
+            cos_sin is not None
+            and q.is_cuda
+            and getattr(backend, "supports_fused_rope_store", False)
+            and not fb.kv_pool.quantized
+        )
+        if fused:
+            from tokenspeed.runtime.kernels.rope_store import (  # Triton: CUDA only
+                qk_norm_fusable,
+                rope_store_kv,
+            )
+        norms = None
+        if qk_norm is not None:
+            q_norm, k_norm = qk_norm
+            if fused and q_norm.eps == k_norm.eps and qk_norm_fusable(q, q_norm.weight, k_norm.weight):
+                norms = (q_norm.weight, k_norm.weight, q_norm.eps)
             else:
-                if qk_norm is not None:
-                    q, k = qk_norm[0](q), qk_norm[1](k)
-                q, k = apply_rotary(cos_sin, q, k)
-        elif qk_norm is not None:
-            q, k = qk_norm[0](q), qk_norm[1](k)
-        out = backend.forward(q, k, v, self.layer_id, fb, self.scaling, kv_stored=kv_stored)
+                q, k = q_norm(q), k_norm(k)
+        if fused:
+            k_buf, v_buf = fb.kv_pool.get_kv(self.layer_id)
+            q, k = rope_store_kv(cos_sin, q, k, v, k_buf, v_buf, fb.out_cache_loc, norms)
+        elif cos_sin is not None:
+            q, k = apply_rotary(cos_sin, q, k)
+        out = backend.forward(q, k, v, self.layer_id, fb, self.scaling, kv_stored=fused)
         return out.reshape(t, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:
