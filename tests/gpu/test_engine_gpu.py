@@ -136,5 +136,12 @@ def test_two_starts_give_the_same_greedy_tokens_on_tuned_shapes():
     for _ in range(2):
         with Engine(model=model_dir, load_format="dummy", dtype="bfloat16", device="cuda", skip_tokenizer_init=True,
                     max_model_len=1024, max_total_tokens=8192, cudagraph_capture_sizes=[1, 2, 4]) as engine:  # fmt: skip
-            runs.append([engine.generate(input_ids=[p], sampling_params=params)[0]["output_ids"] for p in prompts])
+            runs.append(
+                [engine.generate(input_ids=[p], sampling_params=params)[0]["output_ids"] for p in prompts]
+            )
+    for i, (a, b) in enumerate(zip(*runs, strict=True)):
+        at = next((j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+        print(
+            f"request {i}: {'the same' if at is None else f'first differs at token {at}: {a[at : at + 4]} vs {b[at : at + 4]}'}"
+        )
     assert runs[0] == runs[1]

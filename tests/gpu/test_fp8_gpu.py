@@ -119,29 +119,40 @@ def test_fp8_weights_agree_with_bf16():
         assert agree >= top1 and mean_cos >= 0.999, (name, agree, floor, mean_cos)
 
 
+# How far below the reference's best a backend's first token may sit (natural-log units). demo-moe's logits
+# are bf16, about 8-16 in size, so one bf16 step is 0.0625: on the H200 (2026-12-04) two starts of one
+# combination always gave the same tokens, and every first token that differed between combinations was
+# the reference's second choice one bf16 step (0.0625) below its first; unquantized bf16 itself has exact
+# ties (prompt 4: 423 and 300 at -2.1053). Two steps leave room for FP8 KV's rounding of the prompt's K/V.
+NEAR_TIE = 0.126
+
+
 def test_engine_greedy_with_fp8_kv_and_weights_runs_in_cuda_graphs():
     prompts = ["To open a file,", "When an exception is raised", "A dictionary maps", "The list type"]
-    params = {"max_new_tokens": 32, "temperature": 0.0}
+    params = {"max_new_tokens": 32, "temperature": 0.0, "logprobs": True, "top_logprobs": 5}
     kwargs = dict(device="cuda", dtype="bfloat16", max_total_tokens=4096, cudagraph_capture_sizes=[1, 2, 4])
     outs = {}
-    for kv in ("auto", "fp8_e4m3"):
-        for attention in ("triton", "flashinfer"):
-            with Engine(model="demo-moe", kv_cache_dtype=kv, quantization="fp8", attention_backend=attention,
-                        **kwargs) as e:  # fmt: skip
-                runner = e.core.runner
-                assert runner.graph_runner is not None and runner.graph_runner.graphs
-                assert runner.kv_pool.quantized == (kv != "auto")
-                outs[kv, attention] = [
-                    o["output_ids"] for o in e.generate(prompt=prompts, sampling_params=params)
-                ]
-    first = [ids[0] for ids in outs["auto", "triton"]]
+    for kv, attention in [("auto", "triton"), ("auto", "triton"), ("auto", "flashinfer"),
+                          ("fp8_e4m3", "triton"), ("fp8_e4m3", "flashinfer")]:  # fmt: skip
+        with Engine(model="demo-moe", kv_cache_dtype=kv, quantization="fp8", attention_backend=attention,
+                    **kwargs) as e:  # fmt: skip
+            runner = e.core.runner
+            assert runner.graph_runner is not None and runner.graph_runner.graphs
+            assert runner.kv_pool.quantized == (kv != "auto")
+            got = e.generate(prompt=prompts, sampling_params=params)
+        assert all(len(o["output_ids"]) == 32 for o in got), (kv, attention)
+        if (kv, attention) in outs:  # a second start of the same combination computes the same bits
+            assert [o["output_ids"] for o in got] == [o["output_ids"] for o in outs[kv, attention]]
+        outs[kv, attention] = got
+    # The first token comes from the prefill alone. Backends round differently, so where the reference's
+    # two best tokens are within NEAR_TIE another backend may take the second; anything further is a bug.
+    reference = outs["auto", "triton"]
     for key, got in outs.items():
-        assert all(len(ids) == 32 for ids in got), key
-    # the first token comes from the prefill alone: FP8 rounding may flip at most a near-tie. Every
-    # combination's agreement is reported (a failure names them all, not the first alone).
-    agree = {key: sum(ids[0] == f for ids, f in zip(got, first, strict=True)) for key, got in outs.items()}
-    print(f"first tokens equal to (auto, triton)'s, of {len(first)}: {agree}")
-    assert all(n >= 3 for n in agree.values()), agree
+        for ref, o in zip(reference, got, strict=True):
+            alts = {t: lp for lp, t, _ in ref["meta_info"]["output_top_logprobs"][0]}
+            first, best = o["output_ids"][0], max(alts.values())
+            print(f"{key}: first token {first}, reference {ref['output_ids'][0]}, reference top-5 {alts}")
+            assert first in alts and best - alts[first] <= NEAR_TIE, (key, first, alts)
 
 
 @pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])
