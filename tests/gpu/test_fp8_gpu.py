@@ -119,12 +119,16 @@ def test_fp8_weights_agree_with_bf16():
         assert agree >= top1 and mean_cos >= 0.999, (name, agree, floor, mean_cos)
 
 
-# How far below the reference's best a backend's first token may sit (natural-log units). demo-moe's logits
-# are bf16, about 8-16 in size, so one bf16 step is 0.0625: on the H200 (2026-12-04) two starts of one
-# combination always gave the same tokens, and every first token that differed between combinations was
-# the reference's second choice one bf16 step (0.0625) below its first; unquantized bf16 itself has exact
-# ties (prompt 4: 423 and 300 at -2.1053). Two steps leave room for FP8 KV's rounding of the prompt's K/V.
+# How far below the reference's best first token a combination's may sit (natural-log units).
+# - Attention backends on the same KV dtype: demo-moe's logits are bf16, about 8-16 in size, so one bf16 step
+#   is 0.0625. On the H200 (2026-12-04) two starts of one combination always gave the same tokens, and each
+#   first token that differed between the backends was the reference's second choice one step (0.0625) below
+#   its first; unquantized bf16 itself has exact ties (prompt 4: tokens 423 and 300 at -2.1053). Two steps.
+# - FP8 KV against bf16 KV: the prefill's attention reads the prompt's K/V back from the FP8 cache, whose e4m3
+#   values keep 3 mantissa bits (up to 6% off each). The H200 measured a first token 0.375 below the bf16
+#   reference's best (prompt 1, third choice). 0.5 still fails a broken kernel, whose token would be noise.
 NEAR_TIE = 0.126
+FP8_KV_SHIFT = 0.5
 
 
 def test_engine_greedy_with_fp8_kv_and_weights_runs_in_cuda_graphs():
@@ -144,15 +148,23 @@ def test_engine_greedy_with_fp8_kv_and_weights_runs_in_cuda_graphs():
         if (kv, attention) in outs:  # a second start of the same combination computes the same bits
             assert [o["output_ids"] for o in got] == [o["output_ids"] for o in outs[kv, attention]]
         outs[kv, attention] = got
-    # The first token comes from the prefill alone. Backends round differently, so where the reference's
-    # two best tokens are within NEAR_TIE another backend may take the second; anything further is a bug.
-    reference = outs["auto", "triton"]
-    for key, got in outs.items():
-        for ref, o in zip(reference, got, strict=True):
+    # The first token comes from the prefill alone. Each combination is held to the same KV dtype's Triton
+    # run within NEAR_TIE (backends round differently), and FP8 KV's Triton run to bf16 KV's within
+    # FP8_KV_SHIFT; anything further is a bug. Every gap is printed, the failures listed together.
+    checks = [(key, ("auto" if key == ("fp8_e4m3", "triton") else key[0], "triton")) for key in outs]
+    failures = []
+    for key, ref_key in checks:
+        bound = FP8_KV_SHIFT if ref_key[0] != key[0] else NEAR_TIE
+        for i, (ref, o) in enumerate(zip(outs[ref_key], outs[key], strict=True)):
             alts = {t: lp for lp, t, _ in ref["meta_info"]["output_top_logprobs"][0]}
-            first, best = o["output_ids"][0], max(alts.values())
-            print(f"{key}: first token {first}, reference {ref['output_ids'][0]}, reference top-5 {alts}")
-            assert first in alts and best - alts[first] <= NEAR_TIE, (key, first, alts)
+            first = o["output_ids"][0]
+            gap = max(alts.values()) - alts[first] if first in alts else float("inf")
+            print(
+                f"{key} vs {ref_key}, prompt {i + 1}: first token {first}, {gap:.4f} below the best; top-5 {alts}"
+            )
+            if gap > bound:
+                failures.append((key, ref_key, i + 1, first, gap))
+    assert not failures, failures
 
 
 @pytest.mark.parametrize("block", [None, (128, 128)], ids=["channel", "block128"])

@@ -37,6 +37,7 @@ from tokenspeed.runtime.layers.attention import create_attention_backend
 from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
 from tokenspeed.runtime.layers.dense_gemv import apply_dense_gemv_backend
 from tokenspeed.runtime.layers.sampling import create_sampler
+from tokenspeed.runtime.models.loader import DUMMY_WEIGHTS_SEED
 from tokenspeed.runtime.models.model_config import ModelConfig
 from tokenspeed.runtime.models.quant_tensors import pool_kv_scales
 from tokenspeed.runtime.moe.backend import apply_moe_backend
@@ -73,7 +74,8 @@ class ModelRunner:
         # seconds of each start-up phase, for the ready message (engine/event_loop.py)
         self.startup = startup if startup is not None else StartupPhases()
         with self.startup.phase("model and weights"):
-            loaded = self.peers.load_model(model_config, config.load_format, device, config.seed)
+            # dummy weights do not follow --seed (drawn at random when unset): two starts run one model
+            loaded = self.peers.load_model(model_config, config.load_format, device, DUMMY_WEIGHTS_SEED)
         self.model = loaded.model
         with self.startup.phase("MoE and GEMV backends"):
             self.experts.attach(self.model, model_config, loaded.expert_state, device)

@@ -2,7 +2,9 @@
 
 Formats (`--load-format`): `safetensors` (single file or sharded with an index), `pt` (`*.bin` / `*.pt`,
 sharded with an index), `auto` (safetensors when present, else pt), and `dummy` (random weights,
-deterministic for a seed on a given device type, for benchmarks that need only the shapes).
+deterministic for a seed on a given device type, for benchmarks that need only the shapes). A server draws
+its dummy weights from `DUMMY_WEIGHTS_SEED`, not from `--seed` (which is drawn at random when unset): every
+start of a benchmark then runs the same model, as vLLM's dummy weights are fixed.
 """
 
 from __future__ import annotations
@@ -108,6 +110,10 @@ def tensor_names(files: list[Path], fmt: str) -> list[str]:
         else:
             names.extend(torch.load(str(path), map_location="cpu", weights_only=True, mmap=True).keys())
     return names
+
+
+# The seed of a server's `--load-format dummy` weights: the same weights at every start, whatever `--seed` is.
+DUMMY_WEIGHTS_SEED = 0
 
 
 def _init_dummy(model: nn.Module, seed: int, std: float) -> None:

@@ -115,7 +115,7 @@ class TritonAttentionBackend(AttentionBackend):
         pool = fb.kv_pool
         k_buf, v_buf = pool.get_kv(layer_id)
         if pool.quantized:
-            # FP8 cache (not yet run on a GPU): the kernels read FP8 in q's dtype, the per-tensor K scale
+            # FP8 cache: the kernels read FP8 in q's dtype, the per-tensor K scale
             # folds into the softmax scale and the V scale into the output.
             scale = scale * pool.k_scales[layer_id]
         if q.stride(-1) != 1 or q.stride(1) != q.shape[2]:
