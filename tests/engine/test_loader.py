@@ -198,3 +198,20 @@ def test_qwen3_moe_stacked_expert_checkpoint(tmp_path):
         out[f"{pre}.down_proj"] = torch.stack([state[f"{pre}.{e}.down_proj.weight"] for e in range(8)])
     save_file(out, str(stacked / "model.safetensors"))
     torch.testing.assert_close(_logits(str(stacked)), _logits(path), atol=0, rtol=0)
+
+
+def test_a_servers_dummy_weights_do_not_follow_its_seed(llama, tmp_path):
+    """`--seed` is drawn at random when unset; dummy weights that followed it made every start of a benchmark
+    a different model (two starts on the H200 decoded different tokens from the first)."""
+    from tokenspeed import Engine
+
+    folder = _copy_config(llama, tmp_path / "dummy-engine")
+    runs = []
+    for seed in (1, 2):
+        with Engine(model=str(folder), load_format="dummy", device="cpu", dtype="float32", seed=seed,
+                    skip_tokenizer_init=True, block_size=4, max_total_tokens=256) as engine:  # fmt: skip
+            out = engine.generate(
+                input_ids=[PROMPT], sampling_params={"max_new_tokens": 6, "temperature": 0.0}
+            )
+            runs.append(out[0]["output_ids"])
+    assert runs[0] == runs[1] and len(runs[0]) == 6
