@@ -15,6 +15,8 @@ KV layout: `k_buf`/`v_buf` are `[num_slots, kv_heads, head_dim]`; a request's to
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import triton
 import triton.language as tl
 
@@ -23,6 +25,19 @@ from tokenspeed.runtime.kernels.online_softmax import attend_keys, cache_strides
 # Below this many tokens per split, a split's fixed cost (loading q, writing a partial row) outweighs
 # the parallelism it adds.
 MAX_SPLITS = 32
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """Stage 1's tile and pipeline: keys per loop step, warps, software-pipelining stages."""
+
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def default_launch(head_dim: int, fp32: bool) -> DecodeLaunch:
+    return DecodeLaunch(block_n=32 if fp32 or head_dim > 128 else 64)
 
 
 def decode_num_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
@@ -123,22 +138,25 @@ def decode_attention(
     sm_scale: float,
     num_splits: int,
     reduce_in_fp32: bool = False,
+    launch: DecodeLaunch | None = None,
 ) -> None:
     """q/out: [B, H, D]; k_buf/v_buf: [slots, KVH, D]; mid_o: [>=B, H, num_splits, D] fp32; mid_lse:
-    [>=B, H, num_splits] fp32. Writes `out` in place (no allocation, so it can run inside a CUDA graph)."""
+    [>=B, H, num_splits] fp32. Writes `out` in place (no allocation, so it can run inside a CUDA graph).
+    `launch` overrides stage 1's tile and pipeline (benchmarks/decode_attention.py sweeps them)."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_h = max(16, triton.next_power_of_2(group))
     ieee = q.dtype.itemsize == 4
-    block_n = 32 if ieee or block_d > 128 else 64
+    launch = launch or default_launch(head_dim, ieee)
     _decode_stage1_kernel[(bs, num_kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), *cache_strides(k_buf, v_buf, req_to_token),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        KV_GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_N=block_n,
-        BLOCK_D=block_d, IEEE=ieee, FP32_PV=reduce_in_fp32, num_warps=4, num_stages=2,
+        KV_GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_N=launch.block_n,
+        BLOCK_D=block_d, IEEE=ieee, FP32_PV=reduce_in_fp32, num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )  # fmt: skip
     _decode_stage2_kernel[(bs, num_heads)](
         mid_o, mid_lse, out,
