@@ -65,8 +65,8 @@ def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int) -> dict:
         MAX_SPLITS,
         DecodeLaunch,
         decode_attention,
+        decode_launch,
         decode_num_splits,
-        default_launch,
     )
 
     heads, kv_heads, head_dim = SHAPES[model]
@@ -85,7 +85,7 @@ def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int) -> dict:
         k, v = kv[layer]
         decode_attention(q, k, v, dst, table, rows, lens, mid_o, mid_lse, scale, splits, launch=launch)
 
-    base = default_launch(head_dim, False)
+    base = decode_launch(head_dim, False, bs * kv_heads * default_splits, num_sms)
     call(default_splits, base, 0, reference)
     limit_s = layer_bytes / bw
     timed = []

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import triton
 import triton.language as tl
 
 from tokenspeed.runtime.kernels.online_softmax import attend_keys, cache_strides
 
-# Below this many tokens per split, a split's fixed cost (loading q, writing a partial row) outweighs
-# the parallelism it adds.
-MAX_SPLITS = 32
+# At most this many splits a request: on the H200 (benchmarks/results/gpu_decode_attention.json) one request
+# over 1k tokens ran fastest at 16 of the 16/32/64 tried; each split adds a partial row to write and merge.
+MAX_SPLITS = 16
 
 
 @dataclass(frozen=True)
@@ -33,18 +34,29 @@ class DecodeLaunch:
 
     block_n: int
     num_warps: int = 4
-    num_stages: int = 2
-
-
-def default_launch(head_dim: int, fp32: bool) -> DecodeLaunch:
-    return DecodeLaunch(block_n=32 if fp32 or head_dim > 128 else 64)
+    num_stages: int = 3
 
 
 def decode_num_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
-    """Splits per request so that stage 1 launches about four programs per multiprocessor."""
+    """Splits per request: the most (a power of two, <= MAX_SPLITS) that keep stage 1 at no more than about
+    four programs per multiprocessor. Rounding up instead (eight a multiprocessor at batch 64 on
+    Qwen3-30B-A3B's 4 KV heads) was 1.34x slower on the H200: four resident programs already keep the
+    memory system busy, and each split adds a partial row to write and merge."""
     programs = max(1, batch_size * num_kv_heads)
-    want = triton.cdiv(4 * num_sms, programs)
-    return int(max(1, min(MAX_SPLITS, triton.next_power_of_2(want))))
+    want = max(1, 4 * num_sms // programs)
+    return int(min(MAX_SPLITS, 1 << (want.bit_length() - 1)))
+
+
+def decode_launch(head_dim: int, fp32: bool, programs: int, num_sms: int) -> DecodeLaunch:
+    """Stage 1's configuration for a grid of `programs`. Measured on the H200 at context 1k
+    (`benchmarks/decode_attention.py`): three pipeline stages hide the gathered K/V loads' latency
+    (batch 64: 41.95 against 50.11 us a layer with two); with at least six programs a multiprocessor
+    (batch 256) each walks a long key range, where 128 keys a step beat 64 (145.0 against 150.0 us).
+    Float32 and heads wider than 128 keep the smaller tile and two stages for their registers and shared
+    memory."""
+    if fp32 or head_dim > 128:
+        return DecodeLaunch(block_n=32, num_stages=2)
+    return DecodeLaunch(block_n=128 if programs >= 6 * num_sms else 64)
 
 
 @triton.jit
@@ -149,7 +161,10 @@ def decode_attention(
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_h = max(16, triton.next_power_of_2(group))
     ieee = q.dtype.itemsize == 4
-    launch = launch or default_launch(head_dim, ieee)
+    if launch is None:
+        # (Triton's CPU interpreter has no multiprocessors to count; any number serves it)
+        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+        launch = decode_launch(head_dim, ieee, bs * num_kv_heads * num_splits, num_sms)
     _decode_stage1_kernel[(bs, num_kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), *cache_strides(k_buf, v_buf, req_to_token),
