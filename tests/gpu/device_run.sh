@@ -25,6 +25,8 @@
 #   moedense                            Qwen3-30B-A3B's dense linears: `bf16_gemv.py --model qwen3moe` -> gpu_bf16_gemv_qwen3moe.json
 #                                       and the merged table dense_gemv_table.json, then MoE decode steps with the
 #                                       table (auto; default and record) and with cuBLAS (torch) -> gpu_decode_qwen3moe*.json
+#   decodeattn                          benchmarks/decode_attention.py: the Triton decode attention's launch
+#                                       configurations on the 8B and MoE shapes -> $OUT/gpu_decode_attention.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   ngram                               benchmarks/ngram_speculative.py: the offline Engine plain vs NGRAM on repetitive
 #                                       prompts (8B shape, batch 1 and 16) -> $OUT/gpu_ngram.json, then the
@@ -214,6 +216,11 @@ part_moegemvdecode() {  # whole decode steps: the GEMV table vs the tensor-core 
     --backends triton --moe-configs default --contexts 1024 --batch-sizes 1 2 4 8 16 64 \
     --max-total-tokens 300000 --out "$OUT/gpu_decode_qwen3moe_tc.json"
   grep -E "ratio=|recording cost|moe gemv table" "$LOG" | tail -40
+}
+part_decodeattn() {  # the Triton decode attention alone: each launch configuration on the 8B and MoE shapes
+  stage bench-decode-attention
+  run ${T_DECODE_ATTN:-120} python3 benchmarks/decode_attention.py --out "$OUT/gpu_decode_attention.json"
+  grep -E "^(qwen3moe|llama8b) bs" "$LOG" | tail -10
 }
 part_moeoffline() {  # the offline Engine per MoE configuration
   stage bench-moe-offline
