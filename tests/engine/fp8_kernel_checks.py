@@ -91,7 +91,44 @@ def attention() -> dict[str, float]:
         qe.transpose(0, 1)[None], keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )[0].transpose(0, 1)
     out["extend_fp8_kv"] = _rel(got_e * v_scale, ref_e)
+    out["extend_fresh_over_fp8_prefix"] = extend_fresh(k_scale, v_scale)
     return out
+
+
+def extend_fresh(k_scale: float, v_scale: float) -> float:
+    """Two requests (prefix 35 + 5 new tokens; prefix 10 + 70 new, two query blocks) over an FP8 cache:
+    the prefix is read from the cache with its scales, the new tokens' keys from their own K/V unrounded."""
+    heads, kv_heads, dim = 4, 2, 32
+    prefixes, exts = (35, 10), (5, 70)
+    slots = 128
+    k_all, v_all = torch.randn(2, slots, kv_heads, dim), torch.randn(2, slots, kv_heads, dim)
+    k_buf = (k_all.view(-1, kv_heads, dim) / k_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    v_buf = (v_all.view(-1, kv_heads, dim) / v_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    table = torch.arange(2 * slots, dtype=torch.int32).view(2, slots).contiguous()
+    rows = torch.tensor([0, 1], dtype=torch.int32)
+    lens = torch.tensor([p + e for p, e in zip(prefixes, exts, strict=True)], dtype=torch.int32)
+    ext = torch.tensor(exts, dtype=torch.int32)
+    start = torch.tensor([0, exts[0]], dtype=torch.int32)
+    # the new tokens' own K/V, in q's rows (what the layer computed; the cache holds them rounded)
+    k_new = torch.cat([k_all[b, p : p + e] for b, (p, e) in enumerate(zip(prefixes, exts, strict=True))])
+    v_new = torch.cat([v_all[b, p : p + e] for b, (p, e) in enumerate(zip(prefixes, exts, strict=True))])
+    q = torch.randn(sum(exts), heads, dim)
+    got = torch.empty_like(q)
+    scale = dim**-0.5
+    extend_attention(q, got, k_buf, v_buf, table, rows, lens, ext, start, max(exts), scale,
+                     k_new=k_new, v_new=v_new, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+    worst = 0.0
+    for b, (p, e) in enumerate(zip(prefixes, exts, strict=True)):
+        cached = k_buf.view(2, slots, kv_heads, dim)[b, :p].float() * k_scale
+        cached_v = v_buf.view(2, slots, kv_heads, dim)[b, :p].float() * v_scale
+        keys = torch.cat([cached, k_all[b, p : p + e]]).transpose(0, 1)[None]
+        values = torch.cat([cached_v, v_all[b, p : p + e]]).transpose(0, 1)[None]
+        mask = (torch.arange(p + e)[None, :] <= torch.arange(p, p + e)[:, None])[None, None]
+        q0 = int(start[b])
+        qb = q[q0 : q0 + e].transpose(0, 1)[None]
+        ref = F.scaled_dot_product_attention(qb, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        worst = max(worst, _rel(got[q0 : q0 + e], ref[0].transpose(0, 1)))
+    return worst
 
 
 if __name__ == "__main__":

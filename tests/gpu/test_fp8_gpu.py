@@ -124,9 +124,11 @@ def test_fp8_weights_agree_with_bf16():
 #   is 0.0625. On the H200 (2026-12-04) two starts of one combination always gave the same tokens, and each
 #   first token that differed between the backends was the reference's second choice one step (0.0625) below
 #   its first; unquantized bf16 itself has exact ties (prompt 4: tokens 423 and 300 at -2.1053). Two steps.
-# - FP8 KV against bf16 KV, Triton: its prefill reads the prompt's K/V back from the FP8 cache, whose e4m3
-#   values keep 3 mantissa bits (up to 6% off each). The H200 measured a first token 0.375 below the bf16
-#   run's best (prompt 1, its third choice). 0.5 still fails a broken kernel, whose token would be noise.
+# - FP8 KV against bf16 KV, Triton: on the H200 (2026-12-04 18:4x UTC) its prefill read the prompt's K/V back
+#   from the FP8 cache, whose e4m3 values keep 3 mantissa bits (up to 6% off each), and a first token came
+#   0.375 below the bf16 run's best (prompt 1, its third choice). Its prefill now attends over the new
+#   tokens' own K/V, as FlashInfer's does (`extend_attention`'s `k_new`), which should give the bf16 run's
+#   first tokens; until an H200 run shows that, the bound stays 0.5, which still fails a broken kernel.
 # - FP8 KV against bf16 KV, FlashInfer: a prompt with no cached prefix attends over its new K/V in bf16 (the
 #   ragged wrapper), so FP8 KV leaves the first token alone; the H200 gave the bf16 run's first tokens.
 NEAR_TIE = 0.126

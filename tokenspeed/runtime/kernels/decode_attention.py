@@ -94,9 +94,9 @@ def _decode_stage1_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
 
     acc, m_i, l_i = attend_keys(
-        q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_h, 0, start, end, sm_scale,
+        q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_h, 0, start, end, sm_scale, 1.0,
         stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
-        CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV,
+        CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
     )  # fmt: skip
 
     # An empty split (short context) leaves l_i == 0: it writes zeros and lse = -inf, which stage 2

@@ -5,6 +5,11 @@ chunk, a prefix-cache hit, or a decode with extend_len 1 in a mixed batch). The 
 the pool before this kernel runs, so one pass reads every key through `req_to_token`: new token `i`
 sees keys `[0, prefix_len + i]`.
 
+Over an FP8 cache the new tokens' keys are read instead from the K/V the layer computed (`k_new`,
+`v_new`, in q's dtype), and only the prefix from the cache, with its scales: a prompt then attends over
+its own K/V unrounded, as FlashInfer's ragged prefill (and SGLang's Triton extend) does, and only what
+was cached before carries FP8's rounding.
+
 One program per (request, query head, block of BLOCK_M new tokens). The key loop runs in two parts: the
 keys every row of the block sees (no mask but the bounds), then the diagonal band where the causal mask
 applies, so the common case pays no per-element mask.
@@ -20,11 +25,12 @@ from tokenspeed.runtime.kernels.online_softmax import attend_keys, cache_strides
 
 @triton.jit
 def _extend_kernel(
-    Q, O, K_buf, V_buf,  # noqa: E741 - O: the attention output, named as in the literature
-    req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start, sm_scale,
+    Q, O, K_buf, V_buf, K_new, V_new,  # noqa: E741 - O: the attention output, named as in the literature
+    req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start, sm_scale, k_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
+    stride_knt, stride_knh, stride_vnt, stride_vnh,
     KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, IEEE: tl.constexpr, FP32_PV: tl.constexpr,
+    BLOCK_D: tl.constexpr, IEEE: tl.constexpr, FP32_PV: tl.constexpr, FRESH: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -53,16 +59,33 @@ def _extend_kernel(
         # Keys before the block's first row are visible to every row; the band after needs the mask.
         full_hi = prefix + mblk * BLOCK_M
         kv_end = prefix + tl.minimum(ext, (mblk + 1) * BLOCK_M)
-        acc, m_i, l_i = attend_keys(
-            q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, 0, full_hi, sm_scale,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
-            CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV,
-        )  # fmt: skip
-        acc, m_i, l_i = attend_keys(
-            q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, full_hi, kv_end, sm_scale,
-            stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
-            CAUSAL=True, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV,
-        )  # fmt: skip
+        if FRESH:  # the cached prefix with its scales, then the new tokens' own K/V from row q0 on
+            acc, m_i, l_i = attend_keys(
+                q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, 0, prefix,
+                sm_scale * k_scale, v_scale, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
+                CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
+            )  # fmt: skip
+            acc, m_i, l_i = attend_keys(
+                q, acc, m_i, l_i, K_new, V_new, req_to_token, q0 - prefix, kvh, offs_m, prefix, prefix, full_hi,
+                sm_scale, 1.0, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_r2t, offs_d, dmask,
+                CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=True,
+            )  # fmt: skip
+            acc, m_i, l_i = attend_keys(
+                q, acc, m_i, l_i, K_new, V_new, req_to_token, q0 - prefix, kvh, offs_m, prefix, full_hi, kv_end,
+                sm_scale, 1.0, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_r2t, offs_d, dmask,
+                CAUSAL=True, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=True,
+            )  # fmt: skip
+        else:
+            acc, m_i, l_i = attend_keys(
+                q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, 0, full_hi, sm_scale,
+                1.0, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
+                CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
+            )  # fmt: skip
+            acc, m_i, l_i = attend_keys(
+                q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, full_hi, kv_end, sm_scale,
+                1.0, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
+                CAUSAL=True, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
+            )  # fmt: skip
         out = acc / l_i[:, None]
         tl.store(
             O + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -84,9 +107,15 @@ def extend_attention(
     max_extend_len: int,
     sm_scale: float,
     reduce_in_fp32: bool = False,
+    k_new=None,
+    v_new=None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """q/out: [T, H, D] with each request's new tokens contiguous from `qo_start[b]`; the new tokens'
-    K/V must already be stored in `k_buf`/`v_buf`."""
+    K/V must already be stored in `k_buf`/`v_buf`. With `k_new`/`v_new` ([T, KVH, D], in q's rows) the new
+    tokens' keys are read from them and only the prefix from the cache, whose scores count `k_scale` and
+    values `v_scale` times (an FP8 cache's scales); without them the caller folds the scales in."""
     _, num_heads, head_dim = q.shape
     bs = seq_lens.shape[0]
     group = num_heads // k_buf.shape[1]
@@ -100,10 +129,15 @@ def extend_attention(
         block_m = 16
     elif max_extend_len <= 64:
         block_m = min(block_m, 64)
+    fresh = k_new is not None
+    if not fresh:
+        k_new, v_new = k_buf, v_buf  # unread (FRESH is off); any tensors with strides serve
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
-        q, out, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start, sm_scale,
+        q, out, k_buf, v_buf, k_new, v_new, req_to_token, req_pool_indices, seq_lens, extend_lens, qo_start,
+        sm_scale, k_scale, v_scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *cache_strides(k_buf, v_buf, req_to_token),
+        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         KV_GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        IEEE=q.dtype.itemsize == 4, FP32_PV=reduce_in_fp32, num_warps=warps, num_stages=stages,
+        IEEE=q.dtype.itemsize == 4, FP32_PV=reduce_in_fp32, FRESH=fresh, num_warps=warps, num_stages=stages,
     )  # fmt: skip

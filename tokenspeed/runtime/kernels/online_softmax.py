@@ -38,6 +38,7 @@ def attend_keys(
     lo,
     hi,
     sm_scale,
+    v_scale,
     stride_kt,
     stride_kh,
     stride_vt,
@@ -49,17 +50,23 @@ def attend_keys(
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     FP32_PV: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     """Fold the keys `[lo, hi)` of one request into the running (acc, m_i, l_i) of the query rows `q`.
 
-    Keys are read through `req_to_token[row]` from kv head `kvh`. With CAUSAL, query row `m` (at position
+    Keys are read through `req_to_token[row]` from kv head `kvh`; with DIRECT, key position `n` is row
+    `row + n` of `K_buf`/`V_buf` (a request's new tokens, contiguous, as the layer computed them). Each
+    value row counts `v_scale` times (an FP8 cache's V scale; 1.0 for values in q's dtype). With CAUSAL, query row `m` (at position
     `prefix + offs_m[m]`) sees only keys up to its own position; without it every key in range counts.
     Returns the new (acc, m_i, l_i): the unnormalised output, the running max and the running sum.
     """
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < hi
-        loc = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0).to(tl.int64)
+        if DIRECT:
+            loc = (row + offs_n).to(tl.int64)
+        else:
+            loc = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0).to(tl.int64)
         kv_mask = nmask[:, None] & dmask[None, :]
         # An FP8 cache is read in q's dtype; its per-tensor scales are folded in by the caller
         # (K's into sm_scale, V's into the output). A no-op for a cache in q's dtype.
@@ -89,6 +96,6 @@ def attend_keys(
             pv = tl.dot(p, v, input_precision="ieee")
         else:
             pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + pv * v_scale
         m_i = m_new
     return acc, m_i, l_i

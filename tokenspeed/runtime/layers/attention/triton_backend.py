@@ -114,16 +114,18 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         pool = fb.kv_pool
         k_buf, v_buf = pool.get_kv(layer_id)
-        if pool.quantized:
-            # FP8 cache: the kernels read FP8 in q's dtype, the per-tensor K scale
-            # folds into the softmax scale and the V scale into the output.
+        md = self.metadata
+        # FP8 cache: the kernels read FP8 in q's dtype. A decode folds the per-tensor K scale into the
+        # softmax scale and the V scale into the output; an extend attends over the new tokens' own K/V
+        # (unrounded, as FlashInfer's ragged prefill does) and applies the scales to the cached prefix only.
+        fresh = pool.quantized and not md.decode
+        if pool.quantized and md.decode:
             scale = scale * pool.k_scales[layer_id]
         if q.stride(-1) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
         if q.dtype != k_buf.dtype and not pool.quantized:
             q = q.to(k_buf.dtype)
         out = torch.empty_like(q)
-        md = self.metadata
         if md.decode:
             bs, num_heads, head_dim = q.shape
             mid_o, mid_lse = self._scratch(bs, md.num_splits, num_heads, head_dim, k_buf.shape[1], q.device)
@@ -142,6 +144,11 @@ class TritonAttentionBackend(AttentionBackend):
                 self.reduce_in_fp32,
             )
         else:
+            fresh_kv = {}
+            if fresh:
+                k_new, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+                fresh_kv = dict(k_new=k_new, v_new=v_new, k_scale=pool.k_scales[layer_id],
+                                v_scale=pool.v_scales[layer_id])  # fmt: skip
             extend_attention(
                 q,
                 out,
@@ -155,7 +162,8 @@ class TritonAttentionBackend(AttentionBackend):
                 md.max_extend_len,
                 scale,
                 self.reduce_in_fp32,
+                **fresh_kv,
             )
-        if pool.quantized and pool.v_scales[layer_id] != 1.0:
+        if pool.quantized and md.decode and pool.v_scales[layer_id] != 1.0:
             out.mul_(pool.v_scales[layer_id])
         return out

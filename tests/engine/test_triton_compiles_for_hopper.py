@@ -1,0 +1,63 @@
+"""The Triton attention kernels compile to Hopper (sm_90) machine code on the CPU, with Triton's own ptxas:
+a kernel that only Triton's interpreter has run (tests/engine/*_checks.py check what it computes) can still
+fail to compile for a GPU, and this finds that before a device is asked for. It checks code generation
+only; tests/gpu/ runs the kernels."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1", reason="compiles, does not interpret"
+)
+
+
+def _compile(fn, types: dict[str, str], constants: dict[str, object], num_warps: int, num_stages: int) -> int:
+    """Bytes of `fn`'s sm_90 cubin: pointer and scalar arguments typed from `types` (by name; int32 when
+    unnamed), constexpr ones from `constants`."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(fn.arg_names)
+    unknown = set(constants) - set(names)
+    assert not unknown, unknown
+    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
+    consts = {(names.index(n),): v for n, v in constants.items()}
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts)
+    kernel = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
+    return len(kernel.asm["cubin"])
+
+
+INDEX = {n: "*i32" for n in ("req_to_token", "req_pool_indices", "seq_lens", "extend_lens", "qo_start")}
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["cache", "fresh"])
+@pytest.mark.parametrize("cache", ["*bf16", "*fp8e4nv"], ids=["bf16", "fp8"])
+def test_extend_attention_compiles(cache, fresh):
+    from tokenspeed.runtime.kernels.extend_attention import _extend_kernel
+
+    types = {"Q": "*bf16", "O": "*bf16", "K_buf": cache, "V_buf": cache, "K_new": "*bf16", "V_new": "*bf16",
+             "sm_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", **INDEX}  # fmt: skip
+    constants = dict(KV_GROUP=4, HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, BLOCK_D=128, IEEE=False, FP32_PV=False,
+                     FRESH=fresh)  # fmt: skip
+    assert _compile(_extend_kernel, types, constants, num_warps=8, num_stages=3) > 0
+
+
+@pytest.mark.parametrize(("block_n", "num_stages"), [(64, 3), (128, 3)])
+def test_decode_attention_compiles(block_n, num_stages):
+    from tokenspeed.runtime.kernels.decode_attention import _decode_stage1_kernel, _decode_stage2_kernel
+
+    types = {"Q": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Mid_O": "*fp32", "Mid_lse": "*fp32",
+             "sm_scale": "fp32", **INDEX}  # fmt: skip
+    constants = dict(KV_GROUP=8, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=128, IEEE=False,
+                     FP32_PV=False)  # fmt: skip
+    assert _compile(_decode_stage1_kernel, types, constants, num_warps=4, num_stages=num_stages) > 0
+    types = {"Mid_O": "*fp32", "Mid_lse": "*fp32", "O": "*bf16"}
+    constants = dict(HEAD_DIM=128, NUM_SPLITS=2, BLOCK_S=2, BLOCK_D=128)
+    assert _compile(_decode_stage2_kernel, types, constants, num_warps=4, num_stages=2) > 0
