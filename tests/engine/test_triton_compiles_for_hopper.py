@@ -61,3 +61,24 @@ def test_decode_attention_compiles(block_n, num_stages):
     types = {"Mid_O": "*fp32", "Mid_lse": "*fp32", "O": "*bf16"}
     constants = dict(HEAD_DIM=128, NUM_SPLITS=2, BLOCK_S=2, BLOCK_D=128)
     assert _compile(_decode_stage2_kernel, types, constants, num_warps=4, num_stages=2) > 0
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_the_pdl_probe_gemv_compiles_with_dependent_launch(pdl):
+    """benchmarks/pdl_probe.py's GEMV: with PDL its PTX waits on the predecessor (griddepcontrol)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from benchmarks.pdl_probe import _gemv_kernel
+
+    names = list(_gemv_kernel.arg_names)
+    constants = dict(BLOCK_N=4, BLOCK_K=1024, PDL=pdl)
+    signature = {n: "constexpr" if n in constants else {"X": "*bf16", "W": "*bf16", "Y": "*bf16"}.get(n, "i32")
+                 for n in names}  # fmt: skip
+    src = ASTSource(
+        fn=_gemv_kernel, signature=signature, constexprs={(names.index(n),): v for n, v in constants.items()}
+    )
+    kernel = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": pdl}
+    )
+    assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl

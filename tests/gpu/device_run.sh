@@ -27,6 +27,8 @@
 #                                       table (auto; default and record) and with cuBLAS (torch) -> gpu_decode_qwen3moe*.json
 #   decodeattn                          benchmarks/decode_attention.py: the Triton decode attention's launch
 #                                       configurations on the 8B and MoE shapes -> $OUT/gpu_decode_attention.json
+#   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
+#                                       programmatic dependent launch -> $OUT/gpu_pdl_probe.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
 #   ngram                               benchmarks/ngram_speculative.py: the offline Engine plain vs NGRAM on repetitive
 #                                       prompts (8B shape, batch 1 and 16) -> $OUT/gpu_ngram.json, then the
@@ -221,6 +223,11 @@ part_decodeattn() {  # the Triton decode attention alone: each launch configurat
   stage bench-decode-attention
   run ${T_DECODE_ATTN:-120} python3 benchmarks/decode_attention.py --out "$OUT/gpu_decode_attention.json"
   grep -E "^(qwen3moe|llama8b) bs" "$LOG" | tail -10
+}
+part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
+  stage bench-pdl
+  run ${T_PDL:-90} python3 benchmarks/pdl_probe.py --out "$OUT/gpu_pdl_probe.json"
+  grep -E "^(plain|pdl) |outputs equal" "$LOG" | tail -4
 }
 part_moeoffline() {  # the offline Engine per MoE configuration
   stage bench-moe-offline

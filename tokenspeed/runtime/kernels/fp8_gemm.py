@@ -10,7 +10,7 @@
   activations quantized per (token, bk group), both scales applied to each tile's partial product.
 
 Imported only when an FP8 layer runs on a CUDA tensor (`layers/quantization/fp8.py`), so CPU-only
-machines never import Triton from here. NOT YET RUN ON A GPU: tests/gpu/test_fp8_gpu.py checks both
+machines never import Triton from here. tests/gpu/test_fp8_gpu.py checks both
 paths against the float32 reference on the device.
 """
 

@@ -149,7 +149,7 @@ class TritonMoe:
         scales = ExpertScales.of(module)
         if not x.is_cuda:
             return torch_experts(x, module.w13, module.w2, weights, ids, scales)
-        # FP8 experts: the fused kernels read e4m3 and apply the scales per K tile (not yet run on a GPU)
+        # FP8 experts: the fused kernels read e4m3 and apply the scales per K tile
         w13, w2 = module.w13, module.w2
         cfg = self.gemv_table.pick(w2.shape[0], w2.shape[2], w2.shape[1], w13.dtype, x.shape[0])
         if cfg is not None:

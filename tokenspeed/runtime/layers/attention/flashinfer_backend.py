@@ -106,7 +106,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.page_size = spec.block_size
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
-        # q in the model's dtype; an FP8 pool (not yet run on a GPU) is planned with kv_data_type float8
+        # q in the model's dtype; an FP8 pool is planned with kv_data_type float8
         # and read with its per-tensor k_scale / v_scale.
         self.kv_dtype = spec.dtype
         self.dtype = getattr(model_config, "dtype", spec.dtype) if kv_pool.quantized else spec.dtype

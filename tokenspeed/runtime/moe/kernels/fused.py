@@ -35,7 +35,7 @@ def fused_experts(
     scales: ExpertScales | None = None,
 ) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, k] -> [T, H].
-    `scales`: those of FP8 w13 / w2 (read as e4m3, multiplied in x's dtype; not yet run on a GPU)."""
+    `scales`: those of FP8 w13 / w2 (read as e4m3, multiplied in x's dtype)."""
     t = x.shape[0]
     if t == 0:
         return torch.empty_like(x)

@@ -10,7 +10,7 @@
 
 Rows of padding (sorted id == num_pairs) are neither read nor written; blocks owned by no expert return.
 FP8 expert weights (W8A16) are read as e4m3 and multiplied in x's dtype, each K tile's partial product
-scaled by its per-channel or block scales: half the weight bytes of bf16 (not yet run on a GPU).
+scaled by its per-channel or block scales: half the weight bytes of bf16.
 
 With `pairs` alignment (small batches: `align.pairs_as_blocks`) each program takes one routed pair
 as row 0 of its tile: no grouping launch, and each routed expert's rows are read once per pair.
@@ -213,7 +213,7 @@ def gate_up_silu(
     x: torch.Tensor, w13: torch.Tensor, al: ExpertAlignment, top_k: int, cfg, scale: WeightScale | None = None
 ) -> torch.Tensor:
     """[rows, I] SiLU(gate) * up per aligned row (per pair with `al.pairs`; padding rows unwritten).
-    `scale`: (scales, block) of FP8 `w13` (not yet run on a GPU)."""
+    `scale`: (scales, block) of FP8 `w13`."""
     num_experts, two_i, k_in = w13.shape
     inter = two_i // 2
     rows = al.num_pairs if al.pairs else al.sorted_ids.numel()
@@ -236,7 +236,7 @@ def down(
     scale: WeightScale | None = None,
 ) -> torch.Tensor:
     """[num_pairs, H] float32: each valid pair's expert output scaled by its routing weight.
-    `scale`: (scales, block) of FP8 `w2` (not yet run on a GPU)."""
+    `scale`: (scales, block) of FP8 `w2`."""
     num_experts, n_out, k_in = w2.shape
     out = torch.empty((al.num_pairs, n_out), dtype=torch.float32, device=act.device)
     ieee = act.dtype == torch.float32
