@@ -1,8 +1,11 @@
 """FP8 weight GEMV against today's FP8 path and bf16, on the Llama-3.1-8B linear shapes at decode batch sizes.
 
 For each shape (qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336) and M in 1, 4, 16:
-- `gemv`: the Triton FP8 GEMV (`kernels/fp8_gemv.py`, autotuned at its first call), per-channel scales;
-- `gemv_block128`: the same with 128x128 block scales (FP8 checkpoints), at M = 1 only;
+- `gemv`: the Triton FP8 GEMV (`kernels/fp8_gemv.py`) as the engine runs it, with `default_config`,
+  per-channel scales;
+- `gemv_autotuned`: the same with the configuration `triton.autotune` times best at its first call: how
+  much the fixed default gives away;
+- `gemv_block128`: the default with 128x128 block scales (FP8 checkpoints), at M = 1 only;
 - `scaled_mm`: the path before it, per-token activation quantization then `torch._scaled_mm`;
 - `bf16`: `F.linear` on the bf16 weight.
 Each is timed as a CUDA graph of 20 calls (the serving engine replays decode as graphs), the calls cycling
@@ -32,9 +35,11 @@ from benchmarks import gpu_common as gc  # noqa: E402
 SHAPES = {name: shape for name, shape in gt.LLAMA_8B_LINEARS.items() if name != "lm_head"}
 
 
-def _gemv(x: torch.Tensor, wt: tuple[torch.Tensor, torch.Tensor], block: tuple[int, int] | None):
+def _gemv(x: torch.Tensor, wt: tuple[torch.Tensor, torch.Tensor], block: tuple[int, int] | None, tune=False):
     from tokenspeed.runtime.kernels import fp8_gemv
 
+    if tune:
+        return lambda: fp8_gemv.fp8_gemv_autotuned(x, wt[0], wt[1], block, None)
     return lambda: fp8_gemv.fp8_gemv(x, wt[0], wt[1], block, None)
 
 
@@ -84,6 +89,7 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
 
         paths = {
             "gemv": ([_gemv(x, w, None) for w in ch_w], fp8_bytes, "channel"),
+            "gemv_autotuned": ([_gemv(x, w, None, tune=True) for w in ch_w], fp8_bytes, "channel"),
             "scaled_mm": ([_scaled_mm(x, w) for w in ch_w], fp8_bytes, "channel"),
             "bf16": ([_linear(x, w) for w in bf_w], 2 * n * k, "bf16"),
         }
@@ -91,8 +97,13 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
             paths["gemv_block128"] = ([_gemv(x, w, (128, 128)) for w in bl_w], block_bytes, "block")
         for path, (fns, nbytes, kind) in paths.items():
             row = dict(shape=name, n=n, k=k, m=m, path=path, weight_mb=round(nbytes / 1e6, 2))
-            tuned = fp8_gemv._tuned if path.startswith("gemv") else None
-            rows.append(gt.time_path(row, fns, ref[kind], nbytes, tuned))
+            if path == "gemv_autotuned":
+                rows.append(gt.time_path(row, fns, ref[kind], nbytes, fp8_gemv._tuned))
+            else:
+                if path.startswith("gemv"):  # the configuration the engine runs
+                    bk = 128 if path == "gemv_block128" else None
+                    row["config"] = str(fp8_gemv.default_config(fp8_gemv.m_bucket(m), n, k, bk))
+                rows.append(gt.time_path(row, fns, ref[kind], nbytes))
             print(f"{name:8s} {n:6d}x{k:<6d} m={m:2d} {path:14s} {gt.row_figures(row)}", flush=True)
     return rows
 

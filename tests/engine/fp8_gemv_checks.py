@@ -1,7 +1,8 @@
 """The FP8 GEMV (`kernels/fp8_gemv.py`) run by Triton's interpreter on the CPU (`TRITON_INTERPRET=1`, set by
 tests/engine/test_fp8_gemv_interpreter.py before Triton is imported): every launch configuration the
 autotuner may pick for a batch bucket and scale layout (split-K included), on odd N and K, against the
-float32 reference of the dequantized weight. Prints one JSON object: case -> worst relative error.
+float32 reference of the dequantized weight, then the default entry point and the autotuned one. Prints one
+JSON object: case -> worst relative error.
 
 float32 activations check the indexing and scale arithmetic exactly (the IEEE dot path); bf16 activations
 go through the CUDA-core path only, since the interpreter's bf16 `tl.dot` is not faithful (it returns
@@ -50,8 +51,23 @@ def check() -> dict[str, float]:
     return out
 
 
+def defaults() -> dict[str, float]:
+    """The entry point as `fp8_linear` calls it: `default_config` for the batch bucket and scale layout."""
+    out = {}
+    for label, (block, n, k) in CASES.items():
+        w0 = torch.randn(n, k) * 0.05
+        w, s = quantize_per_channel(w0) if block is None else quantize_block(w0, block)
+        dense, bias = dequantize(w, s, block, torch.float32), torch.randn(n)
+        for m in (1, 3, 16):
+            x = torch.randn(m, k)
+            out[f"default_{label}_m{m}"] = _rel(
+                fp8_gemv.fp8_gemv(x, w, s, block, bias), F.linear(x, dense, bias)
+            )
+    return out
+
+
 def autotuned() -> dict[str, float]:
-    """The autotuned entry point as `fp8_linear` calls it (`gemv_autotune.py`)."""
+    """The autotuned entry point the benchmark compares the default with (`gemv_autotune.py`)."""
     out = {}
     for label, want in (("channel", 4), ("block128", 1)):
         block, n, k = CASES[label]
@@ -60,11 +76,13 @@ def autotuned() -> dict[str, float]:
         w, s = quantize_per_channel(w0) if block is None else quantize_block(w0, block)
         x, bias = torch.randn(1, k), torch.randn(n)
         ref = F.linear(x, dequantize(w, s, block, torch.float32), bias)
-        first, again = tuned_then_cached(fp8_gemv, want, ran, fp8_gemv.fp8_gemv, x, w, s, block, bias)
+        first, again = tuned_then_cached(
+            fp8_gemv, want, ran, fp8_gemv.fp8_gemv_autotuned, x, w, s, block, bias
+        )
         out[f"autotuned_{label}_split{want}"] = max(_rel(first, ref), _rel(again, ref))
     return out
 
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    print(json.dumps({**check(), **autotuned()}))
+    print(json.dumps({**check(), **defaults(), **autotuned()}))

@@ -82,3 +82,30 @@ def test_the_pdl_probe_gemv_compiles_with_dependent_launch(pdl):
         src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": pdl}
     )
     assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
+
+
+def _fp8_default_cases() -> list[tuple[int, int, int, int | None]]:
+    """(bucket, N, K, block K) for each distinct configuration `default_config` gives on the 8B shapes."""
+    from tokenspeed.runtime.kernels import fp8_gemv
+
+    seen, cases = set(), []
+    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
+        for bucket in (1, 4, 16):
+            for block_k in (None, 128):
+                cfg = fp8_gemv.default_config(bucket, n, k, block_k)
+                if (cfg, bucket, block_k) not in seen:
+                    seen.add((cfg, bucket, block_k))
+                    cases.append((bucket, n, k, block_k))
+    return cases
+
+
+@pytest.mark.parametrize(("bucket", "n", "k", "block_k"), _fp8_default_cases())
+def test_the_fp8_gemv_default_configs_compile(bucket, n, k, block_k):
+    from tokenspeed.runtime.kernels import fp8_gemv
+
+    c = fp8_gemv.default_config(bucket, n, k, block_k)
+    constants = dict(GN=128 if block_k else 1, GK=block_k or 0, HAS_BIAS=False, M_BUCKET=bucket, BLOCK_N=c.block_n,
+                     BLOCK_K=c.block_k, SPLIT_K=c.split_k, USE_DOT=c.use_dot, PREFETCH=c.prefetch, SWAP_AB=c.swap_ab,
+                     BLOCK_M=16 if c.use_dot else bucket, EVEN_K=k % c.block_k == 0)  # fmt: skip
+    types = {"X": "*bf16", "W": "*fp8e4nv", "S": "*fp32", "Bias": "*fp32", "Out": "*bf16", "Acc": "*fp32"}
+    assert _compile(fp8_gemv._fp8_gemv_kernel, types, constants, c.num_warps, c.num_stages) > 0

@@ -19,9 +19,12 @@ Split-K (when N is small, e.g. `down_proj` N = 4096 with K = 14336) adds float32
 config's pre-hook zeroes them and the autotuner's post-hook casts them, so what the tuner times is what a
 call costs.
 
-`triton.autotune` picks a config at a shape's first call, keyed on (N, K, batch bucket 1 / 4 / 16, scale
-tiling). The CUDA-graph runner makes an eager warm-up forward for every captured batch size before it
-captures, so tuning (which synchronizes) never happens inside a capture.
+A call runs `default_config`: the configuration that won each of Llama-3.1-8B's shapes on the H200, chosen
+by the features that separate them. It is fixed rather than autotuned in each process, so every start
+computes the same bits (a configuration picked by timing, or split-K's atomic adds, could sum K in
+another order and flip a greedy near-tie), and start-up skips the tuning (4.6 s a shape and batch
+bucket on the H200). `fp8_gemv_autotuned` times every candidate instead (`benchmarks/fp8_gemv.py`
+compares the two), keyed on (N, K, batch bucket 1 / 4 / 16, scale tiling).
 
 Imported only from `kernels/fp8_gemm.py` on CUDA tensors (and by Triton's interpreter in the CPU tests).
 On the GPU tests/gpu/test_fp8_gpu.py checks it and benchmarks/fp8_gemv.py times it (H200: docs/GPU.md).
@@ -135,6 +138,22 @@ def candidates(bucket: int, block_k: int | None, allow_split: bool) -> list[Gemv
         if fits(cfg, bucket, block_k) and (cfg := adapt(cfg, block_k)) not in out:
             out.append(cfg)
     return out
+
+
+def default_config(bucket: int, n: int, k: int, block_k: int | None) -> GemvConfig:
+    """The configuration a call runs. On the H200 (benchmarks/results/gpu_fp8_gemv.json, 2026-12-04 12:51 UTC)
+    the autotuner's winners on Llama-3.1-8B's qkv (6144 x 4096), o (4096 x 4096), gate_up (28672 x 4096)
+    and down (4096 x 14336) were, per channel: at one row the CUDA-core path with 4 rows a program and
+    1024-wide K chunks, 2048-wide on 8 warps for the narrow o, loading ahead for down's long K; at 4 and 16
+    rows the tensor-core path with 32 rows and 256-wide chunks, 128-wide for the wide gate_up; with
+    128 x 128 scale blocks the tensor-core path with 32 rows and 128-wide chunks. None split K."""
+    if block_k is not None:
+        return adapt(GemvConfig(32, 128, 4, 4, use_dot=True), block_k)
+    if bucket == 1:
+        if k >= 8192:
+            return GemvConfig(4, 1024, 4, prefetch=True)
+        return GemvConfig(4, 2048, 8) if n <= 4096 else GemvConfig(4, 1024, 4)
+    return GemvConfig(32, 128, 4, 4, use_dot=True) if n >= 16384 else GemvConfig(32, 256, 4, 3, use_dot=True)
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
@@ -277,7 +296,26 @@ def fp8_gemv(
     config: GemvConfig | None = None,
 ) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32, M <= GEMV_MAX_M) times e4m3 w [N, K] with its scales -> [M, N] in x's
-    dtype. `config` forces one launch configuration (tests); by default the autotuner picks."""
+    dtype, with `config` (tests force each candidate) or `default_config`."""
+    m, k = x.shape
+    if config is None:
+        config = default_config(m_bucket(m), w.shape[0], k, block[1] if block is not None else None)
+    return _run(x, w, w_scale, block, bias, config)
+
+
+def fp8_gemv_autotuned(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    block: tuple[int, int] | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`fp8_gemv` with the configuration `triton.autotune` times best among the candidates, at each shape's
+    first call in this process (`benchmarks/fp8_gemv.py` measures the default against it)."""
+    return _run(x, w, w_scale, block, bias, None)
+
+
+def _run(x, w, w_scale, block, bias, config: GemvConfig | None) -> torch.Tensor:
     m, k = x.shape
     n = w.shape[0]
     if x.stride(1) != 1:
