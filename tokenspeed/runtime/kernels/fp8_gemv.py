@@ -322,10 +322,11 @@ def _run(x, w, w_scale, block, bias, config: GemvConfig | None) -> torch.Tensor:
         x = x.contiguous()
     gn, gk = block if block is not None else (1, 0)
     bucket = m_bucket(m)
-    allow_split = split_allowed(n, x.device)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    # float32 partials for split-K configs (zeroed by their pre-hook; untouched otherwise)
-    acc = torch.empty((m, n), dtype=torch.float32, device=x.device) if allow_split else out
+    # float32 partials for the split-K configs the autotuner may time (zeroed by their pre-hook); a forced
+    # config allocates its own below when it splits, and reads none otherwise
+    tuning_splits = config is None and split_allowed(n, x.device)
+    acc = torch.empty((m, n), dtype=torch.float32, device=x.device) if tuning_splits else out
     args = (x, w, w_scale, bias if bias is not None else w_scale, out, acc, m, n, k,
             x.stride(0), w.stride(0), out.stride(0), w_scale.stride(0))  # fmt: skip
     meta = dict(GN=gn, GK=gk, HAS_BIAS=bias is not None, M_BUCKET=bucket)
