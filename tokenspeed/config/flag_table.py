@@ -122,7 +122,7 @@ CACHE_FLAGS: tuple[FlagRow, ...] = (
 LOGGING_FLAGS: tuple[FlagRow, ...] = (
     Opt("--stream-interval", "Tokens per streamed chunk: higher is faster, lower smoother."),
     Switch("--stream-output", "Stream disjoint text segments instead of cumulative text."),
-    Opt("--seed", "Random seed; drawn at random when unset."),
+    Opt("--seed", "Random seed for sampling; drawn at random when unset (--load-format dummy weights do not follow it)."),
     Opt("--distributed-timeout-seconds", "Timeout of torch.distributed collectives and initialisation."),
     Opt("--download-dir", "Hugging Face download directory."),
     Opt("--base-gpu-id", "First GPU index this server uses (several servers on one host)."),
