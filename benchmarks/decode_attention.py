@@ -33,10 +33,11 @@ COLD_BYTES = 512 << 20
 
 def candidates(default_splits: int, max_splits: int) -> list[tuple[int, int, int, int]]:
     """(splits, block_n, num_warps, num_stages) to time: the split count around the default's, and the
-    tile and pipeline depths Triton's flash-decoding kernels are usually run with."""
+    tile and pipeline depths Triton's flash-decoding kernels are usually run with (72 at most a shape; the
+    run of 2026-12-04 18:55 UTC timed 32, without 32-key tiles and four stages)."""
     splits = sorted({s for s in (default_splits // 2, default_splits, default_splits * 2, default_splits * 4)
                      if 1 <= s <= max_splits})  # fmt: skip
-    return list(itertools.product(splits, (64, 128), (4, 8), (2, 3)))
+    return list(itertools.product(splits, (32, 64, 128), (4, 8), (2, 3, 4)))
 
 
 def make_case(bs: int, ctx: int, heads: int, kv_heads: int, head_dim: int, layers: int, seed: int = 0):

@@ -221,7 +221,7 @@ part_moegemvdecode() {  # whole decode steps: the GEMV table vs the tensor-core 
 }
 part_decodeattn() {  # the Triton decode attention alone: each launch configuration on the 8B and MoE shapes
   stage bench-decode-attention
-  run ${T_DECODE_ATTN:-120} python3 benchmarks/decode_attention.py --out "$OUT/gpu_decode_attention.json"
+  run ${T_DECODE_ATTN:-240} python3 benchmarks/decode_attention.py --out "$OUT/gpu_decode_attention.json"
   grep -E "^(qwen3moe|llama8b) bs" "$LOG" | tail -10
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
