@@ -56,8 +56,9 @@ def attend_keys(
 
     Keys are read through `req_to_token[row]` from kv head `kvh`; with DIRECT, key position `n` is row
     `row + n` of `K_buf`/`V_buf` (a request's new tokens, contiguous, as the layer computed them). Each
-    value row counts `v_scale` times (an FP8 cache's V scale; 1.0 for values in q's dtype). With CAUSAL, query row `m` (at position
-    `prefix + offs_m[m]`) sees only keys up to its own position; without it every key in range counts.
+    value row counts `v_scale` times (an FP8 cache's V scale; 1.0 for values in q's dtype). With CAUSAL,
+    query row `m` (at position `prefix + offs_m[m]`) sees only keys up to its own position; without it
+    every key in range counts.
     Returns the new (acc, m_i, l_i): the unnormalised output, the running max and the running sum.
     """
     for n0 in range(lo, hi, BLOCK_N):
@@ -68,8 +69,8 @@ def attend_keys(
         else:
             loc = tl.load(req_to_token + row * stride_r2t + offs_n, mask=nmask, other=0).to(tl.int64)
         kv_mask = nmask[:, None] & dmask[None, :]
-        # An FP8 cache is read in q's dtype; its per-tensor scales are folded in by the caller
-        # (K's into sm_scale, V's into the output). A no-op for a cache in q's dtype.
+        # An FP8 cache is read in q's dtype; the caller folds its per-tensor K scale into sm_scale and
+        # its V scale into v_scale or the output. A no-op for a cache in q's dtype.
         k = tl.load(
             K_buf + loc[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
         ).to(q.dtype)
