@@ -39,7 +39,7 @@ def _gemv(x: torch.Tensor, wt: tuple[torch.Tensor, torch.Tensor], block: tuple[i
     from tokenspeed.runtime.kernels import fp8_gemv
 
     if tune:
-        return lambda: fp8_gemv.fp8_gemv_autotuned(x, wt[0], wt[1], block, None)
+        return lambda: fp8_gemv.fp8_gemv(x, wt[0], wt[1], block, None, autotune=True)
     return lambda: fp8_gemv.fp8_gemv(x, wt[0], wt[1], block, None)
 
 

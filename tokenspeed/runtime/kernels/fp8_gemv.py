@@ -23,7 +23,7 @@ A call runs `default_config`: the configuration that won each of Llama-3.1-8B's 
 by the features that separate them. It is fixed rather than autotuned in each process, so every start
 computes the same bits (a configuration picked by timing, or split-K's atomic adds, could sum K in
 another order and flip a greedy near-tie), and start-up skips the tuning (4.6 s a shape and batch
-bucket on the H200). `fp8_gemv_autotuned` times every candidate instead (`benchmarks/fp8_gemv.py`
+bucket on the H200). `fp8_gemv(..., autotune=True)` times every candidate instead (`benchmarks/fp8_gemv.py`
 compares the two), keyed on (N, K, batch bucket 1 / 4 / 16, scale tiling).
 
 Imported only from `kernels/fp8_gemm.py` on CUDA tensors (and by Triton's interpreter in the CPU tests).
@@ -294,25 +294,16 @@ def fp8_gemv(
     block: tuple[int, int] | None,
     bias: torch.Tensor | None,
     config: GemvConfig | None = None,
+    autotune: bool = False,
 ) -> torch.Tensor:
     """x [M, K] (bf16/fp16/fp32, M <= GEMV_MAX_M) times e4m3 w [N, K] with its scales -> [M, N] in x's
-    dtype, with `config` (tests force each candidate) or `default_config`."""
+    dtype, with `config` (tests force each candidate) or `default_config`. `autotune` runs the
+    configuration `triton.autotune` times best among the candidates instead, at each shape's first call in
+    this process (`benchmarks/fp8_gemv.py` measures the default against it)."""
     m, k = x.shape
-    if config is None:
+    if config is None and not autotune:
         config = default_config(m_bucket(m), w.shape[0], k, block[1] if block is not None else None)
     return _run(x, w, w_scale, block, bias, config)
-
-
-def fp8_gemv_autotuned(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    w_scale: torch.Tensor,
-    block: tuple[int, int] | None,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
-    """`fp8_gemv` with the configuration `triton.autotune` times best among the candidates, at each shape's
-    first call in this process (`benchmarks/fp8_gemv.py` measures the default against it)."""
-    return _run(x, w, w_scale, block, bias, None)
 
 
 def _run(x, w, w_scale, block, bias, config: GemvConfig | None) -> torch.Tensor:
