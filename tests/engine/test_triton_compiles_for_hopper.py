@@ -16,9 +16,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _compile(fn, types: dict[str, str], constants: dict[str, object], num_warps: int, num_stages: int) -> int:
-    """Bytes of `fn`'s sm_90 cubin: pointer and scalar arguments typed from `types` (by name; int32 when
-    unnamed), constexpr ones from `constants`."""
+def _compile(
+    fn, types: dict[str, str], constants: dict[str, object], num_warps: int, num_stages: int, **options
+):
+    """`fn` compiled to sm_90: pointer and scalar arguments typed from `types` (by name; int32 when unnamed),
+    constexpr ones from `constants`; `options` go to the compiler as they are (`launch_pdl`)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -29,9 +31,12 @@ def _compile(fn, types: dict[str, str], constants: dict[str, object], num_warps:
     consts = {(names.index(n),): v for n, v in constants.items()}
     src = ASTSource(fn=fn, signature=signature, constexprs=consts)
     kernel = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages, **options},
     )
-    return len(kernel.asm["cubin"])
+    assert len(kernel.asm["cubin"])
+    return kernel
 
 
 INDEX = {n: "*i32" for n in ("req_to_token", "req_pool_indices", "seq_lens", "extend_lens", "qo_start")}
@@ -46,7 +51,7 @@ def test_extend_attention_compiles(cache, fresh):
              "sm_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", **INDEX}  # fmt: skip
     constants = dict(KV_GROUP=4, HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, BLOCK_D=128, IEEE=False, FP32_PV=False,
                      FRESH=fresh)  # fmt: skip
-    assert _compile(_extend_kernel, types, constants, num_warps=8, num_stages=3) > 0
+    assert _compile(_extend_kernel, types, constants, num_warps=8, num_stages=3)
 
 
 @pytest.mark.parametrize(("block_n", "num_stages"), [(64, 3), (128, 3)])
@@ -57,30 +62,19 @@ def test_decode_attention_compiles(block_n, num_stages):
              "sm_scale": "fp32", **INDEX}  # fmt: skip
     constants = dict(KV_GROUP=8, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=128, IEEE=False,
                      FP32_PV=False)  # fmt: skip
-    assert _compile(_decode_stage1_kernel, types, constants, num_warps=4, num_stages=num_stages) > 0
+    assert _compile(_decode_stage1_kernel, types, constants, num_warps=4, num_stages=num_stages)
     types = {"Mid_O": "*fp32", "Mid_lse": "*fp32", "O": "*bf16"}
     constants = dict(HEAD_DIM=128, NUM_SPLITS=2, BLOCK_S=2, BLOCK_D=128)
-    assert _compile(_decode_stage2_kernel, types, constants, num_warps=4, num_stages=2) > 0
+    assert _compile(_decode_stage2_kernel, types, constants, num_warps=4, num_stages=2)
 
 
 @pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
 def test_the_pdl_probe_gemv_compiles_with_dependent_launch(pdl):
     """benchmarks/pdl_probe.py's GEMV: with PDL its PTX waits on the predecessor (griddepcontrol)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from benchmarks.pdl_probe import _gemv_kernel
 
-    names = list(_gemv_kernel.arg_names)
-    constants = dict(BLOCK_N=4, BLOCK_K=1024, PDL=pdl)
-    signature = {n: "constexpr" if n in constants else {"X": "*bf16", "W": "*bf16", "Y": "*bf16"}.get(n, "i32")
-                 for n in names}  # fmt: skip
-    src = ASTSource(
-        fn=_gemv_kernel, signature=signature, constexprs={(names.index(n),): v for n, v in constants.items()}
-    )
-    kernel = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": pdl}
-    )
+    types = {"X": "*bf16", "W": "*bf16", "Y": "*bf16"}
+    kernel = _compile(_gemv_kernel, types, dict(BLOCK_N=4, BLOCK_K=1024, PDL=pdl), 4, 1, launch_pdl=pdl)
     assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
 
 
@@ -108,4 +102,4 @@ def test_the_fp8_gemv_default_configs_compile(bucket, n, k, block_k):
                      BLOCK_K=c.block_k, SPLIT_K=c.split_k, USE_DOT=c.use_dot, PREFETCH=c.prefetch, SWAP_AB=c.swap_ab,
                      BLOCK_M=16 if c.use_dot else bucket, EVEN_K=k % c.block_k == 0)  # fmt: skip
     types = {"X": "*bf16", "W": "*fp8e4nv", "S": "*fp32", "Bias": "*fp32", "Out": "*bf16", "Acc": "*fp32"}
-    assert _compile(fp8_gemv._fp8_gemv_kernel, types, constants, c.num_warps, c.num_stages) > 0
+    assert _compile(fp8_gemv._fp8_gemv_kernel, types, constants, c.num_warps, c.num_stages)

@@ -151,10 +151,12 @@ def decode_attention(
     num_splits: int,
     reduce_in_fp32: bool = False,
     launch: DecodeLaunch | None = None,
+    num_sms: int | None = None,
 ) -> None:
     """q/out: [B, H, D]; k_buf/v_buf: [slots, KVH, D]; mid_o: [>=B, H, num_splits, D] fp32; mid_lse:
     [>=B, H, num_splits] fp32. Writes `out` in place (no allocation, so it can run inside a CUDA graph).
-    `launch` overrides stage 1's tile and pipeline (benchmarks/decode_attention.py sweeps them)."""
+    `launch` overrides stage 1's tile and pipeline (benchmarks/decode_attention.py sweeps them); without it
+    `decode_launch` picks one for the GPU's `num_sms` (the backend passes its count, read once)."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
@@ -162,8 +164,10 @@ def decode_attention(
     block_h = max(16, triton.next_power_of_2(group))
     ieee = q.dtype.itemsize == 4
     if launch is None:
-        # (Triton's CPU interpreter has no multiprocessors to count; any number serves it)
-        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+        if (
+            num_sms is None
+        ):  # (Triton's CPU interpreter has no multiprocessors to count; any number serves it)
+            num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
         launch = decode_launch(head_dim, ieee, bs * num_kv_heads * num_splits, num_sms)
     _decode_stage1_kernel[(bs, num_kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,

@@ -142,6 +142,7 @@ class TritonAttentionBackend(AttentionBackend):
                 scale,
                 md.num_splits,
                 self.reduce_in_fp32,
+                num_sms=self.num_sms,
             )
         else:
             fresh_kv = {}
