@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import gpu_common as gc  # noqa: E402
 from benchmarks import kernel_profile, moe_bench  # noqa: E402
 from benchmarks.gpu_common import gc_collect_cuda  # noqa: E402
+from tokenspeed.runtime.kernels import pdl  # noqa: E402
 
 DEFAULT_BS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 MODELS = {
@@ -253,6 +254,8 @@ def main() -> None:
             kv_cache_dtype=args.kv_cache_dtype,
             device=gc.device_info(),
             copy_bandwidth_tb_s=round(bw / 1e12, 4),
+            # programmatic dependent launch of the decode kernels (kernels/pdl.py; TOKENSPEED_PDL=0 turns it off)
+            pdl=pdl.enabled(torch.device("cuda")),
             faster_backend=faster,
             **moe_extra,
             rows=rows,

@@ -1,7 +1,7 @@
 """Triton paged decode attention on its own: each stage-1 launch configuration against the bandwidth limit.
 
-For the Llama-3.1-8B and Qwen3-30B-A3B attention shapes (32 query heads over 8 / 4 KV heads, head_dim 128,
-bf16 cache) at each batch size and context, every (splits, keys per step, warps, stages) candidate runs
+For the Llama-3.1-8B and Qwen3-30B-A3B attention shapes (32 query heads over 8 / 4 KV heads, head_dim 128;
+a bf16 cache, or an FP8 one with `--kv-dtype fp8_e4m3`) at each batch size and context, every (splits, keys per step, warps, stages) candidate runs
 one step's layers replayed from a CUDA graph, cycling through enough layers' K/V that the 50 MB L2 cache
 holds none of it (as in a real step). The limit is the K and V bytes over the device-to-device copy
 bandwidth measured in the same run; `ratio` = limit / time. Every candidate's output is checked against
@@ -9,7 +9,7 @@ the current default's (a candidate that fails to compile or disagrees is reporte
 Writes benchmarks/results/gpu_decode_attention.json.
 
     python benchmarks/decode_attention.py [--models llama8b qwen3moe] [--batch-sizes 1 16 64 256]
-        [--contexts 1024] [--out PATH]
+        [--contexts 1024] [--kv-dtype bfloat16|fp8_e4m3] [--out PATH]
 """
 
 from __future__ import annotations
@@ -40,8 +40,13 @@ def candidates(default_splits: int, max_splits: int) -> list[tuple[int, int, int
     return list(itertools.product(splits, (32, 64, 128), (4, 8), (2, 3, 4)))
 
 
-def make_case(bs: int, ctx: int, heads: int, kv_heads: int, head_dim: int, layers: int, seed: int = 0):
-    """Query rows, `layers` K/V caches and a request->slot table over shuffled pages (a paged cache's order)."""
+KV_DTYPES = {"bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def make_case(bs: int, ctx: int, heads: int, kv_heads: int, head_dim: int, layers: int, kv_dtype: torch.dtype,
+              seed: int = 0):  # fmt: skip
+    """Query rows, `layers` K/V caches and a request->slot table over shuffled pages (a paged cache's order).
+    An FP8 cache holds the same normal values cast to e4m3 (a unit scale: the kernel's cost is the same)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     pages_per_req = -(-ctx // PAGE)
     slots = bs * pages_per_req * PAGE
@@ -50,8 +55,8 @@ def make_case(bs: int, ctx: int, heads: int, kv_heads: int, head_dim: int, layer
     req_to_token = (page_of[:, :, None] * PAGE + torch.arange(PAGE, device="cuda")).reshape(bs, -1)[:, :ctx]
     req_to_token = req_to_token.to(torch.int32).contiguous()
     kv = [
-        (torch.randn(slots, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen),
-         torch.randn(slots, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen))
+        (torch.randn(slots, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen).to(kv_dtype),
+         torch.randn(slots, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen).to(kv_dtype))
         for _ in range(layers)
     ]  # fmt: skip
     q = torch.randn(bs, heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -60,7 +65,7 @@ def make_case(bs: int, ctx: int, heads: int, kv_heads: int, head_dim: int, layer
     return q, kv, req_to_token, rows, lens
 
 
-def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int) -> dict:
+def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int, kv_dtype: torch.dtype) -> dict:
     """Time every candidate at one shape; the row of the results file."""
     from tokenspeed.runtime.kernels.decode_attention import (
         MAX_SPLITS,
@@ -71,9 +76,9 @@ def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int) -> dict:
     )
 
     heads, kv_heads, head_dim = SHAPES[model]
-    layer_bytes = 2 * bs * ctx * kv_heads * head_dim * 2
+    layer_bytes = 2 * bs * ctx * kv_heads * head_dim * kv_dtype.itemsize
     layers = max(2, -(-COLD_BYTES // layer_bytes))
-    q, kv, table, rows, lens = make_case(bs, ctx, heads, kv_heads, head_dim, layers)
+    q, kv, table, rows, lens = make_case(bs, ctx, heads, kv_heads, head_dim, layers, kv_dtype)
     out, reference = torch.empty_like(q), torch.empty_like(q)
     default_splits = decode_num_splits(bs, kv_heads, num_sms)
     cands = candidates(default_splits, MAX_SPLITS * 2)
@@ -112,14 +117,14 @@ def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int) -> dict:
     timed.sort(key=lambda r: r["us"])
     default_row = next((r for r in timed if r["default"]), None)
     best = timed[0]
-    print(f"{model} bs={bs} ctx={ctx}: KV {layer_bytes / 1e6:.1f} MB a layer, limit {limit_s * 1e6:.1f} us; "
+    print(f"{model} {str(kv_dtype)[6:]} bs={bs} ctx={ctx}: KV {layer_bytes / 1e6:.1f} MB a layer, limit {limit_s * 1e6:.1f} us; "
           f"default {default_row['us'] if default_row else '-'} us "
           f"({default_row['ratio'] if default_row else '-'}); best {best['us']} us ({best['ratio']:.3f}) "
           f"splits={best['splits']} block_n={best['block_n']} warps={best['num_warps']} stages={best['num_stages']}",
           flush=True)  # fmt: skip
     for r in timed[:5]:
         print(f"    {r}")
-    return dict(model=model, batch=bs, context=ctx, kv_heads=kv_heads, heads=heads, head_dim=head_dim,
+    return dict(model=model, kv_dtype=str(kv_dtype)[6:], batch=bs, context=ctx, kv_heads=kv_heads, heads=heads, head_dim=head_dim,
                 layer_kv_mb=round(layer_bytes / 1e6, 2), limit_us=round(limit_s * 1e6, 2),
                 default_splits=default_splits, default=default_row, best=best, candidates=timed)  # fmt: skip
 
@@ -129,6 +134,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["qwen3moe", "llama8b"], choices=list(SHAPES))
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 64, 256])
     ap.add_argument("--contexts", nargs="+", type=int, default=[1024])
+    ap.add_argument("--kv-dtype", default="bfloat16", choices=list(KV_DTYPES))
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_decode_attention.json"))
     args = ap.parse_args()
 
@@ -137,11 +143,11 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s, {num_sms} SMs", flush=True)
     results = []
     for model, bs, ctx in itertools.product(args.models, args.batch_sizes, args.contexts):
-        results.append(sweep_case(model, bs, ctx, bw, num_sms))
+        results.append(sweep_case(model, bs, ctx, bw, num_sms, KV_DTYPES[args.kv_dtype]))
         gc.gc_collect_cuda()
         # written after each shape, so a run cut short by its time limit keeps what it measured
         gc.save_run(args.out, "decode_attention", ", ".join(args.models), copy_bandwidth_tb_s=round(bw / 1e12, 3),
-                    num_sms=num_sms, rows=results)  # fmt: skip
+                    num_sms=num_sms, kv_dtype=args.kv_dtype, rows=results)  # fmt: skip
     print(f"wrote {args.out}")
 
 

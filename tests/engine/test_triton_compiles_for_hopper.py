@@ -64,8 +64,17 @@ def test_decode_attention_compiles(block_n, num_stages):
                      FP32_PV=False)  # fmt: skip
     assert _compile(_decode_stage1_kernel, types, constants, num_warps=4, num_stages=num_stages)
     types = {"Mid_O": "*fp32", "Mid_lse": "*fp32", "O": "*bf16"}
-    constants = dict(HEAD_DIM=128, NUM_SPLITS=2, BLOCK_S=2, BLOCK_D=128)
-    assert _compile(_decode_stage2_kernel, types, constants, num_warps=4, num_stages=2)
+    for pdl in (False, True):
+        constants = dict(HEAD_DIM=128, NUM_SPLITS=2, BLOCK_S=2, BLOCK_D=128, PDL=pdl)
+        _check_pdl(_compile(_decode_stage2_kernel, types, constants, 4, 2, launch_pdl=pdl), pdl)
+
+
+def _check_pdl(kernel, pdl: bool) -> None:
+    """A kernel compiled for programmatic dependent launch waits on its predecessor (kernels/pdl.py), and
+    one compiled without it does not."""
+    ptx = kernel.asm["ptx"]
+    assert ("griddepcontrol.wait" in ptx) == pdl
+    assert ("griddepcontrol.launch_dependents" in ptx) == pdl
 
 
 @pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
@@ -100,6 +109,52 @@ def test_the_fp8_gemv_default_configs_compile(bucket, n, k, block_k):
     c = fp8_gemv.default_config(bucket, n, k, block_k)
     constants = dict(GN=128 if block_k else 1, GK=block_k or 0, HAS_BIAS=False, M_BUCKET=bucket, BLOCK_N=c.block_n,
                      BLOCK_K=c.block_k, SPLIT_K=c.split_k, USE_DOT=c.use_dot, PREFETCH=c.prefetch, SWAP_AB=c.swap_ab,
-                     BLOCK_M=16 if c.use_dot else bucket, EVEN_K=k % c.block_k == 0)  # fmt: skip
+                     BLOCK_M=16 if c.use_dot else bucket, EVEN_K=k % c.block_k == 0, PDL=True)  # fmt: skip
     types = {"X": "*bf16", "W": "*fp8e4nv", "S": "*fp32", "Bias": "*fp32", "Out": "*bf16", "Acc": "*fp32"}
-    assert _compile(fp8_gemv._fp8_gemv_kernel, types, constants, c.num_warps, c.num_stages)
+    _check_pdl(
+        _compile(fp8_gemv._fp8_gemv_kernel, types, constants, c.num_warps, c.num_stages, launch_pdl=True),
+        True,
+    )
+
+
+def _dense_table_cases() -> list[tuple[str, dict[str, int]]]:
+    """(shape key, configuration) for each distinct configuration the shipped H200 table gives."""
+    from tokenspeed.runtime.kernels import gemv_table
+
+    table = gemv_table.table_for_device("NVIDIA H200")
+    seen, cases = set(), []
+    for key, buckets in sorted(table.configs.items()):
+        for bucket, cfg in sorted(buckets.items()):
+            ident = (bucket, tuple(sorted(cfg.items())))
+            if ident not in seen:
+                seen.add(ident)
+                cases.append((f"{key} m={bucket}", dict(cfg, BLOCK_M=int(bucket))))
+    return cases
+
+
+@pytest.mark.parametrize(("case", "cfg"), _dense_table_cases(), ids=[c for c, _ in _dense_table_cases()])
+def test_the_dense_gemv_table_configs_compile_with_dependent_launch(case, cfg):
+    from tokenspeed.runtime.kernels.bf16_gemv import _dense_gemv_kernel
+
+    constants = dict(HAS_BIAS=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                     SPLIT_K=cfg["SPLIT_K"], PREFETCH=cfg["PREFETCH"], EVEN_K=True, EVEN_N=True, PDL=True)  # fmt: skip
+    types = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Out": "*bf16", "Acc": "*fp32"}
+    kernel = _compile(
+        _dense_gemv_kernel, types, constants, cfg["num_warps"], cfg["num_stages"], launch_pdl=True
+    )
+    _check_pdl(kernel, True)
+
+
+def test_the_fused_ops_compile_with_dependent_launch():
+    from tokenspeed.runtime.kernels.fused_ops import _rmsnorm_kernel, _silu_mul_kernel
+
+    types = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Y": "*bf16", "RO": "*bf16", "eps": "fp32"}
+    for has_res in (False, True):
+        kernel = _compile(
+            _rmsnorm_kernel, types, dict(HAS_RES=has_res, BLOCK=4096, PDL=True), 16, 1, launch_pdl=True
+        )
+        _check_pdl(kernel, True)
+    kernel = _compile(
+        _silu_mul_kernel, {"X": "*bf16", "Y": "*bf16"}, dict(BLOCK=2048, PDL=True), 4, 1, launch_pdl=True
+    )
+    _check_pdl(kernel, True)

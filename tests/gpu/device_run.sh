@@ -27,6 +27,9 @@
 #                                       table (auto; default and record) and with cuBLAS (torch) -> gpu_decode_qwen3moe*.json
 #   decodeattn                          benchmarks/decode_attention.py: the Triton decode attention's launch
 #                                       configurations on the 8B and MoE shapes -> $OUT/gpu_decode_attention.json
+#   decodeattnfp8                       the same over an FP8 KV cache at context 4k -> $OUT/gpu_decode_attention_fp8kv.json
+#   pdlab                               benchmarks/decode.py with programmatic dependent launch and with TOKENSPEED_PDL=0,
+#                                       same call (PDLAB_MODEL llama8b|qwen3moe) -> $OUT/gpu_decode_<model>_{pdl,nopdl}.json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
 #                                       programmatic dependent launch -> $OUT/gpu_pdl_probe.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
@@ -223,6 +226,21 @@ part_decodeattn() {  # the Triton decode attention alone: each launch configurat
   stage bench-decode-attention
   run ${T_DECODE_ATTN:-240} python3 benchmarks/decode_attention.py --out "$OUT/gpu_decode_attention.json"
   grep -E "^(qwen3moe|llama8b) bs" "$LOG" | tail -10
+}
+part_decodeattnfp8() {  # the same sweep over an FP8 KV cache at context 4k (where FP8 KV decode rows are timed)
+  stage bench-decode-attention-fp8
+  run ${T_DECODE_ATTN_FP8:-200} python3 benchmarks/decode_attention.py --kv-dtype fp8_e4m3 --contexts 4096 \
+    --batch-sizes ${ATTN_FP8_BS:-1 64} --out "$OUT/gpu_decode_attention_fp8kv.json"
+  grep -E "^(qwen3moe|llama8b) " "$LOG" | tail -6
+}
+part_pdlab() {  # whole decode steps with programmatic dependent launch (the default on Hopper) and without
+  stage bench-decode-pdl
+  local m=${PDLAB_MODEL:-llama8b}
+  run ${T_PDLAB:-150} python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \
+    --batch-sizes ${PDLAB_BS:-1 64} ${PDLAB_ARGS:-} --out "$OUT/gpu_decode_${m}_pdl.json"
+  run ${T_PDLAB:-150} env TOKENSPEED_PDL=0 python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \
+    --batch-sizes ${PDLAB_BS:-1 64} ${PDLAB_ARGS:-} --out "$OUT/gpu_decode_${m}_nopdl.json"
+  grep -E "ratio=" "$LOG" | tail -8
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
   stage bench-pdl

@@ -21,7 +21,9 @@ unless the caller passes one: `layers/dense_gemv.py` passes the configuration th
 for the shape and bucket (the same one in every process, so the same bits at every start).
 The CUDA-graph runner makes an eager warm-up forward for every captured batch size before it captures,
 so tuning (which synchronizes) never happens inside a capture; a captured call is zero (split-K only),
-product, cast (split-K only), with its buffers from the graph's pool.
+product, cast (split-K only), with its buffers from the graph's pool. A call with a configuration launches
+with programmatic dependent launch on Hopper (`kernels/pdl.py`): its first weight chunks load while the
+kernel before it finishes.
 
 Imported only by `layers/dense_gemv.py` on CUDA tensors (and by Triton's interpreter in the CPU tests).
 On the GPU tests/gpu/test_bf16_gemv_gpu.py checks it and benchmarks/bf16_gemv.py times it (H200: docs/GPU.md).
@@ -36,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed.runtime.kernels import gemv_common
+from tokenspeed.runtime.kernels import gemv_common, pdl
 from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, split_k_share, zero_partials
 
 # Batches up to this many rows take the GEMV: beyond, the CUDA cores' FMAs per weight byte start to bound
@@ -160,6 +162,7 @@ def _dense_gemv_kernel(
     X, W, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     pid_k, offs_n, nmask, chunks, lo, hi = split_k_share(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
     offs_k = tl.arange(0, BLOCK_K)
@@ -179,6 +182,9 @@ def _dense_gemv_kernel(
         w1 = load_rows(w_rows, tl.minimum(lo, last) * BLOCK_K + offs_k, K, nmask, EVEN_K, EVEN_N)
     if PREFETCH >= 2:
         w2 = load_rows(w_rows, tl.minimum(lo + 1, last) * BLOCK_K + offs_k, K, nmask, EVEN_K, EVEN_N)
+    # Under PDL the weight chunks above load while the previous kernel finishes; X is its output.
+    pdl.release(PDL)
+    pdl.wait(PDL)
     for i in range(lo, hi):
         k = i * BLOCK_K + offs_k
         if PREFETCH == 0:
@@ -269,6 +275,7 @@ def dense_gemv(
         _launch[(triton.cdiv(n, config.block_n), split)](
             *args, **meta, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
             PREFETCH=config.prefetch, num_warps=config.num_warps, num_stages=config.num_stages,
+            **pdl.launch_kwargs(x.device),
         )  # fmt: skip
     if split > 1:
         out.copy_(acc)

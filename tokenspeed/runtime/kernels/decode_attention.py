@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed.runtime.kernels import pdl
 from tokenspeed.runtime.kernels.online_softmax import attend_keys, cache_strides
 
 # At most this many splits a request: on the H200 (benchmarks/results/gpu_decode_attention.json) one request
@@ -117,7 +118,11 @@ def _decode_stage2_kernel(
     Mid_O, Mid_lse, O,  # noqa: E741 - O: the attention output, named as in the literature
     stride_mob, stride_moh, stride_mos, stride_lb, stride_lh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    # Under PDL (kernels/pdl.py) the o projection's GEMV may start loading its weights while this runs.
+    pdl.release(PDL)
+    pdl.wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -182,5 +187,5 @@ def decode_attention(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-        BLOCK_D=block_d, num_warps=4 if block_d <= 128 else 8,
+        BLOCK_D=block_d, num_warps=4 if block_d <= 128 else 8, **pdl.launch_kwargs(q.device),
     )  # fmt: skip

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed.runtime.kernels import gemv_common
+from tokenspeed.runtime.kernels import gemv_common, pdl
 from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, split_k_share, zero_partials
 
 # Batches up to this many rows take the GEMV; larger ones are compute-bound enough for the GEMM paths.
@@ -189,6 +189,7 @@ def _fp8_gemv_kernel(
     GN: tl.constexpr, GK: tl.constexpr, HAS_BIAS: tl.constexpr, M_BUCKET: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
     PREFETCH: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     pid_k, offs_n, nmask, chunks, lo, hi = split_k_share(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
     offs_m = tl.arange(0, BLOCK_M)
@@ -199,6 +200,8 @@ def _fp8_gemv_kernel(
         s_rows = S + (offs_n // GN).to(tl.int64) * stride_sn
     if USE_DOT:
         x_rows = X + offs_m[:, None] * stride_xm
+        pdl.release(PDL)
+        pdl.wait(PDL)  # X is the previous kernel's output (kernels/pdl.py)
         if SWAP_AB:
             acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         else:
@@ -234,6 +237,9 @@ def _fp8_gemv_kernel(
         if PREFETCH:  # chunk indices are clamped into [lo, hi - 1]: a repeated chunk comes from cache
             k0 = tl.minimum(lo, chunks - 1) * BLOCK_K + offs_k
             w_next = load_rows(w_rows, k0, K, nmask, EVEN_K, False)
+        # Under PDL the first weight chunk above loads while the previous kernel finishes.
+        pdl.release(PDL)
+        pdl.wait(PDL)
         for i in range(lo, hi):
             k = i * BLOCK_K + offs_k
             if PREFETCH:
@@ -333,6 +339,7 @@ def _run(x, w, w_scale, block, bias, config: GemvConfig | None) -> torch.Tensor:
         _launch[(triton.cdiv(n, cfg.block_n), split)](
             *args, **meta, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, USE_DOT=cfg.use_dot,
             PREFETCH=cfg.prefetch, SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **pdl.launch_kwargs(x.device),
         )  # fmt: skip
     if split > 1:
         out.copy_(acc)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed.runtime.kernels import pdl
+
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -29,7 +31,11 @@ def _rmsnorm_kernel(
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    # Under PDL (kernels/pdl.py) the next kernel, a GEMV, may start loading its weights while this one runs.
+    pdl.release(PDL)
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -68,7 +74,7 @@ def rms_norm(
     _rmsnorm_kernel[(x2.shape[0],)](
         x2, r2, weight, y, new_res,
         x2.stride(0), r2.stride(0) if has_res else 0, y.stride(0), new_res.stride(0) if has_res else 0,
-        n, eps, HAS_RES=has_res, BLOCK=block, num_warps=warps,
+        n, eps, HAS_RES=has_res, BLOCK=block, num_warps=warps, **pdl.launch_kwargs(x.device),
     )  # fmt: skip
     if not has_res:
         return y.view(shape)
@@ -76,7 +82,9 @@ def rms_norm(
 
 
 @triton.jit
-def _silu_mul_kernel(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.release(PDL)  # the down projection's GEMV may start loading its weights
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -97,7 +105,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     block = min(2048, triton.next_power_of_2(n))
     _silu_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
-        x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, num_warps=4
+        x2, y, x2.stride(0), y.stride(0), n, BLOCK=block, num_warps=4, **pdl.launch_kwargs(x.device)
     )
     return y.view(*shape[:-1], n)
 
