@@ -315,6 +315,7 @@ for s in "$@"; do
     bench) parts="decode prefill moe offline" ;;
     e2e) parts="fleet serving" ;;
     fp8) parts="fp8gemv fp8 fp8bench" ;;
+    fp8tests) parts="fp8" ;;
     verify) parts="structured spec fp8" ;;
     bf16gemv) parts="bf16gemvtests bf16gemvbench bf16gemvdecode" ;;
     moegemv) parts="moegemvtests moegemvtune" ;;
