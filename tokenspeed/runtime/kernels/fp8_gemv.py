@@ -144,15 +144,14 @@ def default_config(bucket: int, n: int, k: int, block_k: int | None) -> GemvConf
     """The configuration a call runs. On the H200 (benchmarks/results/gpu_fp8_gemv.json, 2026-12-04 12:51 UTC)
     the autotuner's winners on Llama-3.1-8B's qkv (6144 x 4096), o (4096 x 4096), gate_up (28672 x 4096)
     and down (4096 x 14336) were, per channel: at one row the CUDA-core path with 4 rows a program and
-    1024-wide K chunks, 2048-wide on 8 warps for the narrow o, loading ahead for down's long K; at 4 and 16
-    rows the tensor-core path with 32 rows and 256-wide chunks, 128-wide for the wide gate_up; with
-    128 x 128 scale blocks the tensor-core path with 32 rows and 128-wide chunks. None split K."""
+    1024-wide K chunks, 2048-wide on 8 warps for the narrow o; at 4 and 16 rows the tensor-core path with
+    32 rows and 256-wide chunks, 128-wide for the wide gate_up; with 128 x 128 scale blocks the tensor-core
+    path with 32 rows and 128-wide chunks. None split K. Down's long K took loading ahead at 12:51 (22.08 us),
+    but the run of 21:29 UTC timed that at 21.99 us and the plain 1024-wide chunks at 20.27 us."""
     if block_k is not None:
         return adapt(GemvConfig(32, 128, 4, 4, use_dot=True), block_k)
     if bucket == 1:
-        if k >= 8192:
-            return GemvConfig(4, 1024, 4, prefetch=True)
-        return GemvConfig(4, 2048, 8) if n <= 4096 else GemvConfig(4, 1024, 4)
+        return GemvConfig(4, 2048, 8) if n <= 4096 and k < 8192 else GemvConfig(4, 1024, 4)
     return GemvConfig(32, 128, 4, 4, use_dot=True) if n >= 16384 else GemvConfig(32, 256, 4, 3, use_dot=True)
 
 
