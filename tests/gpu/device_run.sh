@@ -28,8 +28,9 @@
 #   decodeattn                          benchmarks/decode_attention.py: the Triton decode attention's launch
 #                                       configurations on the 8B and MoE shapes -> $OUT/gpu_decode_attention.json
 #   decodeattnfp8                       the same over an FP8 KV cache at context 4k -> $OUT/gpu_decode_attention_fp8kv.json
-#   pdlab                               benchmarks/decode.py with programmatic dependent launch and with TOKENSPEED_PDL=0,
-#                                       same call (PDLAB_MODEL llama8b|qwen3moe) -> $OUT/gpu_decode_<model>_{pdl,nopdl}.json
+#   pdlab                               GPU kernel and engine tests with programmatic dependent launch (TOKENSPEED_PDL=1),
+#                                       then benchmarks/decode.py with and without it, same call (PDLAB_MODEL
+#                                       llama8b|qwen3moe) -> $OUT/gpu_decode_<model>_{pdl,nopdl}.json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
 #                                       programmatic dependent launch -> $OUT/gpu_pdl_probe.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
@@ -233,12 +234,16 @@ part_decodeattnfp8() {  # the same sweep over an FP8 KV cache at context 4k (whe
     --batch-sizes ${ATTN_FP8_BS:-1 64} --out "$OUT/gpu_decode_attention_fp8kv.json"
   grep -E "^(qwen3moe|llama8b) " "$LOG" | tail -6
 }
-part_pdlab() {  # whole decode steps with programmatic dependent launch (the default on Hopper) and without
+part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic dependent launch (TOKENSPEED_PDL=1),
+  # then whole decode steps with it and without it in the same call
+  stage tests-pdl
+  run ${T_PDL_TESTS:-200} env TOKENSPEED_PDL=1 $PYT tests/gpu/test_fused_ops.py tests/gpu/test_attention_backends.py \
+    tests/gpu/test_bf16_gemv_gpu.py tests/gpu/test_engine_gpu.py -k "not flashinfer"
   stage bench-decode-pdl
   local m=${PDLAB_MODEL:-llama8b}
-  run ${T_PDLAB:-150} python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \
+  run ${T_PDLAB:-150} env TOKENSPEED_PDL=1 python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \
     --batch-sizes ${PDLAB_BS:-1 64} ${PDLAB_ARGS:-} --out "$OUT/gpu_decode_${m}_pdl.json"
-  run ${T_PDLAB:-150} env TOKENSPEED_PDL=0 python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \
+  run ${T_PDLAB:-150} python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \
     --batch-sizes ${PDLAB_BS:-1 64} ${PDLAB_ARGS:-} --out "$OUT/gpu_decode_${m}_nopdl.json"
   grep -E "ratio=" "$LOG" | tail -8
 }

@@ -21,9 +21,9 @@ unless the caller passes one: `layers/dense_gemv.py` passes the configuration th
 for the shape and bucket (the same one in every process, so the same bits at every start).
 The CUDA-graph runner makes an eager warm-up forward for every captured batch size before it captures,
 so tuning (which synchronizes) never happens inside a capture; a captured call is zero (split-K only),
-product, cast (split-K only), with its buffers from the graph's pool. A call with a configuration launches
-with programmatic dependent launch on Hopper (`kernels/pdl.py`): its first weight chunks load while the
-kernel before it finishes.
+product, cast (split-K only), with its buffers from the graph's pool. With TOKENSPEED_PDL=1 a call with a
+configuration launches with programmatic dependent launch on Hopper (`kernels/pdl.py`): its first weight
+chunks load while the kernel before it finishes.
 
 Imported only by `layers/dense_gemv.py` on CUDA tensors (and by Triton's interpreter in the CPU tests).
 On the GPU tests/gpu/test_bf16_gemv_gpu.py checks it and benchmarks/bf16_gemv.py times it (H200: docs/GPU.md).

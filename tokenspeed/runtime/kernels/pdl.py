@@ -16,8 +16,11 @@ The contract of every kernel launched with `launch_kwargs(device)`:
 A kernel launched without PDL waits for everything before it, as always; one launched with it but
 without the wait would race, so only the kernels here that call `wait` take these keyword arguments.
 
-`TOKENSPEED_PDL=0` launches them all without PDL (the same bits: `benchmarks/decode.py` run both ways
-measures what it gains). The CPU interpreter and GPUs before Hopper never use it.
+PDL is off unless `TOKENSPEED_PDL=1`: the kernels here have been compiled for sm_90 with it (tests/engine/
+test_triton_compiles_for_hopper.py) but have not yet run with it on a GPU, and whole decode steps have not
+been timed with it. `device_run.sh pdlab` does both (the GPU tests, and `benchmarks/decode.py` with and
+without it in one run); it becomes the default on Hopper once that run shows the same tokens and a faster
+step. The CPU interpreter and GPUs before Hopper never use it.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import triton.language as tl
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with PDL: a CUDA GPU of compute capability 9 or later, unless
-    TOKENSPEED_PDL=0."""
-    if device.type != "cuda" or os.environ.get("TOKENSPEED_PDL", "1") == "0":
+    """Whether kernels on `device` launch with PDL: TOKENSPEED_PDL=1 and a CUDA GPU of compute capability 9
+    or later."""
+    if device.type != "cuda" or os.environ.get("TOKENSPEED_PDL", "0") != "1":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 
