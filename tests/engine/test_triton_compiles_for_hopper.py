@@ -158,3 +158,25 @@ def test_the_fused_ops_compile_with_dependent_launch():
         _silu_mul_kernel, {"X": "*bf16", "Y": "*bf16"}, dict(BLOCK=2048, PDL=True), 4, 1, launch_pdl=True
     )
     _check_pdl(kernel, True)
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_the_moe_kernels_compile_with_dependent_launch(pdl):
+    """Routing, the grouped gate|up and down GEMMs and the pair sum, at the H200 table's one-token config."""
+    from tokenspeed.runtime.moe.kernels import gemm, routing
+
+    route_types = {"Logits": "*bf16", "Weights": "*fp32", "Ids": "*i32", "Log2phy": "*i32", "Logcnt": "*i32",
+                   "Counts": "*i32", "Mask": "*i32"}  # fmt: skip
+    route = dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, RENORM=True, DISPATCH=0, LOCALIZE=False, RECORD=True,
+                 MASKED=False, PDL=pdl)  # fmt: skip
+    _check_pdl(_compile(routing._route_kernel, route_types, route, 1, 1, launch_pdl=pdl), pdl)
+    tile = dict(IEEE=False, EVEN_K=True, PAIRS=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, HAS_SCALE=False, GN=1,
+                GK=1, PDL=pdl)  # fmt: skip
+    types = {"X": "*bf16", "W": "*bf16", "Act": "*bf16", "Sorted": "*i32", "BlockExpert": "*i32", "S": "*bf16"}
+    _check_pdl(_compile(gemm._gate_up_silu_kernel, types, dict(tile, TOP_K=8), 4, 3, launch_pdl=pdl), pdl)
+    types = {"Act": "*bf16", "W": "*bf16", "Out": "*fp32", "Sorted": "*i32", "BlockExpert": "*i32",
+             "Weights": "*fp32", "S": "*bf16"}  # fmt: skip
+    _check_pdl(_compile(gemm._down_kernel, types, dict(tile, BLOCK_N=64), 4, 3, launch_pdl=pdl), pdl)
+    types = {"PerPair": "*fp32", "Ids": "*i32", "Out": "*bf16"}
+    kernel = _compile(gemm._sum_pairs_kernel, types, dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), 4, 1, launch_pdl=pdl)
+    _check_pdl(kernel, pdl)

@@ -238,7 +238,7 @@ part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic depe
   # then whole decode steps with it and without it in the same call
   stage tests-pdl
   run ${T_PDL_TESTS:-200} env TOKENSPEED_PDL=1 $PYT tests/gpu/test_fused_ops.py tests/gpu/test_attention_backends.py \
-    tests/gpu/test_bf16_gemv_gpu.py tests/gpu/test_engine_gpu.py -k "not flashinfer"
+    tests/gpu/test_bf16_gemv_gpu.py tests/gpu/test_fused_moe.py tests/gpu/test_engine_gpu.py -k "not flashinfer"
   stage bench-decode-pdl
   local m=${PDLAB_MODEL:-llama8b}
   run ${T_PDLAB:-150} env TOKENSPEED_PDL=1 python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \

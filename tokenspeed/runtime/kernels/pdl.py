@@ -14,7 +14,10 @@ The contract of every kernel launched with `launch_kwargs(device)`:
 - it calls `release(PDL)` once it no longer needs its multiprocessors' slots to itself: the next PDL
   kernel may then be scheduled and start its own loads (a kernel that never calls it releases at exit).
 A kernel launched without PDL waits for everything before it, as always; one launched with it but
-without the wait would race, so only the kernels here that call `wait` take these keyword arguments.
+without the wait would race, so only kernels that call `wait` take these keyword arguments: the dense
+and FP8 GEMVs (`bf16_gemv.py`, `fp8_gemv.py`, which load their first weight chunks before it), RMSNorm
+and SiLU-and-mul (`fused_ops.py`), decode attention's merge (`decode_attention.py`), and the MoE layer's
+routing, grouped GEMMs and pair sum (`moe/kernels/routing.py`, `gemm.py`).
 
 PDL is off unless `TOKENSPEED_PDL=1`: the kernels here have been compiled for sm_90 with it (tests/engine/
 test_triton_compiles_for_hopper.py) but have not yet run with it on a GPU, and whole decode steps have not

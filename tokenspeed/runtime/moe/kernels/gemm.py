@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed.runtime.kernels import pdl
 from tokenspeed.runtime.moe.kernels.align import ExpertAlignment
 
 # FP8 expert weights' scales: ([E, N, 1] per channel, or [E, N / bn, K / bk] with block (bn, bk), None)
@@ -82,8 +83,10 @@ def _gate_up_silu_kernel(
     S, stride_se, stride_sn, stride_sk,  # FP8 weights' scales (HAS_SCALE), in blocks of (GN, GK)
     TOP_K: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr = False, GN: tl.constexpr = 1, GK: tl.constexpr = 1,
+    HAS_SCALE: tl.constexpr = False, GN: tl.constexpr = 1, GK: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.release(PDL)
+    pdl.wait(PDL)  # the expert ids and the activations are earlier kernels' output (kernels/pdl.py)
     e, ids, rows, valid = _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS, BLOCK_M)
     if (e >= 0) & (e < num_experts):
         tok = (ids // TOP_K).to(tl.int64)
@@ -126,8 +129,10 @@ def _down_kernel(
     S, stride_se, stride_sn, stride_sk,  # FP8 weights' scales (HAS_SCALE), in blocks of (GN, GK)
     IEEE: tl.constexpr, EVEN_K: tl.constexpr, PAIRS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_SCALE: tl.constexpr = False, GN: tl.constexpr = 1, GK: tl.constexpr = 1,
+    HAS_SCALE: tl.constexpr = False, GN: tl.constexpr = 1, GK: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.release(PDL)
+    pdl.wait(PDL)  # the expert ids and the activations are earlier kernels' output (kernels/pdl.py)
     e, ids, rows, valid = _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS, BLOCK_M)
     if (e >= 0) & (e < num_experts):
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -158,7 +163,11 @@ def _down_kernel(
 
 
 @triton.jit
-def _sum_pairs_kernel(PerPair, Ids, Out, N, stride_p, stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sum_pairs_kernel(
+    PerPair, Ids, Out, N, stride_p, stride_o, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False
+):  # fmt: skip
+    pdl.release(PDL)
+    pdl.wait(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = offs < N
@@ -205,6 +214,7 @@ def _tiling(
         num_warps=4 if ieee else cfg.num_warps,
         num_stages=2 if ieee else cfg.num_stages,
         **s_consts,
+        **pdl.launch_kwargs(w.device),
     )
     return (al.num_blocks, triton.cdiv(n, bn)), s_args, meta
 
@@ -255,6 +265,7 @@ def sum_pairs(per_pair: torch.Tensor, ids: torch.Tensor, out_dtype) -> torch.Ten
     out = torch.empty((t, n), dtype=out_dtype, device=per_pair.device)
     block = min(1024, triton.next_power_of_2(n))
     _sum_pairs_kernel[(t, triton.cdiv(n, block))](
-        per_pair, ids, out, n, per_pair.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block, num_warps=4
-    )
+        per_pair, ids, out, n, per_pair.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block, num_warps=4,
+        **pdl.launch_kwargs(per_pair.device),
+    )  # fmt: skip
     return out

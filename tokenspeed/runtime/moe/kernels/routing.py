@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed.runtime.kernels import pdl
 from tokenspeed.runtime.moe.dispatch import DispatchView
 
 DISPATCH_CODES = {"none": 0, "static": 1, "dynamic": 2}
@@ -49,7 +50,10 @@ def _route_kernel(
     LOCALIZE: tl.constexpr,
     RECORD: tl.constexpr,
     MASKED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.release(PDL)
+    pdl.wait(PDL)  # the router's logits are the previous kernel's output (kernels/pdl.py)
     t = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)
     emask = offs < E
@@ -139,5 +143,6 @@ def fused_route(
         RECORD=counts is not None,
         MASKED=counts is not None and token_mask is not None,
         num_warps=1 if block_e <= 256 else 4,
+        **pdl.launch_kwargs(logits.device),
     )
     return weights, ids
