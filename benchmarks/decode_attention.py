@@ -91,7 +91,7 @@ def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int, kv_dtype:
         k, v = kv[layer]
         decode_attention(q, k, v, dst, table, rows, lens, mid_o, mid_lse, scale, splits, launch=launch)
 
-    base = decode_launch(head_dim, False, bs * kv_heads * default_splits, num_sms)
+    base = decode_launch(head_dim, False, bs * kv_heads * default_splits, num_sms, kv_dtype.itemsize)
     call(default_splits, base, 0, reference)
     limit_s = layer_bytes / bw
     timed = []

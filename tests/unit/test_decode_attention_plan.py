@@ -1,6 +1,7 @@
 """The Triton decode attention's split count and launch configuration, as measured on the H200
 (benchmarks/results/gpu_decode_attention.json): at most four programs a multiprocessor, at most 16 splits,
-three stages, 128 keys a step once the grid has six programs a multiprocessor."""
+three stages (two over an FP8 cache, for its registers), 128 keys a step once the grid has six programs a
+multiprocessor."""
 
 from __future__ import annotations
 
@@ -42,3 +43,12 @@ def test_launch_configuration():
     # float32 (the CPU interpreter's tests) and wide heads keep the small tile and two stages
     assert decode_launch(128, True, 1024, H200_SMS) == DecodeLaunch(block_n=32, num_stages=2)
     assert decode_launch(256, False, 64, H200_SMS) == DecodeLaunch(block_n=32, num_stages=2)
+
+
+def test_an_fp8_cache_keeps_two_stages_where_four_programs_a_multiprocessor_must_fit():
+    # 64 requests on the 8B shape: 512 programs, four a multiprocessor (the split rule's target)
+    assert decode_num_splits(64, 8, H200_SMS) == 1
+    assert decode_launch(128, False, 512, H200_SMS, kv_bytes=1) == DecodeLaunch(block_n=64, num_stages=2)
+    assert decode_launch(128, False, 512, H200_SMS, kv_bytes=2) == DecodeLaunch(block_n=64, num_stages=3)
+    # many waves anyway: the long-range tile, as for bf16
+    assert decode_launch(128, False, 1024, H200_SMS, kv_bytes=1) == DecodeLaunch(block_n=128, num_stages=3)

@@ -48,16 +48,30 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
     return int(min(MAX_SPLITS, 1 << (want.bit_length() - 1)))
 
 
-def decode_launch(head_dim: int, fp32: bool, programs: int, num_sms: int) -> DecodeLaunch:
-    """Stage 1's configuration for a grid of `programs`. Measured on the H200 at context 1k
-    (`benchmarks/decode_attention.py`): three pipeline stages hide the gathered K/V loads' latency
-    (batch 64: 41.95 against 50.11 us a layer with two); with at least six programs a multiprocessor
-    (batch 256) each walks a long key range, where 128 keys a step beat 64 (145.0 against 150.0 us).
-    Float32 and heads wider than 128 keep the smaller tile and two stages for their registers and shared
-    memory."""
+def decode_launch(head_dim: int, fp32: bool, programs: int, num_sms: int, kv_bytes: int = 2) -> DecodeLaunch:
+    """Stage 1's configuration for a grid of `programs` over a cache of `kv_bytes` a value. Measured on the
+    H200 at context 1k with a bf16 cache (`benchmarks/decode_attention.py`): three pipeline stages hide the
+    gathered K/V loads' latency (batch 64: 41.95 against 50.11 us a layer with two); with at least six
+    programs a multiprocessor (batch 256) each walks a long key range, where 128 keys a step beat 64
+    (145.0 against 150.0 us). Float32 and heads wider than 128 keep the smaller tile and two stages for their
+    registers and shared memory.
+
+    An FP8 cache (`kv_bytes` 1) keeps two stages below six programs a multiprocessor. Converting e4m3 to
+    bf16 in the loop costs registers: with three stages Triton 3.6 (the H200 image's) gives the kernel 152 a
+    thread on the 8B shape, so three programs fit on a multiprocessor, not the four `decode_num_splits`
+    plans for; two stages take 128 there and on the Qwen3-30B-A3B shape, and four fit (65536 registers /
+    (128 x 128 threads)). (Counts from sm_90 compiles on the CPU with every pointer and stride 16-aligned,
+    as a launch specializes them, read with the cuobjdump Triton ships; Triton 3.9 gives other counts, so
+    this rule is the H200 image's.) At 64 requests of 4k on the 8B shape (512 programs) three stages leave
+    a second wave under a third full: the FP8 step took 15.74 ms under the bf16 rule against 14.10 ms under
+    the rule before it (two stages, two splits; 2026-12-04, `gpu_decode_fp8_kv.json` and its earlier
+    version), while the bf16 step got faster. Not yet re-timed with two stages (`device_run.sh
+    decodeattnfp8`)."""
     if fp32 or head_dim > 128:
         return DecodeLaunch(block_n=32, num_stages=2)
-    return DecodeLaunch(block_n=128 if programs >= 6 * num_sms else 64)
+    if programs >= 6 * num_sms:
+        return DecodeLaunch(block_n=128)
+    return DecodeLaunch(block_n=64, num_stages=2 if kv_bytes == 1 else 3)
 
 
 @triton.jit
@@ -173,7 +187,7 @@ def decode_attention(
             num_sms is None
         ):  # (Triton's CPU interpreter has no multiprocessors to count; any number serves it)
             num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
-        launch = decode_launch(head_dim, ieee, bs * num_kv_heads * num_splits, num_sms)
+        launch = decode_launch(head_dim, ieee, bs * num_kv_heads * num_splits, num_sms, k_buf.element_size())
     _decode_stage1_kernel[(bs, num_kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,
         q.stride(0), q.stride(1), *cache_strides(k_buf, v_buf, req_to_token),
