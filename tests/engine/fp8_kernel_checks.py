@@ -13,10 +13,15 @@ import json
 import torch
 import torch.nn.functional as F
 
-from tokenspeed.runtime.kernels import fp8_gemm
+from tokenspeed.runtime.kernels import fp8_gemm, fp8_quant
 from tokenspeed.runtime.kernels.decode_attention import decode_attention
 from tokenspeed.runtime.kernels.extend_attention import extend_attention
-from tokenspeed.runtime.layers.quantization.fp8_math import dequantize, quantize_block, quantize_per_channel
+from tokenspeed.runtime.layers.quantization.fp8_math import (
+    FP8_MAX,
+    dequantize,
+    quantize_block,
+    quantize_per_channel,
+)
 from tokenspeed.runtime.moe.kernels.align import align_by_expert, pairs_as_blocks
 from tokenspeed.runtime.moe.kernels.configs import MoeKernelConfig
 from tokenspeed.runtime.moe.kernels.gemm import down, gate_up_silu
@@ -31,7 +36,9 @@ def block_gemm() -> dict[str, float]:
     for n, k, m in ((64, 256, 5), (200, 300, 3)):
         w, s = quantize_block(torch.randn(n, k) * 0.05, (128, 128))
         x = torch.randn(m, k)
-        q, xs = quantize_block(x, (1, 128))  # the activations' per-group quantization
+        # the activations as the GEMM quantizes them (fp8_quant; the interpreter's own e4m3 cast, which
+        # rounds a few values unlike the GPU's, is what this kernel is given here)
+        q, xs = fp8_quant.quantize_rows(x, group=128)
         x_seen = dequantize(q, xs, (1, 128), torch.float32)  # the activations the kernel multiplies
         ref = F.linear(x_seen, dequantize(w, s, (128, 128), torch.float32))
         out[f"block_gemm_{n}x{k}_m{m}"] = _rel(fp8_gemm.block_fp8_matmul(x, w, s, (128, 128)), ref)
@@ -131,6 +138,31 @@ def extend_fresh(k_scale: float, v_scale: float) -> float:
     return worst
 
 
+def quantize_rows_exact() -> dict[str, float]:
+    """`fp8_quant.quantize_rows` against `quantize_per_channel`, the reference, to the bit: the count of
+    quotients and scales that differ (0 expected). The kernel stores its clamped float32 quotients here
+    (the interpreter's own e4m3 cast rounds some values wrongly; the GPU test compares the e4m3 bytes).
+    Rows of zeros, one huge value and a tail past the kernel's block of 2048 included."""
+    out = {}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for m, k in ((3, 300), (5, 4096), (2, 14336)):
+            x = (torch.randn(m, k) * torch.logspace(-3, 2, m)[:, None]).to(dtype)
+            x[0] = 0.0  # a row of zeros: the smallest scale, all zeros out
+            x[-1, -1] = 3.0e4 if dtype != torch.float16 else 6.0e4
+            quotients, s = fp8_quant.quantize_rows(x, dtype=torch.float32)
+            _, s_ref = quantize_per_channel(x)
+            ref = (x.float() / s_ref).clamp(-FP8_MAX, FP8_MAX)  # what `to_fp8` casts
+            off = int((quotients.view(torch.int32) != ref.view(torch.int32)).sum()) + int((s != s_ref).sum())
+            # per (token, 128 columns), as the block-wise GEMM quantizes its activations
+            g_quotients, g_s = fp8_quant.quantize_rows(x, group=128, dtype=torch.float32)
+            _, g_ref_s = quantize_block(x, (1, 128))
+            g_ref = (x.float() / g_ref_s.repeat_interleave(128, dim=1)[:, :k]).clamp(-FP8_MAX, FP8_MAX)
+            off += int((g_quotients.view(torch.int32) != g_ref.view(torch.int32)).sum())
+            off += int((g_s != g_ref_s).sum())
+            out[f"quantize_rows_{str(dtype)[6:]}_{k}"] = float(off)
+    return out
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    print(json.dumps({**block_gemm(), **fused_moe(), **attention()}))
+    print(json.dumps({**block_gemm(), **fused_moe(), **attention(), **quantize_rows_exact()}))

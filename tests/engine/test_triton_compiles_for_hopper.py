@@ -180,3 +180,17 @@ def test_the_moe_kernels_compile_with_dependent_launch(pdl):
     types = {"PerPair": "*fp32", "Ids": "*i32", "Out": "*bf16"}
     kernel = _compile(gemm._sum_pairs_kernel, types, dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), 4, 1, launch_pdl=pdl)
     _check_pdl(kernel, pdl)
+
+
+@pytest.mark.parametrize("x", ["*bf16", "*fp16", "*fp32"])
+def test_the_per_token_fp8_quantization_rounds_as_the_reference(x):
+    """fp8_quant's kernel divides with IEEE rounding and casts to e4m3 rounding to nearest, as the PyTorch
+    reference does (what makes its bytes the reference's; tests/gpu/test_fp8_gpu.py compares them)."""
+    from tokenspeed.runtime.kernels.fp8_quant import _quantize_rows_kernel
+    from tokenspeed.runtime.layers.quantization.fp8_math import FP8_MAX, MIN_SCALE
+
+    types = {"X": x, "Q": "*fp8e4nv", "S": "*fp32"}
+    kernel = _compile(_quantize_rows_kernel, types, dict(FMAX=FP8_MAX, MIN_S=MIN_SCALE, BLOCK=2048), 4, 1)
+    ptx = kernel.asm["ptx"]
+    assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx

@@ -46,6 +46,24 @@ def test_per_channel_scaled_mm_matches_reference(m):
     assert _cos(got, ref) >= 0.999  # activations are quantized per token: ~e4m3 precision on both sides
 
 
+@pytest.mark.parametrize("k", [300, 4096, 14336])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_per_token_quantization_is_the_reference_to_the_bit(dtype, k):
+    """`fp8_quant.quantize_rows` (one launch) writes the bytes and scales `quantize_per_channel` (about
+    nine PyTorch kernels) does, the e4m3 cast included, which Triton's CPU interpreter cannot check."""
+    from tokenspeed.runtime.kernels.fp8_quant import quantize_rows
+
+    torch.manual_seed(k)
+    x = (torch.randn(64, k, device="cuda") * torch.logspace(-3, 2, 64, device="cuda")[:, None]).to(dtype)
+    x[0] = 0.0
+    for (q, s), (q_ref, s_ref) in [
+        (quantize_rows(x), quantize_per_channel(x)),  # per token: _scaled_mm's activations
+        (quantize_rows(x, group=128), quantize_block(x, (1, 128))),  # per (token, 128): the block GEMM's
+    ]:
+        assert torch.equal(s, s_ref)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
 @pytest.mark.parametrize("shape", [(512, 384), (200, 300), (1024, 4096)])
 @pytest.mark.parametrize("m", [1, 33, 256])
 def test_block_fp8_gemm_matches_reference(shape, m):

@@ -4,7 +4,7 @@
   pass over the weight with the activations unquantized, whatever the scale layout; larger batches
   quantize the activations per token and go through:
 - per-channel weights (`weight_scale` [N, 1]): `torch._scaled_mm` with rowwise scales (x per token [M, 1],
-  W per channel [1, N]), bf16 out; where the shapes or dtypes do not allow it (fp16 activations, K or N not
+  quantized in one launch by `kernels/fp8_quant.py`; W per channel [1, N]), bf16 out; where the shapes or dtypes do not allow it (fp16 activations, K or N not
   a multiple of 16) the weight is dequantized and multiplied in the activations' dtype;
 - block-wise weights (`weight_scale` [ceil(N/bn), ceil(K/bk)]): a Triton GEMM over K tiles of `bk`, with
   activations quantized per (token, bk group), both scales applied to each tile's partial product.
@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from tokenspeed.runtime.kernels import fp8_gemv
-from tokenspeed.runtime.layers.quantization.fp8_math import dequantize, quantize_block, quantize_per_channel
+from tokenspeed.runtime.kernels.fp8_quant import quantize_rows
+from tokenspeed.runtime.layers.quantization.fp8_math import dequantize
 
 
 def _scaled_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -71,7 +72,7 @@ def block_fp8_matmul(
     if bk < 16 or bk & (bk - 1):
         # tl.dot wants a power-of-two K tile of at least 16; other tiles take the reference path.
         return F.linear(x, dequantize(w, w_scale, block, x.dtype))
-    q, xs = quantize_block(x, (1, bk))  # per (token, bk group) activation scales
+    q, xs = quantize_rows(x, group=bk)  # per (token, bk group) activation scales, one launch
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = 16 if m <= 16 else 64
     block_n = 128 if bn >= 128 else max(16, bn)
@@ -101,7 +102,7 @@ def fp8_linear(
         if bias is not None:
             y = y + bias
     elif _scaled_mm_ok(x2, w) and x2.shape[0] > 0:
-        q, xs = quantize_per_channel(x2)  # per token: [M, 1]
+        q, xs = quantize_rows(x2)  # per token: [M, 1], one launch (`fp8_quant.py`)
         y = torch._scaled_mm(q, w.t(), scale_a=xs, scale_b=w_scale.view(1, -1), bias=bias, out_dtype=x.dtype)
     else:
         y = F.linear(x2, dequantize(w, w_scale, None, x.dtype), bias)

@@ -17,7 +17,7 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
 # A row (or tile) of zeros still needs a finite, non-zero scale.
-_MIN_SCALE = 1e-12
+MIN_SCALE = 1e-12
 
 
 def to_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype = FP8_DTYPE) -> torch.Tensor:
@@ -29,7 +29,7 @@ def to_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype = FP
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., out, in] -> (fp8 weight, float32 scale [..., out, 1])."""
     amax = w.detach().abs().amax(dim=-1, keepdim=True).float()
-    scale = (amax / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
     return to_fp8(w, scale), scale
 
 
@@ -57,7 +57,7 @@ def quantize_block(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tenso
     padded[..., :rows, :cols] = w.detach().float()
     tiles = padded.reshape(*lead, srows, bo, scols, bi)
     amax = tiles.abs().amax(dim=(-3, -1))
-    scale = (amax / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
     return to_fp8(w, _expand_blocks(scale, rows, cols, block)), scale
 
 
