@@ -297,6 +297,32 @@ def _table(lines: list[str]) -> dict[str, object]:
     return {"above": above, "columns": re.split(r"\s{2,}", lines[at].strip()), "servers": sorted(rows)}
 
 
+# A row of the Server screen's Processes panel: pid, CPU % (or "-" before its second sample), resident memory.
+_PROCESS_ROW = re.compile(r"^\s*\d+\s+(\d+%|-)\s+[\d.]+ [KMGT]iB\b")
+
+
+def _server(lines: list[str]) -> list[str]:
+    """The Server screen's labels: the lines above the charts whole, then the charts' column on the left and
+    the side column (latency, processes, live state, mapping, resolved ServerArgs) apart. The side column
+    goes without its process rows and the ServerArgs rows under the table's header: how many processes a
+    server has when the screen is drawn (the resource tracker and the body parser start on their own time)
+    moves everything under them, and the screen's height cuts the ServerArgs table where that lands."""
+    top = next((i for i, line in enumerate(lines) if line.strip().startswith("tokens/s")), None)
+    side = next((line.index("Processes") for line in lines if line.rstrip().endswith("Processes")), None)
+    if top is None or side is None:
+        return _segments(lines)
+    x = side - 2  # the side column's titles sit two columns in from its edge
+    right: list[str] = []
+    for line in lines[top:]:
+        part = line[x:]
+        if _PROCESS_ROW.match(part):
+            continue
+        right.append(part)
+        if re.search(r"\bargument\s+value\b", part):
+            break
+    return _segments(lines[:top]) + _segments([line[:x] for line in lines[top:]]) + _segments(right)
+
+
 def structure(name: str, text: str) -> dict[str, object]:
     """What a block must keep from one run to the next: what the console shows, not the values."""
     lines = text.splitlines()
@@ -310,4 +336,6 @@ def structure(name: str, text: str) -> dict[str, object]:
     if name == "logs":  # the log lines themselves come and go
         return {"title": _segments(lines[:3]), "keys": _keys(lines)}
     body = [re.sub(r"NVML unavailable: [^;]*", "NVML unavailable: #", line) for line in lines[:-1]]
+    if name == "server":
+        return {"labels": _server(body), "keys": _keys(lines)}
     return {"labels": _segments(body), "keys": _keys(lines)}

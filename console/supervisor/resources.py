@@ -21,7 +21,7 @@ _MIB = 1024 * 1024
 @dataclass(frozen=True)
 class ProcessUsage:
     pid: int
-    name: str  # its role: "front end", "scheduler / controller"
+    name: str  # its role: "front end", "scheduler / controller", "body parser", "resource tracker"
     cpu_percent: float | None  # of one core, since the previous sample
     rss_mib: float
     gpu_mib: float | None = None  # None: no GPU memory reading (CPU fleet, or NVML does not list it)
@@ -99,9 +99,20 @@ class ProcessSampler:
         return ProcessUsage(proc.pid, name, None if first else cpu, rss, gpu.memory_mib, gpu.sm_percent)
 
 
+# Children of the front end that are neither scheduler ranks nor the DP controller, by their command line:
+# Python's multiprocessing resource tracker (started with the first spawned child) and the process that
+# parses large request bodies (tokenspeed/runtime/entrypoints/body_parser.py, started with the first one).
+_HELPERS = (("multiprocessing.resource_tracker", "resource tracker"), ("entrypoints.body_parser", "body parser"))
+
+
 def _role(proc: psutil.Process, root_pid: int) -> str:
     """The root is the server's front end (HTTP, tokenizer); its children are scheduler ranks or, with
-    attention DP, the DP controller (spawned interpreters whose command lines do not say which)."""
+    attention DP, the DP controller (spawned interpreters whose command lines do not say which), or one
+    of the helpers above."""
     if proc.pid == root_pid:
         return "front end"
+    command = " ".join(proc.cmdline())
+    for marker, role in _HELPERS:
+        if marker in command:
+            return role
     return f"child of {root_pid}" if proc.ppid() != root_pid else "scheduler / controller"

@@ -80,3 +80,19 @@ def test_a_changed_column_or_key_is_caught_and_volatile_values_are_not():
     assert structure("server", screen) == structure("server", moved)
     assert structure("server", screen) != structure("server", screen.replace("Live state", "State"))
     assert structure("server", screen) != structure("server", screen.replace("?  Help", "h  Help"))
+
+
+def test_the_server_screen_is_the_same_with_a_process_more_or_less():
+    """How many processes a server has when the screen is drawn moves its side column (and where the
+    screen's height cuts the ServerArgs table); a section or column that changes is still caught."""
+    lines = read_blocks(DEMO_DOC.read_text())["server"].splitlines()
+    body, footer = lines[:-1], lines[-1]
+    x = next(line.index("Processes") for line in body if line.rstrip().endswith("Processes")) - 2
+    side = [line[x:] for line in body]
+    row = next(i for i, part in enumerate(side) if part.strip().endswith(("front end", "controller")))
+    fewer = side[: row + 1] + side[row + 2 :] + [""]  # the row after the front end's gone, the rest up a line
+    moved = "\n".join([line[:x].ljust(x) + part for line, part in zip(body, fewer, strict=True)] + [footer])
+    original = "\n".join(lines)
+    assert structure("server", moved) == structure("server", original)
+    assert structure("server", original.replace("Live state", "Live")) != structure("server", original)
+    assert structure("server", original.replace("ROLE", "NAME")) != structure("server", original)
