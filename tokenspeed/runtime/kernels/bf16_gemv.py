@@ -161,8 +161,7 @@ def _store_row(
 def _dense_gemv_kernel(
     X, W, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-    PDL: tl.constexpr = False,
+    SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pid_k, offs_n, nmask, chunks, lo, hi = split_k_share(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
     offs_k = tl.arange(0, BLOCK_K)

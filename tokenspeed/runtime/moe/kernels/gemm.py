@@ -30,9 +30,12 @@ WeightScale = tuple[torch.Tensor, "tuple[int, int] | None"]
 
 
 @triton.jit
-def _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS: tl.constexpr, BLOCK_M: tl.constexpr):
+def _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     """(expert, pair ids, rows, valid) of this program's tile of BLOCK_M aligned rows: `rows` index the
-    activations, `ids` the routed pairs, `valid` the rows that hold one (not padding)."""
+    activations, `ids` the routed pairs, `valid` the rows that hold one (not padding). Under PDL
+    (kernels/pdl.py) it first waits for the kernels before it: the ids and the activations are theirs."""
+    pdl.release(PDL)
+    pdl.wait(PDL)
     pid_m = tl.program_id(0)
     if PAIRS:
         # one routed pair per program, in row 0 of the tile; act is indexed by pair
@@ -85,9 +88,7 @@ def _gate_up_silu_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr = False, GN: tl.constexpr = 1, GK: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl.release(PDL)
-    pdl.wait(PDL)  # the expert ids and the activations are earlier kernels' output (kernels/pdl.py)
-    e, ids, rows, valid = _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS, BLOCK_M)
+    e, ids, rows, valid = _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS, BLOCK_M, PDL)
     if (e >= 0) & (e < num_experts):
         tok = (ids // TOP_K).to(tl.int64)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -131,9 +132,7 @@ def _down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_SCALE: tl.constexpr = False, GN: tl.constexpr = 1, GK: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    pdl.release(PDL)
-    pdl.wait(PDL)  # the expert ids and the activations are earlier kernels' output (kernels/pdl.py)
-    e, ids, rows, valid = _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS, BLOCK_M)
+    e, ids, rows, valid = _tile_rows(Sorted, BlockExpert, num_pairs, PAIRS, BLOCK_M, PDL)
     if (e >= 0) & (e < num_experts):
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = offs_n < N
