@@ -1,7 +1,7 @@
 """The Triton attention kernels compile to Hopper (sm_90) machine code on the CPU, with Triton's own ptxas:
 a kernel that only Triton's interpreter has run (tests/engine/*_checks.py check what it computes) can still
 fail to compile for a GPU, and this finds that before a device is asked for. It checks code generation
-only; tests/gpu/ runs the kernels."""
+only; tests/gpu/ runs the kernels. The compiler and the occupancy reader are `tools/sm90_kernels.py`'s."""
 
 from __future__ import annotations
 
@@ -11,35 +11,11 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
+from tools.sm90_kernels import INDEX, compile_sm90  # noqa: E402 - needs Triton
+
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="compiles, does not interpret"
 )
-
-
-def _compile(
-    fn, types: dict[str, str], constants: dict[str, object], num_warps: int, num_stages: int, **options
-):
-    """`fn` compiled to sm_90: pointer and scalar arguments typed from `types` (by name; int32 when unnamed),
-    constexpr ones from `constants`; `options` go to the compiler as they are (`launch_pdl`)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = list(fn.arg_names)
-    unknown = set(constants) - set(names)
-    assert not unknown, unknown
-    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
-    consts = {(names.index(n),): v for n, v in constants.items()}
-    src = ASTSource(fn=fn, signature=signature, constexprs=consts)
-    kernel = triton.compile(
-        src,
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages, **options},
-    )
-    assert len(kernel.asm["cubin"])
-    return kernel
-
-
-INDEX = {n: "*i32" for n in ("req_to_token", "req_pool_indices", "seq_lens", "extend_lens", "qo_start")}
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["cache", "fresh"])
@@ -51,7 +27,7 @@ def test_extend_attention_compiles(cache, fresh):
              "sm_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", **INDEX}  # fmt: skip
     constants = dict(KV_GROUP=4, HEAD_DIM=128, BLOCK_M=128, BLOCK_N=64, BLOCK_D=128, IEEE=False, FP32_PV=False,
                      FRESH=fresh)  # fmt: skip
-    assert _compile(_extend_kernel, types, constants, num_warps=8, num_stages=3)
+    assert compile_sm90(_extend_kernel, types, constants, num_warps=8, num_stages=3)
 
 
 @pytest.mark.parametrize(("block_n", "num_stages"), [(64, 3), (128, 3)])
@@ -62,11 +38,11 @@ def test_decode_attention_compiles(block_n, num_stages):
              "sm_scale": "fp32", **INDEX}  # fmt: skip
     constants = dict(KV_GROUP=8, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=128, IEEE=False,
                      FP32_PV=False)  # fmt: skip
-    assert _compile(_decode_stage1_kernel, types, constants, num_warps=4, num_stages=num_stages)
+    assert compile_sm90(_decode_stage1_kernel, types, constants, num_warps=4, num_stages=num_stages)
     types = {"Mid_O": "*fp32", "Mid_lse": "*fp32", "O": "*bf16"}
     for pdl in (False, True):
         constants = dict(HEAD_DIM=128, NUM_SPLITS=2, BLOCK_S=2, BLOCK_D=128, PDL=pdl)
-        _check_pdl(_compile(_decode_stage2_kernel, types, constants, 4, 2, launch_pdl=pdl), pdl)
+        _check_pdl(compile_sm90(_decode_stage2_kernel, types, constants, 4, 2, launch_pdl=pdl), pdl)
 
 
 def _check_pdl(kernel, pdl: bool) -> None:
@@ -83,7 +59,7 @@ def test_the_pdl_probe_gemv_compiles_with_dependent_launch(pdl):
     from benchmarks.pdl_probe import _gemv_kernel
 
     types = {"X": "*bf16", "W": "*bf16", "Y": "*bf16"}
-    kernel = _compile(_gemv_kernel, types, dict(BLOCK_N=4, BLOCK_K=1024, PDL=pdl), 4, 1, launch_pdl=pdl)
+    kernel = compile_sm90(_gemv_kernel, types, dict(BLOCK_N=4, BLOCK_K=1024, PDL=pdl), 4, 1, launch_pdl=pdl)
     assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl
 
 
@@ -103,7 +79,7 @@ def _fp8_default_cases() -> list[tuple[int, int, int, int | None]]:
 
 
 @pytest.mark.parametrize(("bucket", "n", "k", "block_k"), _fp8_default_cases())
-def test_the_fp8_gemv_default_configs_compile(bucket, n, k, block_k):
+def test_the_fp8_gemv_default_configscompile_sm90(bucket, n, k, block_k):
     from tokenspeed.runtime.kernels import fp8_gemv
 
     c = fp8_gemv.default_config(bucket, n, k, block_k)
@@ -112,7 +88,7 @@ def test_the_fp8_gemv_default_configs_compile(bucket, n, k, block_k):
                      BLOCK_M=16 if c.use_dot else bucket, EVEN_K=k % c.block_k == 0, PDL=True)  # fmt: skip
     types = {"X": "*bf16", "W": "*fp8e4nv", "S": "*fp32", "Bias": "*fp32", "Out": "*bf16", "Acc": "*fp32"}
     _check_pdl(
-        _compile(fp8_gemv._fp8_gemv_kernel, types, constants, c.num_warps, c.num_stages, launch_pdl=True),
+        compile_sm90(fp8_gemv._fp8_gemv_kernel, types, constants, c.num_warps, c.num_stages, launch_pdl=True),
         True,
     )
 
@@ -139,7 +115,7 @@ def test_the_dense_gemv_table_configs_compile_with_dependent_launch(case, cfg):
     constants = dict(HAS_BIAS=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                      SPLIT_K=cfg["SPLIT_K"], PREFETCH=cfg["PREFETCH"], EVEN_K=True, EVEN_N=True, PDL=True)  # fmt: skip
     types = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Out": "*bf16", "Acc": "*fp32"}
-    kernel = _compile(
+    kernel = compile_sm90(
         _dense_gemv_kernel, types, constants, cfg["num_warps"], cfg["num_stages"], launch_pdl=True
     )
     _check_pdl(kernel, True)
@@ -150,11 +126,11 @@ def test_the_fused_ops_compile_with_dependent_launch():
 
     types = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Y": "*bf16", "RO": "*bf16", "eps": "fp32"}
     for has_res in (False, True):
-        kernel = _compile(
+        kernel = compile_sm90(
             _rmsnorm_kernel, types, dict(HAS_RES=has_res, BLOCK=4096, PDL=True), 16, 1, launch_pdl=True
         )
         _check_pdl(kernel, True)
-    kernel = _compile(
+    kernel = compile_sm90(
         _silu_mul_kernel, {"X": "*bf16", "Y": "*bf16"}, dict(BLOCK=2048, PDL=True), 4, 1, launch_pdl=True
     )
     _check_pdl(kernel, True)
@@ -169,16 +145,25 @@ def test_the_moe_kernels_compile_with_dependent_launch(pdl):
                    "Counts": "*i32", "Mask": "*i32"}  # fmt: skip
     route = dict(TOP_K=8, BLOCK_E=128, BLOCK_K=8, RENORM=True, DISPATCH=0, LOCALIZE=False, RECORD=True,
                  MASKED=False, PDL=pdl)  # fmt: skip
-    _check_pdl(_compile(routing._route_kernel, route_types, route, 1, 1, launch_pdl=pdl), pdl)
+    _check_pdl(compile_sm90(routing._route_kernel, route_types, route, 1, 1, launch_pdl=pdl), pdl)
     tile = dict(IEEE=False, EVEN_K=True, PAIRS=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, HAS_SCALE=False, GN=1,
                 GK=1, PDL=pdl)  # fmt: skip
-    types = {"X": "*bf16", "W": "*bf16", "Act": "*bf16", "Sorted": "*i32", "BlockExpert": "*i32", "S": "*bf16"}
-    _check_pdl(_compile(gemm._gate_up_silu_kernel, types, dict(tile, TOP_K=8), 4, 3, launch_pdl=pdl), pdl)
+    types = {
+        "X": "*bf16",
+        "W": "*bf16",
+        "Act": "*bf16",
+        "Sorted": "*i32",
+        "BlockExpert": "*i32",
+        "S": "*bf16",
+    }
+    _check_pdl(compile_sm90(gemm._gate_up_silu_kernel, types, dict(tile, TOP_K=8), 4, 3, launch_pdl=pdl), pdl)
     types = {"Act": "*bf16", "W": "*bf16", "Out": "*fp32", "Sorted": "*i32", "BlockExpert": "*i32",
              "Weights": "*fp32", "S": "*bf16"}  # fmt: skip
-    _check_pdl(_compile(gemm._down_kernel, types, dict(tile, BLOCK_N=64), 4, 3, launch_pdl=pdl), pdl)
+    _check_pdl(compile_sm90(gemm._down_kernel, types, dict(tile, BLOCK_N=64), 4, 3, launch_pdl=pdl), pdl)
     types = {"PerPair": "*fp32", "Ids": "*i32", "Out": "*bf16"}
-    kernel = _compile(gemm._sum_pairs_kernel, types, dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), 4, 1, launch_pdl=pdl)
+    kernel = compile_sm90(
+        gemm._sum_pairs_kernel, types, dict(TOP_K=8, BLOCK_N=1024, PDL=pdl), 4, 1, launch_pdl=pdl
+    )
     _check_pdl(kernel, pdl)
 
 
@@ -190,7 +175,18 @@ def test_the_per_token_fp8_quantization_rounds_as_the_reference(x):
     from tokenspeed.runtime.layers.quantization.fp8_math import FP8_MAX, MIN_SCALE
 
     types = {"X": x, "Q": "*fp8e4nv", "S": "*fp32"}
-    kernel = _compile(_quantize_rows_kernel, types, dict(FMAX=FP8_MAX, MIN_S=MIN_SCALE, BLOCK=2048), 4, 1)
+    kernel = compile_sm90(_quantize_rows_kernel, types, dict(FMAX=FP8_MAX, MIN_S=MIN_SCALE, BLOCK=2048), 4, 1)
     ptx = kernel.asm["ptx"]
     assert "div.rn.f32" in ptx and "div.full.f32" not in ptx and "div.approx" not in ptx
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+
+
+def test_the_occupancy_report_reads_what_each_decode_kernel_takes_of_an_sm():
+    """tools/sm90_kernels.py: every configuration the engine picks compiles, and its registers, shared memory
+    and programs an SM come back from the cubin (the numbers are this Triton's; the report says which)."""
+    from tools.sm90_kernels import decode_attention_rows, dense_gemv_rows, moe_rows
+
+    rows = decode_attention_rows() + moe_rows() + dense_gemv_rows()
+    assert len(rows) == 16 + 2 + len(dense_gemv_rows())
+    for what, r, _ in rows:
+        assert 16 <= r.registers <= 255 and r.shared > 0 and r.per_sm >= 1, (what, r)
