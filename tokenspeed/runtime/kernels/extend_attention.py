@@ -59,33 +59,32 @@ def _extend_kernel(
         # Keys before the block's first row are visible to every row; the band after needs the mask.
         full_hi = prefix + mblk * BLOCK_M
         kv_end = prefix + tl.minimum(ext, (mblk + 1) * BLOCK_M)
-        if FRESH:  # the cached prefix with its scales, then the new tokens' own K/V from row q0 on
-            acc, m_i, l_i = attend_keys(
-                q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, 0, prefix,
-                sm_scale * k_scale, v_scale, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
-                CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
-            )  # fmt: skip
-            acc, m_i, l_i = attend_keys(
-                q, acc, m_i, l_i, K_new, V_new, req_to_token, q0 - prefix, kvh, offs_m, prefix, prefix, full_hi,
-                sm_scale, 1.0, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_r2t, offs_d, dmask,
-                CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=True,
-            )  # fmt: skip
-            acc, m_i, l_i = attend_keys(
-                q, acc, m_i, l_i, K_new, V_new, req_to_token, q0 - prefix, kvh, offs_m, prefix, full_hi, kv_end,
-                sm_scale, 1.0, stride_knt, stride_knh, stride_vnt, stride_vnh, stride_r2t, offs_d, dmask,
-                CAUSAL=True, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=True,
-            )  # fmt: skip
+        # The keys still in the cache (an FP8 one's with its scales): all the visible ones, or with FRESH the
+        # prefix only, the new tokens' keys then coming from the layer's own K/V (rows from q0 on).
+        cached_hi = prefix if FRESH else full_hi
+        acc, m_i, l_i = attend_keys(
+            q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, 0, cached_hi,
+            sm_scale * k_scale, v_scale, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
+            CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
+        )  # fmt: skip
+        if FRESH:
+            kn, vn, new_row, new_scale, new_v_scale = K_new, V_new, q0 - prefix, sm_scale, 1.0
+            skt, skh, svt, svh = stride_knt, stride_knh, stride_vnt, stride_vnh
         else:
-            acc, m_i, l_i = attend_keys(
-                q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, 0, full_hi, sm_scale,
-                1.0, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
-                CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
-            )  # fmt: skip
-            acc, m_i, l_i = attend_keys(
-                q, acc, m_i, l_i, K_buf, V_buf, req_to_token, row, kvh, offs_m, prefix, full_hi, kv_end, sm_scale,
-                1.0, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t, offs_d, dmask,
-                CAUSAL=True, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
-            )  # fmt: skip
+            kn, vn, new_row, new_scale, new_v_scale = K_buf, V_buf, row, sm_scale * k_scale, v_scale
+            skt, skh, svt, svh = stride_kt, stride_kh, stride_vt, stride_vh
+        # New tokens before the block's first row (none without FRESH: the cache part covered them), then
+        # the band under the causal mask.
+        acc, m_i, l_i = attend_keys(
+            q, acc, m_i, l_i, kn, vn, req_to_token, new_row, kvh, offs_m, prefix, cached_hi, full_hi, new_scale,
+            new_v_scale, skt, skh, svt, svh, stride_r2t, offs_d, dmask,
+            CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=FRESH,
+        )  # fmt: skip
+        acc, m_i, l_i = attend_keys(
+            q, acc, m_i, l_i, kn, vn, req_to_token, new_row, kvh, offs_m, prefix, full_hi, kv_end, new_scale,
+            new_v_scale, skt, skh, svt, svh, stride_r2t, offs_d, dmask,
+            CAUSAL=True, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=FRESH,
+        )  # fmt: skip
         out = acc / l_i[:, None]
         tl.store(
             O + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
