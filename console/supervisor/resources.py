@@ -41,6 +41,7 @@ class ProcessSampler:
         self.gpu: dict[int, GpuProcessUsage] = {}  # pid -> memory and SM %, from the last NVML reading
         self.usage: dict[str, list[ProcessUsage]] = {}
         self._cpu_pids: set[int] = set()  # processes with a CPU sample to measure from
+        self._roles: dict[int, str] = {}  # a process's role, read once (its command line does not change)
 
     def due(self, now: float) -> bool:
         return now >= self._next_at
@@ -73,6 +74,7 @@ class ProcessSampler:
                         rows.append(row)
             usage[server] = rows
         self._procs = {pid: p for pid, p in self._procs.items() if pid in seen}
+        self._roles = {pid: role for pid, role in self._roles.items() if pid in seen}
         self._cpu_pids &= seen
         self.usage = usage
 
@@ -91,10 +93,11 @@ class ProcessSampler:
                 first = proc.pid not in self._cpu_pids
                 cpu = proc.cpu_percent(None)
                 rss = proc.memory_info().rss / _MIB
-                name = _role(proc, root_pid)
+                name = self._roles.get(proc.pid) or _role(proc, root_pid)
         except psutil.Error:
             return None
         self._cpu_pids.add(proc.pid)
+        self._roles[proc.pid] = name
         gpu = self.gpu.get(proc.pid, GpuProcessUsage())
         return ProcessUsage(proc.pid, name, None if first else cpu, rss, gpu.memory_mib, gpu.sm_percent)
 

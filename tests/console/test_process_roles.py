@@ -52,6 +52,8 @@ def test_each_child_of_the_front_end_is_named_by_what_it_is():
         sampler.sample({"s": [front.pid]})
         roles = sorted(row.name for row in sampler.usage["s"])
         assert roles == ["body parser", "front end", "resource tracker", "scheduler / controller"]
+        sampler.sample({"s": [front.pid]})  # the next sample names them from what the first one read
+        assert sorted(row.name for row in sampler.usage["s"]) == roles
     finally:
         front.stdin.close()
         front.wait(timeout=30)
