@@ -108,7 +108,7 @@ def _dense_table_cases() -> list[tuple[str, dict[str, int]]]:
     return cases
 
 
-@pytest.mark.parametrize(("case", "cfg"), _dense_table_cases(), ids=[c for c, _ in _dense_table_cases()])
+@pytest.mark.parametrize(("case", "cfg"), [pytest.param(c, cfg, id=c) for c, cfg in _dense_table_cases()])
 def test_the_dense_gemv_table_configs_compile_with_dependent_launch(case, cfg):
     from tokenspeed.runtime.kernels.bf16_gemv import _dense_gemv_kernel
 
