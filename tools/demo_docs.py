@@ -213,7 +213,12 @@ async def capture(state_dir: Path, timeout: float = 180.0) -> dict[str, list[str
             pilot, app, lambda s: any(": valid," in x for x in s), "the profile", 60
         )
         await pilot.press("6")
-        shots["gpus"] = await _until(pilot, app, lambda s: any("fleet demo:" in x for x in s), "the GPUs", 60)
+        # the plan's verdict line comes before its table and the notes under it (a CI run caught the screen
+        # between the two): wait for the last server's note
+        shots["gpus"] = await _until(
+            pilot, app, lambda s: any("fleet demo:" in x for x in s)
+            and any(x.lstrip().startswith("demo-moe-0:") for x in s), "the GPUs", 60,
+        )  # fmt: skip
     return {name: _tidy(lines) for name, lines in shots.items()}
 
 
