@@ -29,8 +29,9 @@
 #                                       configurations on the 8B and MoE shapes -> $OUT/gpu_decode_attention.json
 #   decodeattnfp8                       the same over an FP8 KV cache at context 4k -> $OUT/gpu_decode_attention_fp8kv.json
 #   pdlab                               GPU kernel and engine tests with programmatic dependent launch (TOKENSPEED_PDL=1),
-#                                       then benchmarks/decode.py with and without it, same call (PDLAB_MODEL
-#                                       llama8b|qwen3moe) -> $OUT/gpu_decode_<model>_{pdl,nopdl}.json
+#                                       then benchmarks/pdl_decode.py: whole decode steps with and without it,
+#                                       alternating in one process (PDLAB_MODELS, default both shapes)
+#                                       -> $OUT/gpu_pdl_decode_<model>.json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
 #                                       programmatic dependent launch -> $OUT/gpu_pdl_probe.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
@@ -235,17 +236,17 @@ part_decodeattnfp8() {  # the same sweep over an FP8 KV cache at context 4k (whe
   grep -E "^(qwen3moe|llama8b) " "$LOG" | tail -6
 }
 part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic dependent launch (TOKENSPEED_PDL=1),
-  # then whole decode steps with it and without it in the same call
+  # then whole decode steps with and without it, alternating in one process (benchmarks/pdl_decode.py)
   stage tests-pdl
   run ${T_PDL_TESTS:-200} env TOKENSPEED_PDL=1 $PYT tests/gpu/test_fused_ops.py tests/gpu/test_attention_backends.py \
     tests/gpu/test_bf16_gemv_gpu.py tests/gpu/test_fused_moe.py tests/gpu/test_engine_gpu.py -k "not flashinfer"
   stage bench-decode-pdl
-  local m=${PDLAB_MODEL:-llama8b}
-  run ${T_PDLAB:-150} env TOKENSPEED_PDL=1 python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \
-    --batch-sizes ${PDLAB_BS:-1 64} ${PDLAB_ARGS:-} --out "$OUT/gpu_decode_${m}_pdl.json"
-  run ${T_PDLAB:-150} python3 benchmarks/decode.py --model $m --backends triton --contexts 1024 \
-    --batch-sizes ${PDLAB_BS:-1 64} ${PDLAB_ARGS:-} --out "$OUT/gpu_decode_${m}_nopdl.json"
-  grep -E "ratio=" "$LOG" | tail -8
+  local m
+  for m in ${PDLAB_MODELS:-llama8b qwen3moe}; do
+    run ${T_PDLAB:-150} python3 benchmarks/pdl_decode.py --model $m --batch-sizes ${PDLAB_BS:-1 64} \
+      --out "$OUT/gpu_pdl_decode_${m}.json"
+  done
+  grep -E "speedup=" "$LOG" | tail -8
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
   stage bench-pdl

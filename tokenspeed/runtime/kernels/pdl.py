@@ -21,9 +21,9 @@ routing, grouped GEMMs and pair sum (`moe/kernels/routing.py`, `gemm.py`).
 
 PDL is off unless `TOKENSPEED_PDL=1`: the kernels here have been compiled for sm_90 with it (tests/engine/
 test_triton_compiles_for_hopper.py) but have not yet run with it on a GPU, and whole decode steps have not
-been timed with it. `device_run.sh pdlab` does both (the GPU tests, and `benchmarks/decode.py` with and
-without it in one run); it becomes the default on Hopper once that run shows the same tokens and a faster
-step. The CPU interpreter and GPUs before Hopper never use it.
+been timed with it. `device_run.sh pdlab` does both (the GPU tests with it, then `benchmarks/pdl_decode.py`,
+which replays a plain and a PDL set of CUDA graphs of one engine in turns and compares their logits to the
+bit); it becomes the default on Hopper once that run shows the same logits and a faster step. The CPU interpreter and GPUs before Hopper never use it.
 """
 
 from __future__ import annotations
