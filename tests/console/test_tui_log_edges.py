@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.console.test_tui_snapshots import T0, loaded, replay_app, write_recording
-from tests.console.tui_pilot import EIGHTH_BLOCKS, log_lines, screen_lines, wait_for
+from tests.console.tui_pilot import EIGHTH_BLOCKS, log_lines, screen_lines, text_of, wait_for
 
 LOG_LINES = 500
 
@@ -67,3 +67,26 @@ async def test_supervisor_notes_are_not_taken_for_the_error_above_them(tmp_path)
         assert any("model_runner.py" in line for line in lines)
         assert any("FATAL: refused" in line for line in lines)
         assert not any("experts rebalanced" in line for line in lines)
+
+
+async def test_w_wraps_a_long_line_to_the_screen_instead_of_cutting_it(tmp_path):
+    """A line wider than the screen is cut at its edge, as k9s shows it; `w` wraps it so all of it shows."""
+    root = tmp_path / "rec"
+    write_recording(root)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(T0))
+    long_line = f"{stamp} ERROR serve: " + "the prompt does not fit " * 12 + "ask for at most 511 END-OF-LINE"
+    (root / "logs" / "demo-0.log").write_text(f"{stamp} INFO scheduler: step 1\n{long_line}\n")
+    app = replay_app(root)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot)
+        await pilot.press("4")
+        await wait_for(pilot, lambda: len(log_lines(app)) == 2, what="the whole log")
+        await pilot.pause(0.3)
+        assert not any("END-OF-LINE" in line for line in screen_lines(app))
+        assert "wrap off" in text_of(app, "#logs-title")
+        await pilot.press("w")
+        await wait_for(pilot, lambda: any("END-OF-LINE" in line for line in screen_lines(app)), what="wrapped")
+        assert "wrap on" in text_of(app, "#logs-title")
+        assert any("step 1" in line for line in screen_lines(app))  # the line before it is still there
+        await pilot.press("w")
+        await wait_for(pilot, lambda: not any("END-OF-LINE" in line for line in screen_lines(app)), what="cut")

@@ -1,4 +1,4 @@
-"""Logs screen: the tail of the cursor server's log, with follow, search and a minimum level."""
+"""Logs screen: the tail of the cursor server's log, with follow, search, a minimum level and line wrapping."""
 
 from __future__ import annotations
 
@@ -51,11 +51,15 @@ class LogsScreen(ConsoleScreen):
         Binding("slash", "search", "Search"),
         Binding("f", "toggle_follow", "Follow"),
         Binding("v", "cycle_level", "Level"),
+        Binding("w", "toggle_wrap", "Wrap"),
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self.follow = True
+        # Off, as in k9s: one log line a row keeps the tail readable; `w` wraps a long one (a traceback's
+        # message, an error that names its fix) to the screen's width instead of cutting it there.
+        self.wrap = False
         self.min_level = 0
         self.search = ""
         self._data: LogData | None = None
@@ -106,7 +110,10 @@ class LogsScreen(ConsoleScreen):
     def _draw(self, error: str | None = None, force: bool = False) -> None:
         name = self.console.selected
         title = Text(f"{name or 'no server selected'}", style="bold")
-        title.append(f"  log  level>={LEVELS[self.min_level]}  follow {'on' if self.follow else 'off'}")
+        title.append(
+            f"  log  level>={LEVELS[self.min_level]}  follow {'on' if self.follow else 'off'}"
+            f"  wrap {'on' if self.wrap else 'off'}"
+        )
         if self.search:
             title.append(f"  search '{self.search}'", style="cyan")
         if error:
@@ -160,6 +167,11 @@ class LogsScreen(ConsoleScreen):
         if self.follow:
             view.scroll_end(animate=False)
         self._draw()
+
+    def action_toggle_wrap(self) -> None:
+        self.wrap = not self.wrap
+        self.query_one(RichLog).wrap = self.wrap
+        self._draw(force=True)  # a RichLog lays a line out when it is written: write them all again
 
     def action_cycle_level(self) -> None:
         self.min_level = (self.min_level + 1) % len(LEVELS)
