@@ -85,8 +85,12 @@ async def test_w_wraps_a_long_line_to_the_screen_instead_of_cutting_it(tmp_path)
         assert not any("END-OF-LINE" in line for line in screen_lines(app))
         assert "wrap off" in text_of(app, "#logs-title")
         await pilot.press("w")
-        await wait_for(pilot, lambda: any("END-OF-LINE" in line for line in screen_lines(app)), what="wrapped")
+        await wait_for(
+            pilot, lambda: any("END-OF-LINE" in line for line in screen_lines(app)), what="wrapped"
+        )
         assert "wrap on" in text_of(app, "#logs-title")
         assert any("step 1" in line for line in screen_lines(app))  # the line before it is still there
         await pilot.press("w")
-        await wait_for(pilot, lambda: not any("END-OF-LINE" in line for line in screen_lines(app)), what="cut")
+        await wait_for(
+            pilot, lambda: not any("END-OF-LINE" in line for line in screen_lines(app)), what="cut"
+        )
