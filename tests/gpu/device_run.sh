@@ -28,10 +28,10 @@
 #   decodeattn                          benchmarks/decode_attention.py: the Triton decode attention's launch
 #                                       configurations on the 8B and MoE shapes -> $OUT/gpu_decode_attention.json
 #   decodeattnfp8                       the same over an FP8 KV cache at context 4k -> $OUT/gpu_decode_attention_fp8kv.json
-#   pdlab                               GPU kernel and engine tests with programmatic dependent launch (TOKENSPEED_PDL=1),
-#                                       then benchmarks/pdl_decode.py: whole decode steps with and without it,
-#                                       alternating in one process (PDLAB_MODELS, default both shapes)
-#                                       -> $OUT/gpu_pdl_decode_<model>.json
+#   pdlab                               GPU kernel, engine and dense-GEMV tests with programmatic dependent launch
+#                                       (TOKENSPEED_PDL=1) and the RMSNorms fused into the GEMV (TOKENSPEED_GEMV_NORM=1)
+#   decodeab                            benchmarks/decode_ab.py: whole decode steps plain / PDL / fused norms / both,
+#                                       alternating in one process, per shape -> $OUT/gpu_decode_ab_<model>[_gemv].json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
 #                                       programmatic dependent launch -> $OUT/gpu_pdl_probe.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
@@ -235,18 +235,21 @@ part_decodeattnfp8() {  # the same sweep over an FP8 KV cache at context 4k (whe
     --batch-sizes ${ATTN_FP8_BS:-1 64} --out "$OUT/gpu_decode_attention_fp8kv.json"
   grep -E "^(qwen3moe|llama8b) " "$LOG" | tail -6
 }
-part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic dependent launch (TOKENSPEED_PDL=1),
-  # then whole decode steps with and without it, alternating in one process (benchmarks/pdl_decode.py)
+part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic dependent launch (TOKENSPEED_PDL=1)
+  # and with the RMSNorms taken by the dense GEMV (TOKENSPEED_GEMV_NORM=1), then the GEMV's own tests
   stage tests-pdl
-  run ${T_PDL_TESTS:-200} env TOKENSPEED_PDL=1 $PYT tests/gpu/test_fused_ops.py tests/gpu/test_attention_backends.py \
-    tests/gpu/test_bf16_gemv_gpu.py tests/gpu/test_fused_moe.py tests/gpu/test_engine_gpu.py -k "not flashinfer"
-  stage bench-decode-pdl
-  local m
-  for m in ${PDLAB_MODELS:-llama8b qwen3moe}; do
-    run ${T_PDLAB:-150} python3 benchmarks/pdl_decode.py --model $m --batch-sizes ${PDLAB_BS:-1 64} \
-      --out "$OUT/gpu_pdl_decode_${m}.json"
-  done
-  grep -E "speedup=" "$LOG" | tail -8
+  run ${T_PDL_TESTS:-240} env TOKENSPEED_PDL=1 TOKENSPEED_GEMV_NORM=1 $PYT tests/gpu/test_fused_ops.py \
+    tests/gpu/test_attention_backends.py tests/gpu/test_fused_moe.py tests/gpu/test_engine_gpu.py -k "not flashinfer"
+  run ${T_BF16_GEMV_TESTS:-150} env TOKENSPEED_PDL=1 $PYT tests/gpu/test_bf16_gemv_gpu.py
+}
+part_decodeab() {  # whole decode steps plain / PDL / fused norms / both, alternating in one process per shape
+  # (benchmarks/decode_ab.py); the 8B shape also with every dense layer on the GEMV, where its norms fuse
+  stage bench-decode-ab
+  run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model qwen3moe --out "$OUT/gpu_decode_ab_qwen3moe.json"
+  run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --out "$OUT/gpu_decode_ab_llama8b.json"
+  run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --dense-gemv-backend triton \
+    --variants norm pdl+norm --out "$OUT/gpu_decode_ab_llama8b_gemv.json"
+  grep -E "speedup=" "$LOG" | tail -14
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
   stage bench-pdl

@@ -124,3 +124,78 @@ def test_bs1_decode_runs_the_gemv_for_every_dense_layer():
     launches = sum("_dense_gemv_kernel" in name for name in names)
     print(f"bs1 decode step: {len(names)} kernels, {launches} dense GEMV launches for {dense} dense layers")
     assert dense > 0 and launches == dense, sorted(set(names))
+
+
+# (N, K) the fused RMSNorm is for: the input norm before qkv (8B, Qwen3-30B-A3B) and a MoE block's before
+# its router
+NORMED_SHAPES = {"qkv_8b": (6144, 4096), "qkv_moe": (5120, 2048), "router_moe": (128, 2048)}
+
+
+@pytest.mark.parametrize("shape", list(NORMED_SHAPES))
+def test_the_fused_norm_matches_the_norm_kernel_then_the_gemv(shape):
+    """`dense_gemv_normed` against `fused_ops.rms_norm` then `dense_gemv`, the same configuration: the new
+    residual to the bit; the normed rows too, but where the two sums of squares, taken in another order,
+    give another last bit of the row's scale (then an element may round one bf16 step apart); the product
+    within the output's rounding."""
+    from tokenspeed.runtime.kernels import bf16_gemv
+    from tokenspeed.runtime.kernels.fused_ops import rms_norm
+
+    n, k = NORMED_SHAPES[shape]
+    torch.manual_seed(n + k)
+    w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    nw = (1.0 + 0.2 * torch.randn(k, device="cuda")).bfloat16()
+    report = []
+    for m in (1, 2, 3, 4):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        for cfg in bf16_gemv.candidates(bf16_gemv.m_bucket(m), True)[:6]:
+            for residual in (r, None):
+                ref_x, ref_h = (
+                    (rms_norm(x, nw, 1e-6), x) if residual is None else rms_norm(x, nw, 1e-6, residual)
+                )
+                ref = bf16_gemv.dense_gemv(ref_x, w, None, None, cfg)
+                got = bf16_gemv.dense_gemv_normed(
+                    x, w, bf16_gemv.NormFirst(nw, 1e-6, residual, want_normed=True), None, None, cfg
+                )
+                assert torch.equal(got.residual, ref_h)
+                apart = (got.normed != ref_x).float().mean().item()
+                ulps = (
+                    (got.normed.float() - ref_x.float()).abs() / ref_x.float().abs().clamp_min(1e-30)
+                ).max()
+                err = _rel(got.out, ref.float())
+                report.append((m, cfg, residual is not None, apart, err))
+                assert apart < 0.02 and ulps.item() <= 2**-7, (m, cfg, apart, ulps.item())
+                assert err < BF16_OUT, (m, cfg, err)
+    worst = max(report, key=lambda row: row[3])
+    print(f"fused norm {shape}: worst share of normed elements one step apart {worst[3]:.4f} (m={worst[0]})")
+
+
+def test_a_decode_step_with_the_fused_norms_keeps_the_tokens_and_drops_the_norm_launches():
+    """The bf16 demo models with every dense layer on the GEMV and the norms fused into it (the input norm
+    into qkv, the post-attention one into gate_up or the MoE router): the same greedy tokens and logits
+    close to the unfused GEMV's, and no RMSNorm launch left but the model's last (before the LM head)."""
+    from tokenspeed.runtime.layers.dense_gemv import apply_dense_gemv_backend
+
+    prompt = [5, 300, 17, 42]
+    for name in ("demo", "demo-moe"):
+        path = str(resolve_model_path(name))
+        cfg = ModelConfig.from_pretrained(path, dtype="bfloat16", device="cuda")
+        model = load_model(cfg, device="cuda")
+        assert apply_dense_gemv_backend(model, "triton", "cuda") == "triton"
+        quant = model.lm_head.quant
+
+        def run(harness: PagedHarness) -> list[torch.Tensor]:
+            return [harness.step([("r", prompt)])] + [harness.step([("r", [t])]) for t in (7, 8, 9)]
+
+        plain = run(PagedHarness(model, cfg, backend="triton", device="cuda", num_pages=8))
+        quant.fuse_norm = True
+        harness = PagedHarness(model, cfg, backend="triton", device="cuda", num_pages=8)
+        fused = run(harness)
+        for a, b in zip(plain, fused, strict=True):
+            assert F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item() > 0.999
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        names = cuda_kernel_names(lambda h=harness: h.step([("r", [10])]))
+        norms = sum("_rmsnorm_kernel" in n for n in names)
+        print(f"{name}: bs1 decode step with fused norms: {len(names)} kernels, {norms} RMSNorm launches")
+        assert norms == 1, sorted(set(names))
+        quant.fuse_norm = False

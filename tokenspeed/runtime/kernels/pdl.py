@@ -21,7 +21,7 @@ routing, grouped GEMMs and pair sum (`moe/kernels/routing.py`, `gemm.py`).
 
 PDL is off unless `TOKENSPEED_PDL=1`: the kernels here have been compiled for sm_90 with it (tests/engine/
 test_triton_compiles_for_hopper.py) but have not yet run with it on a GPU, and whole decode steps have not
-been timed with it. `device_run.sh pdlab` does both (the GPU tests with it, then `benchmarks/pdl_decode.py`,
+been timed with it. `device_run.sh pdlab` does both (the GPU tests with it, then `benchmarks/decode_ab.py`,
 which replays a plain and a PDL set of CUDA graphs of one engine in turns and compares their logits to the
 bit); it becomes the default on Hopper once that run shows the same logits and a faster step. The CPU interpreter and GPUs before Hopper never use it.
 """
@@ -34,11 +34,13 @@ import torch
 import triton
 import triton.language as tl
 
+ENV = "TOKENSPEED_PDL"
+
 
 def enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: TOKENSPEED_PDL=1 and a CUDA GPU of compute capability 9
     or later."""
-    if device.type != "cuda" or os.environ.get("TOKENSPEED_PDL", "0") != "1":
+    if device.type != "cuda" or os.environ.get(ENV, "0") != "1":
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
 

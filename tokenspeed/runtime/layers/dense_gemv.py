@@ -9,6 +9,10 @@
   to four rows and lost on others), cuBLAS for the rest; `torch` where no table ships for the GPU (only the
   H200's does) and on the CPU.
 
+With TOKENSPEED_GEMV_NORM=1 the GEMV also takes the RMSNorm before a layer it multiplies (the input norm
+before qkv, a MoE block's norm before its router: `layers/norm.py` `norm_linear`), one launch fewer a norm;
+off until `benchmarks/decode_ab.py` has timed it on the GPU.
+
 Where the table also ships the launch configuration that won for a shape and batch bucket, the GEMV runs
 it rather than autotuning, so every process computes the same bits (greedy output does not change from
 one start to the next). The choice is made once, after the weights are loaded: each linear layer whose multiply is the plain
@@ -20,6 +24,7 @@ work only (the autotuner runs in the runner's eager warm-up before each capture)
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -29,10 +34,11 @@ from torch import nn
 from tokenspeed.runtime.kernels.gemv_table import DenseGemvTable, table_for_device
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice
 from tokenspeed.runtime.layers.embedding import LMHead
-from tokenspeed.runtime.layers.linear import UNQUANTIZED, LinearBase, Unquantized
+from tokenspeed.runtime.layers.linear import UNQUANTIZED, LinearBase, NormedOutput, Unquantized
 
 logger = logging.getLogger(__name__)
 FLAG = "--dense-gemv-backend"
+NORM_ENV = "TOKENSPEED_GEMV_NORM"
 
 
 class TritonGemv(Unquantized):
@@ -49,6 +55,8 @@ class TritonGemv(Unquantized):
         self._rows_for: dict[tuple[int, int, torch.dtype], int] = {}
         # the table's launch configuration per (shape, batch bucket); None: the autotuner picks
         self._config_for: dict[tuple[int, int, torch.dtype, int], object] = {}
+        # whether the GEMV also applies the RMSNorm before a layer (`apply_normed`; NORM_ENV)
+        self.fuse_norm = False
 
     def _config(self, x2: torch.Tensor, w: torch.Tensor):
         """The shipped launch configuration for this weight and batch, if the table names one that fits."""
@@ -85,10 +93,32 @@ class TritonGemv(Unquantized):
         y = self._gemv.dense_gemv(x2, layer.weight, bias, config=self._config(x2, layer.weight))
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
+    def apply_normed(
+        self,
+        layer: LinearBase,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+        want_normed: bool,
+    ) -> NormedOutput | None:
+        """The GEMV of RMSNorm(x + residual) in one launch, for the batches it takes (None otherwise)."""
+        if not self.fuse_norm or x.dim() != 2 or not self._takes(x, layer.weight):
+            return None
+        norm = self._gemv.NormFirst(norm_weight, eps, residual, want_normed)
+        if not self._gemv.norm_supported(x, layer.weight, norm):
+            return None
+        got = self._gemv.dense_gemv_normed(
+            x, layer.weight, norm, layer.bias, config=self._config(x, layer.weight)
+        )
+        return NormedOutput(got.out, got.residual, got.normed)
+
     def logits(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or not self._takes(x, layer.weight):
             return super().logits(layer, x)
-        return self._gemv.dense_gemv(x, layer.weight, None, torch.float32, config=self._config(x, layer.weight))
+        return self._gemv.dense_gemv(
+            x, layer.weight, None, torch.float32, config=self._config(x, layer.weight)
+        )
 
 
 def _make_triton(device: torch.device) -> Unquantized:
@@ -133,7 +163,15 @@ def apply_dense_gemv_backend(model: nn.Module, name: str | None, device: torch.d
     if isinstance(quant, TritonGemv):
         if (name or "auto") == "auto":  # the tuned table's shapes only
             quant.table = _device_table(device)
+        quant.fuse_norm = os.environ.get(NORM_ENV, "0") == "1"
         n = use_dense_multiply(model, quant)
         where = f"the shapes {quant.table.source} names" if quant.table is not None else "every shape"
-        logger.info("dense layers (%d): batches of 1-%d rows take the Triton GEMV for %s", n, quant.max_rows, where)
+        norms = f", with the RMSNorm before a layer ({NORM_ENV}=1)" if quant.fuse_norm else ""
+        logger.info(
+            "dense layers (%d): batches of 1-%d rows take the Triton GEMV for %s%s",
+            n,
+            quant.max_rows,
+            where,
+            norms,
+        )
     return resolved

@@ -19,15 +19,20 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice, triton_available
+from tokenspeed.runtime.layers.linear import LinearBase
+from tokenspeed.runtime.layers.norm import RMSNorm, norm_linear
 from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
 from tokenspeed.runtime.moe.dispatch import DispatchView, localize, torch_dispatch
+
+if TYPE_CHECKING:
+    from tokenspeed.runtime.execution.forward_batch import ForwardBatch
 
 logger = logging.getLogger(__name__)
 FLAG = "--moe-backend"
@@ -158,7 +163,12 @@ class TritonMoe:
 
 
 class UsesMoeBackend(nn.Module):
-    """A MoE block: holds the backend its forward routes and runs experts with (torch until told)."""
+    """A MoE block: holds the backend its forward routes and runs experts with (torch until told). A block
+    has its router linear `gate` and `routed(x, logits, fb)`: its output for tokens `x` whose router logits
+    are `logits`."""
+
+    gate: LinearBase
+    routed: Callable[[torch.Tensor, torch.Tensor, ForwardBatch | None], torch.Tensor]
 
     def __init__(self) -> None:
         super().__init__()
@@ -167,6 +177,17 @@ class UsesMoeBackend(nn.Module):
     def use_moe_backend(self, backend: MoeBackend, device: torch.device) -> None:
         """Run on `device` with `backend` (called once the model is loaded, before any forward)."""
         self.backend = backend
+
+    def forward(self, x: torch.Tensor, fb: ForwardBatch | None = None) -> torch.Tensor:
+        return self.routed(x, self.gate(x), fb)
+
+    def forward_normed(
+        self, norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(norm(hidden + residual)), hidden + residual): the decoder layer's second half. The router's
+        multiply may take the norm (`norm_linear`); the experts then read the normed rows it wrote."""
+        logits, residual, normed = norm_linear(norm, self.gate, hidden, residual, want_normed=True)
+        return self.routed(normed, logits, fb), residual
 
 
 def _make_triton(device: torch.device) -> MoeBackend:

@@ -227,7 +227,7 @@ class ParallelMoeBlock(UsesMoeBackend):
         if self.state is not None:
             self.state.place_on(device)  # the dispatch tables the routing reads, once for all layers
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch | None = None) -> torch.Tensor:
+    def routed(self, x: torch.Tensor, logits: torch.Tensor, fb: ForwardBatch | None) -> torch.Tensor:
         # token t is owned by rank t mod size (see the module docstring); every rank agrees
         view = self.state.dispatch_view(self.layer_id) if self.state is not None else None
         rec, counts = recorder_sink(fb, self.layer_id)
@@ -236,7 +236,7 @@ class ParallelMoeBlock(UsesMoeBackend):
         route_view = replace(view, localize=False) if host_record and view is not None else view
         mask = fb.out_cache_loc if counts is not None else None
         weights, ids = self.backend.route(
-            self.gate(x), self.router.top_k, self.router.renormalize, route_view, counts, mask
+            logits, self.router.top_k, self.router.renormalize, route_view, counts, mask
         )
         if host_record:
             rec.record(self.layer_id, ids)

@@ -48,11 +48,11 @@ class SparseMoeBlock(UsesMoeBackend):
         self.router = TopKRouter(top_k, renormalize)
         self.experts = TorchExperts(num_experts, hidden_size, intermediate_size)
 
-    def forward(self, x: torch.Tensor, fb: ForwardBatch | None = None) -> torch.Tensor:
+    def routed(self, x: torch.Tensor, logits: torch.Tensor, fb: ForwardBatch | None) -> torch.Tensor:
         rec, counts = recorder_sink(fb, self.layer_id)
         mask = fb.out_cache_loc if counts is not None else None
         weights, ids = self.backend.route(
-            self.gate(x), self.router.top_k, self.router.renormalize, None, counts, mask
+            logits, self.router.top_k, self.router.renormalize, None, counts, mask
         )
         if rec is not None and counts is None:
             rec.record(self.layer_id, ids)

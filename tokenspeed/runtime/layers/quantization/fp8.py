@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenspeed.runtime.layers.linear import LinearBase, ReplicatedLinear
+from tokenspeed.runtime.layers.linear import LinearBase, ReplicatedLinear, Unquantized
 from tokenspeed.runtime.layers.quantization.fp8_math import (
     FP8_DTYPE,
     block_scale_shape,
@@ -38,8 +38,9 @@ SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 
 
 @dataclass(frozen=True)
-class Fp8Linear:
-    """The `quant` of an FP8 linear layer (`linear.Unquantized` is the default one)."""
+class Fp8Linear(Unquantized):
+    """The `quant` of an FP8 linear layer (`linear.Unquantized` is the default one; an RMSNorm before an FP8
+    layer stays a launch of its own, as `Unquantized.apply_normed` says)."""
 
     block: tuple[int, int] | None  # tile of the block-wise scales; None: per-channel [out, 1]
 

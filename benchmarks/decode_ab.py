@@ -1,0 +1,182 @@
+"""Whole decode steps with and without an opt-in speed-up, in one process, alternating: programmatic
+dependent launch (`pdl`, `kernels/pdl.py`), the RMSNorm taken by the GEMV after it (`norm`,
+`layers/dense_gemv.py`), or both (`pdl+norm`).
+
+Each changes a step by a few percent at most (`benchmarks/pdl_probe.py`: PDL 1.034x on a chain of GEMVs),
+less than two runs of `benchmarks/decode.py` in separate processes differ (1-3% at the same settings). So
+one engine core is built (dummy bf16 weights, the Triton attention backend, greedy), its CUDA graphs are
+captured plainly and once more per variant (PDL's launch option and the fused norm are recorded in the
+graph), and the graph sets are replayed in turns over the same batch: `--rounds` rounds of `--iters`
+steps back to back each, the order reversed every round. Per batch size and variant it reports the median
+step, the speed-up over plain, every round's figures, and how the logits compare with plain's: PDL changes
+when a kernel starts, never what it computes (bit-equal); the fused norm sums each row's squares in
+another order than the norm kernel (the largest difference, and whether the greedy tokens agree). Limit
+and ratio as in `benchmarks/decode.py`: the bytes a step must read over the copy bandwidth measured in the
+same run.
+
+    python benchmarks/decode_ab.py [--model llama8b|qwen3moe] [--variants pdl norm pdl+norm]
+        [--batch-sizes 1 64] [--context 1024] [--rounds 6] [--iters 50] [--dense-gemv-backend auto|triton]
+        [--out benchmarks/results/gpu_decode_ab_<model>.json]
+
+`--dense-gemv-backend triton` sends every dense shape through the GEMV (`auto`, the default, only those the
+GPU's tuned table names), so `norm` is timed on layers whose table verdict is cuBLAS too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import gpu_common as gc  # noqa: E402
+from benchmarks import moe_bench  # noqa: E402
+from benchmarks.decode import MODELS, time_back_to_back  # noqa: E402
+from tokenspeed.runtime.kernels import pdl  # noqa: E402
+from tokenspeed.runtime.layers.dense_gemv import NORM_ENV, TritonGemv  # noqa: E402
+
+PDL_ENV = pdl.ENV
+
+VARIANTS = ("pdl", "norm", "pdl+norm")
+
+
+@contextmanager
+def variant(model: torch.nn.Module, name: str):
+    """The opt-ins `name` turns on, for the span of a graph capture."""
+    gemvs = {
+        id(m.quant): m.quant for m in model.modules() if isinstance(getattr(m, "quant", None), TritonGemv)
+    }
+    parts = set(name.split("+")) if name != "plain" else set()
+    saved = os.environ.get(PDL_ENV)
+    try:
+        if "pdl" in parts:
+            os.environ[PDL_ENV] = "1"
+        for q in gemvs.values():
+            q.fuse_norm = "norm" in parts
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(PDL_ENV, None)
+        else:
+            os.environ[PDL_ENV] = saved
+        for q in gemvs.values():
+            q.fuse_norm = False
+
+
+def alternate(runner, graphs: dict, step, rounds: int, iters: int) -> dict[str, list[float]]:
+    """Seconds per step of each graph set, `rounds` times, in turns (the order reversed every round)."""
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    names = list(graphs)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            runner.graph_runner = graphs[name]
+            times[name].append(time_back_to_back(step, iters=iters))
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama8b")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 64])
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--dense-gemv-backend", choices=["auto", "triton"], default="auto")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/gpu_decode_ab_<model>.json")
+    args = ap.parse_args()
+    out = args.out or str(ROOT / f"benchmarks/results/gpu_decode_ab_{args.model}.json")
+
+    for env in (PDL_ENV, NORM_ENV):  # the core's own graphs are the plain ones
+        os.environ.pop(env, None)
+    device = torch.device("cuda")
+    if "pdl" in " ".join(args.variants):
+        os.environ[PDL_ENV] = "1"
+        if not pdl.enabled(device):
+            print(
+                f"{torch.cuda.get_device_name(device)}: no programmatic dependent launch (compute capability < 9)"
+            )
+            return 1
+        os.environ.pop(PDL_ENV)
+    bw = gc.copy_bandwidth()
+    print(f"device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
+    model_cfg, label = MODELS[args.model]
+    model_dir = gc.write_config(model_cfg, args.model)
+    sizes = sorted(set(args.batch_sizes))
+    page_tokens = -(-(args.context + 1) // 64) * 64
+    make_core = moe_bench.make_core if "num_experts" in model_cfg else gc.make_core
+    core = make_core(
+        model_dir, attention_backend="triton", sampling_backend="greedy", max_num_seqs=max(sizes),
+        cudagraph_capture_sizes=sizes, max_total_tokens=(max(sizes) + 1) * page_tokens + 4096,
+        max_model_len=args.context + 64, dense_gemv_backend=args.dense_gemv_backend,
+    )  # fmt: skip
+    runner = core.runner
+    gc.fill_kv_random(runner.kv_pool)
+    graphs = {"plain": runner.graph_runner}
+    for name in args.variants:
+        with variant(runner.model, name):
+            runner.capture_graphs()
+        graphs[name] = runner.graph_runner
+
+    experts = model_cfg.get("num_experts")
+    per_token_kv = runner.kv_pool.spec.bytes_per_token()
+    rows = []
+    for bs in sizes:
+        fb = gc.synthetic_batch(runner, bs, args.context)
+        logits = {}
+        with torch.inference_mode():
+            for name, g in graphs.items():
+                runner.graph_runner = g
+                logits[name] = runner.run(fb).clone()
+
+            def step(fb=fb):
+                torch.argmax(runner.run(fb), dim=-1)
+
+            times = alternate(runner, graphs, step, args.rounds, args.iters)
+        active = 1.0
+        if experts:
+            active = gc.expected_active_experts(experts, model_cfg["num_experts_per_tok"], bs) / experts
+        limit = (gc.weight_bytes_read(runner.model, active) + bs * (args.context + 1) * per_token_kv) / bw
+        med = {name: statistics.median(t) for name, t in times.items()}
+        row = dict(
+            batch=bs, context=args.context, limit_ms=round(limit * 1e3, 4),
+            plain_step_ms=round(med["plain"] * 1e3, 4), plain_ratio=round(limit / med["plain"], 4),
+            plain_rounds_ms=[round(t * 1e3, 4) for t in times["plain"]], variants={},
+        )  # fmt: skip
+        for name in args.variants:
+            diff = (logits[name] - logits["plain"]).abs().max()
+            row["variants"][name] = dict(
+                step_ms=round(med[name] * 1e3, 4),
+                speedup=round(med["plain"] / med[name], 4),
+                ratio=round(limit / med[name], 4),
+                rounds_ms=[round(t * 1e3, 4) for t in times[name]],
+                logits_bit_equal=bool(torch.equal(logits[name], logits["plain"])),
+                max_logit_diff=float(diff),
+                same_greedy_tokens=bool(torch.equal(logits[name].argmax(-1), logits["plain"].argmax(-1))),
+            )
+            v = row["variants"][name]
+            print(
+                f"{args.model} bs={bs:4d} plain={row['plain_step_ms']:8.3f} ms (ratio {row['plain_ratio']:.3f})  "
+                f"{name}={v['step_ms']:8.3f} ms (ratio {v['ratio']:.3f})  speedup={v['speedup']:.4f}  "
+                f"logits bit-equal {v['logits_bit_equal']} (max diff {v['max_logit_diff']:.3g}), "
+                f"same greedy tokens {v['same_greedy_tokens']}"
+            )
+        rows.append(row)
+    runner.graph_runner = graphs["plain"]
+    core.shutdown()
+    gc.save_run(
+        out, "decode_ab", label, copy_bandwidth_tb_s=round(bw / 1e12, 4), attention_backend="triton",
+        dense_gemv_backend=args.dense_gemv_backend, rounds=args.rounds, iters=args.iters, rows=rows,
+    )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
