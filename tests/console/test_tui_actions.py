@@ -14,15 +14,8 @@ from console.supervisor.paths import default_state_dir
 from console.tui.app import ConsoleApp
 from console.tui.launch import OpenedSource
 from console.tui.screens.modals import ConfirmScreen, LeaveScreen
-from tests.console.tui_pilot import (
-    row_order,
-    screen_lines,
-    status,
-    table_rows,
-    text_of,
-    wait_for,
-    wait_for_rows,
-)
+from tests.console import tui_pilot
+from tests.console.tui_pilot import row_order, status, table_rows, text_of, wait_for, wait_for_rows
 from tests.console.tui_support import fleet_fixture, free_base_port, make_app, running_fleet, write_profile
 
 SIZE = (170, 50)
@@ -54,7 +47,9 @@ async def asked(pilot, app: ConsoleApp, key: str) -> str:
     await pilot.pause()
     # the dialog's lines between its borders, words only: a question wider than the dialog wraps, never cut
     inside = [
-        line[line.index("█") + 1 : line.rindex("█")] for line in screen_lines(app) if line.count("█") >= 2
+        line[line.index("█") + 1 : line.rindex("█")]
+        for line in tui_pilot.screen_lines(app)
+        if line.count("█") >= 2
     ]
     drawn = " ".join(" ".join(inside).split())
     assert " ".join(app.screen.question.split()) in drawn, f"the dialog cuts its question:\n{drawn}"

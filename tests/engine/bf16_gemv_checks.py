@@ -65,6 +65,7 @@ def normed() -> dict[str, float]:
     the normed rows (`_xn`) and the product (`_y`). The interpreter truncates where the GPU rounds to
     nearest, so each may be off by about one 16-bit rounding (2^-8); a row, weight or residual mixed up is
     off by far more."""
+    from tokenspeed.runtime.layers.linear import NormedOutput
     from tokenspeed.runtime.layers.norm import RMSNorm
 
     out = {}
@@ -82,10 +83,10 @@ def normed() -> dict[str, float]:
                 for residual in (r, None):
                     ref_xn, ref_h = (norm(x), x) if residual is None else norm(x, residual)
                     ref_y = F.linear(ref_xn.float(), w.float())
-                    got = bf16_gemv.dense_gemv_normed(
+                    got = NormedOutput(*bf16_gemv.dense_gemv_normed(
                         x, w, bf16_gemv.NormFirst(norm.weight.data, eps, residual, want_normed=True),
                         None, torch.float32, cfg,
-                    )  # fmt: skip
+                    ))  # fmt: skip
                     key = (
                         f"normed_{label}_m{m}_split{cfg.split_k}_{'res' if residual is not None else 'nores'}"
                     )

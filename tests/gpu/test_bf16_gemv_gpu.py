@@ -139,6 +139,7 @@ def test_the_fused_norm_matches_the_norm_kernel_then_the_gemv(shape):
     within the output's rounding."""
     from tokenspeed.runtime.kernels import bf16_gemv
     from tokenspeed.runtime.kernels.fused_ops import rms_norm
+    from tokenspeed.runtime.layers.linear import NormedOutput
 
     n, k = NORMED_SHAPES[shape]
     torch.manual_seed(n + k)
@@ -154,8 +155,10 @@ def test_the_fused_norm_matches_the_norm_kernel_then_the_gemv(shape):
                     (rms_norm(x, nw, 1e-6), x) if residual is None else rms_norm(x, nw, 1e-6, residual)
                 )
                 ref = bf16_gemv.dense_gemv(ref_x, w, None, None, cfg)
-                got = bf16_gemv.dense_gemv_normed(
-                    x, w, bf16_gemv.NormFirst(nw, 1e-6, residual, want_normed=True), None, None, cfg
+                got = NormedOutput(
+                    *bf16_gemv.dense_gemv_normed(
+                        x, w, bf16_gemv.NormFirst(nw, 1e-6, residual, want_normed=True), None, None, cfg
+                    )
                 )
                 assert torch.equal(got.residual, ref_h)
                 apart = (got.normed != ref_x).float().mean().item()

@@ -356,16 +356,6 @@ class NormFirst:
     want_normed: bool = False  # also return the normed rows (a MoE block's experts read what its router did)
 
 
-@dataclass(frozen=True)
-class NormedProduct:
-    """What `dense_gemv_normed` returns: the product, the new residual (x + residual; x itself without
-    one) and, if asked for, the normed rows."""
-
-    out: torch.Tensor
-    residual: torch.Tensor
-    normed: torch.Tensor | None
-
-
 def norm_supported(x: torch.Tensor, w: torch.Tensor, norm: NormFirst) -> bool:
     """Whether `dense_gemv_normed` takes x, w with `norm` (besides `supported`): the norm's weight in x's dtype
     over the whole row, and a residual of x's shape and dtype."""
@@ -388,7 +378,7 @@ def dense_gemv(
     """x [M, K] times w [N, K] (+ bias [N]) -> [M, N] in `out_dtype` (default x's; float32 for logits
     saves the cast). `config` forces one launch configuration (a tuned table's, or a test's); by default the
     autotuner picks."""
-    return _launch_gemv(x, w, bias, out_dtype, config, None).out
+    return _launch_gemv(x, w, bias, out_dtype, config, None)[0]
 
 
 def dense_gemv_normed(
@@ -398,14 +388,16 @@ def dense_gemv_normed(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: DenseGemvConfig | None = None,
-) -> NormedProduct:
-    """`dense_gemv` of norm(x + residual) in one launch (`norm_supported` must hold)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`dense_gemv` of norm(x + residual) in one launch (`norm_supported` must hold): (the product, the new
+    residual x + residual (x itself without one), the normed rows if `norm.want_normed`), the fields of
+    `layers/linear.py`'s NormedOutput."""
     return _launch_gemv(x, w, bias, out_dtype, config, norm)
 
 
 def _launch_gemv(
     x, w, bias, out_dtype, config: DenseGemvConfig | None, norm: NormFirst | None
-) -> NormedProduct:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     m, k = x.shape
     n = w.shape[0]
     if x.stride(1) != 1:
@@ -452,4 +444,4 @@ def _launch_gemv(
         )  # fmt: skip
     if split > 1:
         out.copy_(acc)
-    return NormedProduct(out, residual, normed)
+    return out, residual, normed

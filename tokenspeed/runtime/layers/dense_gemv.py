@@ -98,20 +98,17 @@ class TritonGemv(Unquantized):
         layer: LinearBase,
         x: torch.Tensor,
         residual: torch.Tensor | None,
-        norm_weight: torch.Tensor,
-        eps: float,
+        norm: nn.Module,
         want_normed: bool,
     ) -> NormedOutput | None:
         """The GEMV of RMSNorm(x + residual) in one launch, for the batches it takes (None otherwise)."""
         if not self.fuse_norm or x.dim() != 2 or not self._takes(x, layer.weight):
             return None
-        norm = self._gemv.NormFirst(norm_weight, eps, residual, want_normed)
-        if not self._gemv.norm_supported(x, layer.weight, norm):
+        first = self._gemv.NormFirst(norm.weight, norm.eps, residual, want_normed)
+        if not self._gemv.norm_supported(x, layer.weight, first):
             return None
-        got = self._gemv.dense_gemv_normed(
-            x, layer.weight, norm, layer.bias, config=self._config(x, layer.weight)
-        )
-        return NormedOutput(got.out, got.residual, got.normed)
+        config = self._config(x, layer.weight)
+        return NormedOutput(*self._gemv.dense_gemv_normed(x, layer.weight, first, layer.bias, config=config))
 
     def logits(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or not self._takes(x, layer.weight):

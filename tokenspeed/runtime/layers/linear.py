@@ -66,12 +66,12 @@ class Unquantized:
         layer: LinearBase,
         x: torch.Tensor,
         residual: torch.Tensor | None,
-        norm_weight: torch.Tensor,
-        eps: float,
+        norm: nn.Module,
         want_normed: bool,
     ) -> NormedOutput | None:
-        """The layer's output over RMSNorm(x + residual) in one launch, where this multiply can take the
-        norm (`layers/dense_gemv.py`); None: the caller norms first, then multiplies."""
+        """The layer's output over `norm`(x + residual) (an RMSNorm: its `weight` and `eps`) in one launch,
+        where this multiply can take the norm (`layers/dense_gemv.py`); None: the caller norms first, then
+        multiplies."""
         return None
 
     def rows(self, param_name: str, start: int, end: int, name: str) -> tuple[int, int]:

@@ -51,7 +51,7 @@ def norm_linear(
     first layer) and, with `want_normed`, the normed input. Where the layer's multiply takes the norm (the
     Triton GEMV of decode batches, `layers/dense_gemv.py`) it is one launch; otherwise the norm, then the
     layer, exactly as calling the two."""
-    fused = linear.quant.apply_normed(linear, x, residual, norm.weight, norm.eps, want_normed)
+    fused = linear.quant.apply_normed(linear, x, residual, norm, want_normed)
     if fused is not None:
         return fused
     if residual is None:
