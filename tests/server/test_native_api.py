@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import threading
 import time
@@ -136,6 +137,7 @@ def test_health_and_info(http, server):
     assert "api_key" not in sinfo
     assert sinfo["internal_states"][0]["kv_pages_total"] > 0
     assert list(sinfo["child_pids"]) == ["scheduler dp0 tp0"]
+    assert http.get("/version").json() == {"version": importlib.metadata.version("tokenspeed")}
     # --enable-log-request-stats: one line per finished request.
     assert "request_stats rid=" in server.log()
     # --enable-log-requests --log-requests-level 1: arrivals with their sampling parameters.

@@ -3,7 +3,7 @@
     openai_routes   /v1/chat/completions, /v1/completions, /v1/models, /v1/models/{id}
     native_routes   /generate
     tokenize        /tokenize, /detokenize (vLLM's bodies)
-    monitoring      /health, /health_generate, /get_model_info, /get_server_info, /metrics
+    monitoring      /health, /health_generate, /get_model_info, /get_server_info, /version, /metrics
     admin           /abort_request, /flush_cache
     experts         the expert-load recording and /rebalance_experts
 

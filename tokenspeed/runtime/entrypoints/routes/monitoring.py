@@ -1,4 +1,4 @@
-"""The monitoring routes: health, one-token health check, model and server info, Prometheus metrics."""
+"""The monitoring routes: health, one-token health check, model and server info, version, Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -62,6 +62,12 @@ async def get_model_info(state: Server) -> Response:
             "max_model_len": limits.max_model_len if limits else None,
         }
     )
+
+
+@router.get("/version")
+async def show_version() -> Response:
+    # what vLLM's and SGLang's /version answer: the installed package's version
+    return JSONResponse({"version": version()})
 
 
 @router.get("/get_server_info")
