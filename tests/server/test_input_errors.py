@@ -128,6 +128,8 @@ SILENTLY_ACCEPTED = [
     ("top-logprobs-alone", "/v1/chat/completions", _chat(top_logprobs=2), "top_logprobs"),
     ("tool-choice-without-tools", "/v1/chat/completions", _chat(tool_choice="required"), "tool_choice"),
     ("prompt-wrong-type", "/v1/completions", _completion(prompt=[1, "a"]), "prompt"),
+    ("prompt-empty-list", "/v1/completions", _completion(prompt=[]), "prompt"),
+    ("prompt-empty-string", "/v1/completions", _completion(prompt=""), "prompt"),
 ]  # fmt: skip
 
 

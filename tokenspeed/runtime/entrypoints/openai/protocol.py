@@ -335,7 +335,7 @@ class CompletionRequest(_SamplingFields):
         if isinstance(p, str):
             return [p]
         if not p:
-            raise ValueError("prompt is empty")
+            raise ValueError("prompt: it is an empty list; send a string, token ids or a list of prompts")
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
