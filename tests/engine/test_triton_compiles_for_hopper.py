@@ -36,9 +36,11 @@ def test_decode_attention_compiles(block_n, num_stages):
 
     types = {"Q": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Mid_O": "*fp32", "Mid_lse": "*fp32",
              "sm_scale": "fp32", **INDEX}  # fmt: skip
-    constants = dict(KV_GROUP=8, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=128, IEEE=False,
-                     FP32_PV=False)  # fmt: skip
-    assert compile_sm90(_decode_stage1_kernel, types, constants, num_warps=4, num_stages=num_stages)
+    for pdl in (False, True):
+        constants = dict(KV_GROUP=8, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=128,
+                         IEEE=False, FP32_PV=False, PDL=pdl)  # fmt: skip
+        kernel = compile_sm90(_decode_stage1_kernel, types, constants, 4, num_stages, launch_pdl=pdl)
+        _check_pdl(kernel, pdl)
     types = {"Mid_O": "*fp32", "Mid_lse": "*fp32", "O": "*bf16"}
     for pdl in (False, True):
         constants = dict(HEAD_DIM=128, NUM_SPLITS=2, BLOCK_S=2, BLOCK_D=128, PDL=pdl)
@@ -142,6 +144,16 @@ def test_the_fused_ops_compile_with_dependent_launch():
         _silu_mul_kernel, {"X": "*bf16", "Y": "*bf16"}, dict(BLOCK=2048, PDL=True), 4, 1, launch_pdl=True
     )
     _check_pdl(kernel, True)
+
+
+@pytest.mark.parametrize("has_norm", [False, True], ids=["rope", "rope+qk-norm"])
+def test_the_rope_kv_write_compiles_with_dependent_launch(has_norm):
+    from tokenspeed.runtime.kernels.rope_store import _rope_store_kernel
+
+    types = {n: "*bf16" for n in ("Q", "K", "V", "QO", "KO", "K_buf", "V_buf", "CS", "QW", "KW")}
+    types.update(LOC="*i64", eps="fp32")
+    constants = dict(NUM_Q_HEADS=32, HALF=64, BLOCK=64, HAS_NORM=has_norm, PDL=True)
+    _check_pdl(compile_sm90(_rope_store_kernel, types, constants, 1, 1, launch_pdl=True), True)
 
 
 @pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])

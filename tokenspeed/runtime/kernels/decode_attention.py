@@ -81,8 +81,12 @@ def _decode_stage1_kernel(
     stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
     KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr, FP32_PV: tl.constexpr,
+    IEEE: tl.constexpr, FP32_PV: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    # Under PDL (kernels/pdl.py) the merge may be scheduled while this runs; q and the new token's K/V are
+    # the RoPE kernel's output.
+    pdl.release(PDL)
+    pdl.wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -194,7 +198,7 @@ def decode_attention(
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         KV_GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_N=launch.block_n,
         BLOCK_D=block_d, IEEE=ieee, FP32_PV=reduce_in_fp32, num_warps=launch.num_warps,
-        num_stages=launch.num_stages,
+        num_stages=launch.num_stages, **pdl.launch_kwargs(q.device),
     )  # fmt: skip
     _decode_stage2_kernel[(bs, num_heads)](
         mid_o, mid_lse, out,

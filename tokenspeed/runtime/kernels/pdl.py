@@ -16,8 +16,9 @@ The contract of every kernel launched with `launch_kwargs(device)`:
 A kernel launched without PDL waits for everything before it, as always; one launched with it but
 without the wait would race, so only kernels that call `wait` take these keyword arguments: the dense
 and FP8 GEMVs (`bf16_gemv.py`, `fp8_gemv.py`, which load their first weight chunks before it), RMSNorm
-and SiLU-and-mul (`fused_ops.py`), decode attention's merge (`decode_attention.py`), and the MoE layer's
-routing, grouped GEMMs and pair sum (`moe/kernels/routing.py`, `gemm.py`).
+and SiLU-and-mul (`fused_ops.py`), RoPE with the K/V write (`rope_store.py`), decode attention's two
+stages (`decode_attention.py`), and the MoE layer's routing, grouped GEMMs and pair sum
+(`moe/kernels/routing.py`, `gemm.py`).
 
 PDL is off unless `TOKENSPEED_PDL=1`: the kernels here have been compiled for sm_90 with it (tests/engine/
 test_triton_compiles_for_hopper.py) but have not yet run with it on a GPU, and whole decode steps have not

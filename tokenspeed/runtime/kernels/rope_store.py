@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenspeed.runtime.kernels import pdl
 from tokenspeed.runtime.kernels.fused_ops import (
     load_halves,
     rms_norm_halves,
@@ -39,7 +40,12 @@ def _rope_store_kernel(
     stride_kbt, stride_kbh, stride_vbt, stride_vbh,
     stride_cs,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    # Under PDL (kernels/pdl.py) decode attention may be scheduled while this runs; q, k and v are the
+    # qkv projection's output.
+    pdl.release(PDL)
+    pdl.wait(PDL)
     if HAS_NORM:
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
@@ -101,6 +107,7 @@ def rope_store_kv(
         cos_sin.stride(0),
         HAS_NORM=qk_norm is not None,
         **consts,
+        **pdl.launch_kwargs(q.device),
     )  # fmt: skip
     return qo, ko
 
@@ -110,5 +117,6 @@ def qk_norm_fusable(q: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
     another dtype would promote the unfused norm's output, which the fused kernel does not)."""
     d = q.shape[-1]
     return all(
-        w.dtype == q.dtype and w.dim() == 1 and w.shape[0] == d and w.is_contiguous() for w in (q_weight, k_weight)
+        w.dtype == q.dtype and w.dim() == 1 and w.shape[0] == d and w.is_contiguous()
+        for w in (q_weight, k_weight)
     )
