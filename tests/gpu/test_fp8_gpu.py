@@ -50,18 +50,23 @@ def test_per_channel_scaled_mm_matches_reference(m):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_per_token_quantization_is_the_reference_to_the_bit(dtype, k):
     """`fp8_quant.quantize_rows` (one launch) writes the bytes and scales `quantize_per_channel` (about
-    nine PyTorch kernels) does, the e4m3 cast included, which Triton's CPU interpreter cannot check."""
+    nine PyTorch kernels) does, the e4m3 cast included, which Triton's CPU interpreter cannot check.
+
+    The reference runs on the CPU: on the GPU PyTorch divides a tensor by a Python number through the
+    number's reciprocal (amax x float32(1/448), not correctly rounded; on the H200 some scales came out one
+    bit apart), on the CPU exactly, as the kernel does (`div_rn`)."""
     from tokenspeed.runtime.kernels.fp8_quant import quantize_rows
 
     torch.manual_seed(k)
     x = (torch.randn(64, k, device="cuda") * torch.logspace(-3, 2, 64, device="cuda")[:, None]).to(dtype)
     x[0] = 0.0
+    cpu = x.cpu()
     for (q, s), (q_ref, s_ref) in [
-        (quantize_rows(x), quantize_per_channel(x)),  # per token: _scaled_mm's activations
-        (quantize_rows(x, group=128), quantize_block(x, (1, 128))),  # per (token, 128): the block GEMM's
+        (quantize_rows(x), quantize_per_channel(cpu)),  # per token: _scaled_mm's activations
+        (quantize_rows(x, group=128), quantize_block(cpu, (1, 128))),  # per (token, 128): the block GEMM's
     ]:
-        assert torch.equal(s, s_ref)
-        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+        assert torch.equal(s.cpu(), s_ref)
+        assert torch.equal(q.cpu().view(torch.uint8), q_ref.view(torch.uint8))
 
 
 @pytest.mark.parametrize("shape", [(512, 384), (200, 300), (1024, 4096)])
