@@ -10,7 +10,9 @@ magnitude, then writes the quantized row and its scale. The block-wise GEMM's ac
 
 Every operation is the reference's, in the same order and precision (float32 division rounded to nearest,
 `div_rn`; the clamp to e4m3's finite range before the round-to-nearest-even cast), so the bits equal
-`quantize_per_channel`'s: tests/engine/fp8_kernel_checks.py compares them in Triton's interpreter.
+`quantize_per_channel`'s as the CPU computes them: tests/engine/fp8_kernel_checks.py compares them in
+Triton's interpreter, tests/gpu/test_fp8_gpu.py on the GPU. (On the GPU PyTorch's `amax / 448` multiplies
+by the float32 reciprocal instead, so the unfused path's scales may differ from these in the last bit.)
 Imported only where an FP8 layer runs on a CUDA tensor (`kernels/fp8_gemm.py`).
 """
 
