@@ -56,8 +56,7 @@ def variant(model: torch.nn.Module, name: str):
     parts = set(name.split("+")) if name != "plain" else set()
     saved = os.environ.get(PDL_ENV)
     try:
-        if "pdl" in parts:
-            os.environ[PDL_ENV] = "1"
+        os.environ[PDL_ENV] = "1" if "pdl" in parts else "0"
         for q in gemvs.values():
             q.fuse_norm = "norm" in parts
         yield

@@ -1,5 +1,6 @@
 """Programmatic dependent launch stays off where it cannot apply: the CPU (Triton's interpreter has no
-`launch_pdl` option, so the keyword must never reach it) and any device unless TOKENSPEED_PDL=1."""
+`launch_pdl` option, so the keyword must never reach it), whatever TOKENSPEED_PDL says (on GPUs of compute
+capability 9 and later it is on unless TOKENSPEED_PDL=0)."""
 
 from __future__ import annotations
 
