@@ -254,7 +254,7 @@ def main() -> None:
             kv_cache_dtype=args.kv_cache_dtype,
             device=gc.device_info(),
             copy_bandwidth_tb_s=round(bw / 1e12, 4),
-            # programmatic dependent launch of the decode kernels (kernels/pdl.py; on with TOKENSPEED_PDL=1)
+            # programmatic dependent launch of the decode kernels (kernels/pdl.py; on Hopper unless TOKENSPEED_PDL=0)
             pdl=pdl.enabled(torch.device("cuda")),
             faster_backend=faster,
             **moe_extra,

@@ -29,7 +29,7 @@
 #                                       configurations on the 8B and MoE shapes -> $OUT/gpu_decode_attention.json
 #   decodeattnfp8                       the same over an FP8 KV cache at context 4k -> $OUT/gpu_decode_attention_fp8kv.json
 #   pdlab                               GPU kernel, engine and dense-GEMV tests with programmatic dependent launch
-#                                       (TOKENSPEED_PDL=1) and the RMSNorms fused into the GEMV (TOKENSPEED_GEMV_NORM=1)
+#                                       (on by default) and the RMSNorms fused into the GEMV (TOKENSPEED_GEMV_NORM=1)
 #   decodeab                            benchmarks/decode_ab.py: whole decode steps plain / PDL / fused norms / both,
 #                                       alternating in one process, per shape -> $OUT/gpu_decode_ab_<model>[_gemv].json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
@@ -235,7 +235,7 @@ part_decodeattnfp8() {  # the same sweep over an FP8 KV cache at context 4k (whe
     --batch-sizes ${ATTN_FP8_BS:-1 64} --out "$OUT/gpu_decode_attention_fp8kv.json"
   grep -E "^(qwen3moe|llama8b) " "$LOG" | tail -6
 }
-part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic dependent launch (TOKENSPEED_PDL=1)
+part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic dependent launch (the default)
   # and with the RMSNorms taken by the dense GEMV (TOKENSPEED_GEMV_NORM=1), then the GEMV's own tests
   stage tests-pdl
   run ${T_PDL_TESTS:-240} env TOKENSPEED_PDL=1 TOKENSPEED_GEMV_NORM=1 $PYT tests/gpu/test_fused_ops.py \

@@ -11,7 +11,7 @@
 
 With TOKENSPEED_GEMV_NORM=1 the GEMV also takes the RMSNorm before a layer it multiplies (the input norm
 before qkv, a MoE block's norm before its router: `layers/norm.py` `norm_linear`), one launch fewer a norm;
-off until `benchmarks/decode_ab.py` has timed it on the GPU.
+off: timed on the H200 (`benchmarks/decode_ab.py`, docs/GPU.md) it made steps slower, not faster.
 
 Where the table also ships the launch configuration that won for a shape and batch bucket, the GEMV runs
 it rather than autotuning, so every process computes the same bits (greedy output does not change from
