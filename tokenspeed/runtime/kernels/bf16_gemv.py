@@ -21,8 +21,8 @@ unless the caller passes one: `layers/dense_gemv.py` passes the configuration th
 for the shape and bucket (the same one in every process, so the same bits at every start).
 The CUDA-graph runner makes an eager warm-up forward for every captured batch size before it captures,
 so tuning (which synchronizes) never happens inside a capture; a captured call is zero (split-K only),
-product, cast (split-K only), with its buffers from the graph's pool. On Hopper (unless TOKENSPEED_PDL=0) a call with a
-configuration launches with programmatic dependent launch on Hopper (`kernels/pdl.py`): its first weight
+product, cast (split-K only), with its buffers from the graph's pool. On Hopper (unless TOKENSPEED_PDL=0) a
+call with a configuration launches with programmatic dependent launch (`kernels/pdl.py`): its first weight
 chunks load while the kernel before it finishes.
 
 Imported only by `layers/dense_gemv.py` on CUDA tensors (and by Triton's interpreter in the CPU tests).
