@@ -19,60 +19,11 @@ import torch
 
 from tokenspeed.bench_results import write_results
 
-LLAMA_8B = dict(
-    architectures=["LlamaForCausalLM"],
-    model_type="llama",
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=128256,
-    max_position_embeddings=131072,
-    rms_norm_eps=1e-5,
-    rope_theta=500000.0,
-    rope_scaling=dict(
-        rope_type="llama3",
-        factor=8.0,
-        low_freq_factor=1.0,
-        high_freq_factor=4.0,
-        original_max_position_embeddings=8192,
-    ),
-    tie_word_embeddings=False,
-    hidden_act="silu",
-    torch_dtype="bfloat16",
-    bos_token_id=128000,
-    eos_token_id=128001,
-    initializer_range=0.02,
-)
-
-QWEN3_30B_A3B = dict(
-    architectures=["Qwen3MoeForCausalLM"],
-    model_type="qwen3_moe",
-    hidden_size=2048,
-    intermediate_size=6144,
-    moe_intermediate_size=768,
-    num_hidden_layers=48,
-    num_attention_heads=32,
-    num_key_value_heads=4,
-    head_dim=128,
-    num_experts=128,
-    num_experts_per_tok=8,
-    norm_topk_prob=True,
-    decoder_sparse_step=1,
-    mlp_only_layers=[],
-    vocab_size=151936,
-    max_position_embeddings=40960,
-    rms_norm_eps=1e-6,
-    rope_theta=1000000.0,
-    tie_word_embeddings=False,
-    hidden_act="silu",
-    torch_dtype="bfloat16",
-    bos_token_id=151643,
-    eos_token_id=151645,
-    initializer_range=0.02,
-)
+# The shapes are Hugging Face config.json files (benchmarks/shapes/), so a server can be pointed at them
+# too: a folder holding one as config.json serves with `--load-format dummy`.
+SHAPES = Path(__file__).resolve().parent / "shapes"
+LLAMA_8B: dict[str, Any] = json.loads((SHAPES / "llama-3.1-8b.json").read_text())
+QWEN3_30B_A3B: dict[str, Any] = json.loads((SHAPES / "qwen3-30b-a3b.json").read_text())
 
 
 def write_config(config: dict[str, Any], name: str) -> str:

@@ -40,49 +40,50 @@ from tokenspeed.runtime.models.loader import build_model
 from tokenspeed.runtime.models.model_config import ModelConfig
 
 DATA = Path(__file__).resolve().parent / "data"
+SHAPES = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes"  # the models' config.json files
 MIB = 1 << 20
 
 CASES = {
     # name: (config, reading, [server] lines, [fleet] gpus)
     "llama8b-1xH200-flashinfer": (
-        "llama-3.1-8b-config.json",
+        "llama-3.1-8b.json",
         "h200x8-idle.json",
         'dtype = "bfloat16"\nmax_model_len = 32768\nattention_backend = "flashinfer"',
         [0],
     ),
     "llama8b-tp2-other-job-on-gpu1": (
-        "llama-3.1-8b-config.json",
+        "llama-3.1-8b.json",
         "h200x2-others.json",
         "attn_tp_size = 2",
         [0, 1],
     ),
     "qwen3moe-8xH200-attention-dp": (
-        "qwen3-30b-a3b-config.json",
+        "qwen3-30b-a3b.json",
         "h200x8-idle.json",
         "max_model_len = 32768\ndata_parallel_size = 8\nenable_expert_parallel = true",
         list(range(8)),
     ),
     "qwen3moe-tp2-ep2-other-job": (
-        "qwen3-30b-a3b-config.json",
+        "qwen3-30b-a3b.json",
         "h200x2-others.json",
         "attn_tp_size = 2\nep_size = 2\nmax_model_len = 16384",
         [0, 1],
     ),
     # FP8 weights quantized at load (one byte a weight) and an FP8 KV cache (one byte an element)
     "llama8b-1xH200-fp8-weights-fp8-kv": (
-        "llama-3.1-8b-config.json",
+        "llama-3.1-8b.json",
         "h200x8-idle.json",
         'dtype = "bfloat16"\nmax_model_len = 32768\nquantization = "fp8"\nkv_cache_dtype = "fp8_e4m3"',
         [0],
     ),
-    "llama8b-1xL4-small-graphs": ("llama-3.1-8b-config.json", "l4x1-idle.json", "max_model_len = 4096", [0]),
+    "llama8b-1xL4-small-graphs": ("llama-3.1-8b.json", "l4x1-idle.json", "max_model_len = 4096", [0]),
 }
 
 
 def _profile(tmp_path: Path, config: str, server: str, gpus: list[int]) -> Path:
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text((DATA / config).read_text())
+    (model / "config.json").write_text((SHAPES / config).read_text())
     path = tmp_path / "fleet.toml"
     path.write_text(
         f'[server]\nmodel = "{model}"\n'
@@ -172,7 +173,7 @@ def test_fp8_kv_cache_plans_twice_the_tokens(tmp_path):
     for kv in ("auto", "fp8_e4m3"):
         server = f'dtype = "bfloat16"\nmax_model_len = 32768\nkv_cache_dtype = "{kv}"'
         (tmp_path / kv).mkdir()
-        resolved = load_and_resolve(_profile(tmp_path / kv, "llama-3.1-8b-config.json", server, [0]))
+        resolved = load_and_resolve(_profile(tmp_path / kv, "llama-3.1-8b.json", server, [0]))
         planned = plan_with_platform(resolved, probe).server(resolved.servers[0].name)
         tokens[kv] = (planned.kv_tokens, planned.kv_bytes_per_token)
     assert tokens["fp8_e4m3"][1] * 2 == tokens["auto"][1] == 131072  # 32 layers x 8 heads x 128 x K,V

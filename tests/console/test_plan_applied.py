@@ -24,6 +24,7 @@ from console.tui.screens.server import planned_vs_running
 from tests.console.conftest import FAKE_SERVER, free_base_port, tokenspeed
 
 DATA = Path(__file__).resolve().parent / "data"
+SHAPES = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes"  # the models' config.json files
 IDLE = json.loads((DATA / "h200x8-idle.json").read_text())
 GPU0 = IDLE["gpus"][0]  # 143771 MiB total, 143194 MiB free when idle
 
@@ -83,7 +84,7 @@ def _argv(root: Path, name: str) -> list[list[str]]:
 
 def test_plan_applied_attributed_and_replanned(tmp_path):
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text((DATA / "llama-3.1-8b-config.json").read_text())
+    (tmp_path / "model" / "config.json").write_text((SHAPES / "llama-3.1-8b.json").read_text())
     readings = tmp_path / "readings.json"
     _readings(readings, [])
     env = {"XDG_STATE_HOME": str(tmp_path / "xdg"), "TOKENSPEED_GPU_READINGS": str(readings)}

@@ -15,9 +15,10 @@ from tests.console.conftest import tokenspeed
 from tokenspeed.config import memory_model
 
 DATA = Path(__file__).resolve().parent / "data"
+SHAPES = Path(__file__).resolve().parents[2] / "benchmarks" / "shapes"  # the models' config.json files
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
-LLAMA_8B = json.loads((DATA / "llama-3.1-8b-config.json").read_text())
-QWEN3_MOE = json.loads((DATA / "qwen3-30b-a3b-config.json").read_text())
+LLAMA_8B = json.loads((SHAPES / "llama-3.1-8b.json").read_text())
+QWEN3_MOE = json.loads((SHAPES / "qwen3-30b-a3b.json").read_text())
 H200 = DATA / "h200x8-idle.json"
 
 
@@ -135,7 +136,7 @@ def test_up_refuses_a_gpu_profile_on_a_cpu_machine_and_starts_nothing(tmp_path):
     # a model the pre-flight finds (a local folder with its config), so what stops `up` is the plan
     model = tmp_path / "llama-8b"
     model.mkdir()
-    (model / "config.json").write_text((DATA / "llama-3.1-8b-config.json").read_text())
+    (model / "config.json").write_text((SHAPES / "llama-3.1-8b.json").read_text())
     path = profile(tmp_path, "", "base_port = 26000")
     path.write_text(path.read_text().replace('model = "m"', f'model = "{model}"'))
     state = tmp_path / "state"
@@ -147,7 +148,7 @@ def test_up_refuses_a_gpu_profile_on_a_cpu_machine_and_starts_nothing(tmp_path):
 
 def test_cli_plan_against_recorded_readings():
     args = ["profile", "plan", str(PROFILES / "llama-3.1-8b-h200.toml"), "--gpus-from", str(H200)]
-    result = tokenspeed(*args, "--model-config", str(DATA / "llama-3.1-8b-config.json"))
+    result = tokenspeed(*args, "--model-config", str(SHAPES / "llama-3.1-8b.json"))
     assert result.returncode == 0, result.stderr
     assert "NVIDIA H200" in result.stdout and "gpu_memory_utilization 0.88" in result.stdout
     assert "26 sequences at max_model_len 32768" in result.stdout
