@@ -3,8 +3,16 @@
 In PyTorch each of these is 3-10 small kernels (casts, pow, mean, rsqrt, chunk, mul, add); a decode step of
 a 32-layer model then spends more time launching kernels than reading weights. Each function here is one
 launch. Every intermediate is rounded to the activation dtype at the same points as the PyTorch reference
-(`layers/norm.py`, `layers/activation.py`, `layers/rotary.py`), so fused and reference results agree to
-the last bit in float32 and within one rounding in bfloat16.
+(`layers/norm.py`, `layers/activation.py`, `layers/rotary.py`), so fused and reference results agree
+within float32's last bits (the kernels sum squares and take exp/rsqrt their own way) and within one
+rounding in bfloat16.
+
+Arithmetic between two 16-bit values (the residual add, the norm's weight, SiLU's product with up) is
+written in float32 and rounded once: a sum or product of two bf16 or fp16 values taken in float32 rounds
+to the same bits as a native 16-bit operation (Triton 3.6 compiles both spellings to the same
+sm_90 PTX, instruction for instruction), so the GPU's results are unchanged, and Triton's
+interpreter, which computes bf16 arithmetic wrongly (1.5 x 2.0 = 0 in Triton 3.9), checks the kernels in
+bf16 on the CPU (`tests/engine/fused_ops_checks.py`).
 """
 
 from __future__ import annotations
@@ -42,13 +50,15 @@ def _rmsnorm_kernel(
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x + r).to(X.dtype.element_ty)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(X.dtype.element_ty)
         tl.store(RO + row * stride_ro + offs, x, mask=mask)
     xf = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(xf * xf, 0) / N + eps)
     y = (xf * inv).to(X.dtype.element_ty).to(Y.dtype.element_ty)
     w = tl.load(W + offs, mask=mask, other=0.0).to(Y.dtype.element_ty)
-    tl.store(Y + row * stride_y + offs, (y * w).to(Y.dtype.element_ty), mask=mask)
+    tl.store(
+        Y + row * stride_y + offs, (y.to(tl.float32) * w.to(tl.float32)).to(Y.dtype.element_ty), mask=mask
+    )
 
 
 def rms_norm(
@@ -92,7 +102,9 @@ def _silu_mul_kernel(X, Y, stride_x, stride_y, N, BLOCK: tl.constexpr, PDL: tl.c
     up = tl.load(X + row * stride_x + N + offs, mask=mask, other=0.0)
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty)
-    tl.store(Y + row * stride_y + offs, (act * up).to(Y.dtype.element_ty), mask=mask)
+    tl.store(
+        Y + row * stride_y + offs, (act.to(tl.float32) * up.to(tl.float32)).to(Y.dtype.element_ty), mask=mask
+    )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -135,7 +147,12 @@ def rotate_halves(x1, x2, cs, HALF: tl.constexpr, BLOCK: tl.constexpr):
     sin1 = tl.load(cs + 2 * HALF + offs, mask=mask, other=0.0)
     sin2 = tl.load(cs + 3 * HALF + offs, mask=mask, other=0.0)
     dt = x1.dtype
-    # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds.
+    # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds. On
+    # sm_90, though, Triton 3.6 contracts one product and the sum into one FMA (the PTX has `fma.rn.bf16`,
+    # `fma.rn.f32` in float32), so that product is not rounded before the add: within a rounding of the
+    # reference on the GPU, not bit for bit (the interpreter does not contract). Unlike `_rmsnorm_kernel`'s,
+    # this arithmetic stays in 16 bits, which the interpreter cannot check: taking it in float32 would
+    # round each product as PyTorch does, but would change the GPU's bits, so it waits for a GPU run.
     o1 = ((x1 * cos1).to(dt) + (-x2 * sin1).to(dt)).to(dt)
     o2 = ((x2 * cos2).to(dt) + (x1 * sin2).to(dt)).to(dt)
     return o1, o2
