@@ -154,7 +154,7 @@ def plan_server(
     free_mib = fullest.free_mib + own
     util = float(args.gpu_memory_utilization)
     mapping = args.mapping
-    attention = args.attention_backend or "triton"  # the default on CUDA (layers/attention/default_backend)
+    attention = args.attention_backend or "triton"  # the default on CUDA (layers/attention/backend.py)
     sizes = mm.graph_capture_sizes(
         args.enforce_eager,
         attention,

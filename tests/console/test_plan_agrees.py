@@ -34,7 +34,7 @@ from tokenspeed.runtime.distributed.mapping import GROUP_KINDS
 from tokenspeed.runtime.distributed.tensor_parallel import apply_parallelism, local_kv_heads
 from tokenspeed.runtime.execution import cuda_graph
 from tokenspeed.runtime.execution.kv_sizing import gpu_num_pages
-from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
+from tokenspeed.runtime.layers.attention.backend import default_attention_backend
 from tokenspeed.runtime.layers.quantization import fp8
 from tokenspeed.runtime.models.loader import build_model
 from tokenspeed.runtime.models.model_config import ModelConfig

@@ -13,7 +13,7 @@ import torch
 from tokenspeed.config import memory_model
 from tokenspeed.config.slices import GraphConfig
 from tokenspeed.runtime.execution import cuda_graph
-from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
+from tokenspeed.runtime.layers.attention.backend import default_attention_backend
 from tokenspeed.runtime.layers.sampling.gpu_params import SamplingTensors, apply_full_adjustments, row_seed
 from tokenspeed.runtime.layers.sampling.penalties import apply_penalties
 from tokenspeed.sampling_params import SamplingParams

@@ -34,7 +34,7 @@ from tokenspeed.runtime.execution.prompt_logprobs import (
 )
 from tokenspeed.runtime.grammar.bitmask import fill_token_bitmask
 from tokenspeed.runtime.layers.attention import create_attention_backend
-from tokenspeed.runtime.layers.attention.default_backend import default_attention_backend
+from tokenspeed.runtime.layers.attention.backend import default_attention_backend
 from tokenspeed.runtime.layers.dense_gemv import apply_dense_gemv_backend
 from tokenspeed.runtime.layers.sampling import create_sampler
 from tokenspeed.runtime.models.loader import DUMMY_WEIGHTS_SEED

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tokenspeed.runtime.layers.attention.backend import AttentionBackend, AttentionBackendRegistry
 from tokenspeed.runtime.layers.attention.paged_attention import PagedAttention
-from tokenspeed.runtime.layers.attention_backend import AttentionBackend, AttentionBackendRegistry
 
 if TYPE_CHECKING:
     import torch

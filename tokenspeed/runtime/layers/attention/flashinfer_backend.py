@@ -29,7 +29,7 @@ import torch
 
 from tokenspeed.runtime.kernels.kv_store import store_kv_into_pool
 from tokenspeed.runtime.kernels.page_indices import build_page_indices
-from tokenspeed.runtime.layers.attention_backend import AttentionBackend
+from tokenspeed.runtime.layers.attention.backend import AttentionBackend
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.cache.kv_pool import KVPool

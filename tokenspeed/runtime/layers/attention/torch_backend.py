@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from tokenspeed.runtime.layers.attention_backend import AttentionBackend
+from tokenspeed.runtime.layers.attention.backend import AttentionBackend
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.cache.kv_pool import KVPool

@@ -19,7 +19,7 @@ import torch
 from tokenspeed.runtime.kernels.decode_attention import decode_attention, decode_num_splits
 from tokenspeed.runtime.kernels.extend_attention import extend_attention
 from tokenspeed.runtime.kernels.kv_store import store_kv_into_pool
-from tokenspeed.runtime.layers.attention_backend import AttentionBackend
+from tokenspeed.runtime.layers.attention.backend import AttentionBackend
 
 if TYPE_CHECKING:
     from tokenspeed.runtime.cache.kv_pool import KVPool
