@@ -41,7 +41,7 @@
 #   imports                             where start-up's model-config and tokenizer seconds go (-X importtime)
 #   e2e   = fleet serving               profile -> plan -> up -> openai client -> kill -9 -> down;
 #                                       benchmarks/serving_gpu.py (HTTP vs offline engine, both backends)
-# `tritoncache` packs ~/.triton/cache the same way (triton-cache.txz.partNN, also for tests/gpu/cache/).
+# `tritoncache` packs ~/.triton/cache the same way (triton-cache.txz.partNN, for tests/gpu/cache/ while its kernels are current).
 # `cache` packs ~/.cache/flashinfer into $OUT/flashinfer-cache.txz.partNN (xz, 15 MB each): copy them into tests/gpu/cache/
 # and every later call skips FlashInfer's JIT (.whl/install.sh joins and unpacks them). Each part has its own time limit
 # (T_<PART> seconds) so a stuck one cannot eat the call.

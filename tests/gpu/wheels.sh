@@ -35,8 +35,9 @@ for so in ~/.cache/flashinfer/*/*/cached_ops/*/*.so; do
   name=$(basename "$(dirname "$so")")
   mkdir -p "/tmp/site/flashinfer/data/aot/$name" && cp "$so" "/tmp/site/flashinfer/data/aot/$name/$name.so"
 done
-# Triton's kernel cache from `device_run.sh tritoncache` (triton 3.6, sm_90): the kernels the 8B and MoE shapes
-# compile, so a server's first READY on a fresh machine is not spent in Triton's JIT.
+# Triton's kernel cache from `device_run.sh tritoncache` (triton 3.6, sm_90), when tests/gpu/cache holds one: the
+# kernels the 8B and MoE shapes compile, so a fresh machine does not spend them in Triton's JIT. Worth carrying
+# only while those kernels are unchanged (docs/GPU.md).
 unpack triton ~/.triton
 INNER
 du -sh .whl
