@@ -106,11 +106,28 @@ def _check_fleet(raw: RawProfile, fleet: FleetSpec) -> None:
         )
 
 
+def _not_a_table(key: str, value: Any) -> str:
+    """What to write instead of a top-level key that is not a table (`[[server]]`, `server = ...`)."""
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        got = f"[[{key}]] (a list of {len(value)} table{'s' if len(value) != 1 else ''})"
+    else:
+        got = repr(value)
+    servers = (
+        "; a fleet's servers are [groups.NAME] tables, each with its `model` and `replicas`, sharing the keys "
+        "of one [server] table (profiles/demo.toml)"
+        if key in ("server", "groups")
+        else ""
+    )
+    return f"must be a table: [{key}], written once; got {got}{servers}"
+
+
 def load_profile(path: str | Path) -> Profile:
     raw = read_profile(path)
-    for key in raw.data:
+    for key, value in raw.data.items():
         if key not in _TOP_LEVEL:
             raise raw.error("", key, f"is not a profile table{did_you_mean(key, [*_TOP_LEVEL, 'extends'])}")
+        if not isinstance(value, dict):
+            raise raw.error("", key, _not_a_table(key, value))
     fleet_table = raw.data.get("fleet", {})
     if "name" not in fleet_table:
         fleet_table = {**fleet_table, "name": Path(path).stem}

@@ -79,7 +79,7 @@ def preflight(
     problems = [_relabel(p, source, real) for p in problems]
     # the loader and a check may find the same line
     unique = list({(str(p.path), p.line, str(p)): p for p in problems}.values())
-    unique.sort(key=lambda e: (str(e.path), e.line or 0))
+    unique.sort(key=lambda e: (str(e.path), e.line is None, e.line or 0))  # lineless ones last, as load_all
     return Preflight(tuple(unique), resolved, running)
 
 

@@ -105,4 +105,5 @@ def load_all(path: str | Path) -> tuple[list[ProfileError], ResolvedFleet | None
             except ValueError as exc:
                 errors.append(ProfileError(str(exc).replace(str(copy), str(original)), original))
                 error = None
-    return sorted(errors, key=lambda e: (str(e.path), e.line or 0)), resolved
+    # file order; an error with no line of its own (a rule across keys, or what a blanked table took away) last
+    return sorted(errors, key=lambda e: (str(e.path), e.line is None, e.line or 0)), resolved

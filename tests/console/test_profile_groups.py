@@ -130,6 +130,28 @@ def test_a_group_must_be_a_table(tmp_path):
     assert "must be a table: [groups.dense]" in str(error_of(path))
 
 
+SERVER = '[server]\nmodel = "demo"\ndevice = "cpu"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "got"),
+    [
+        (
+            SERVER + "[[load]]\nrate_per_s = 1\n[[load]]\nrate_per_s = 2\n",
+            "load",
+            "[[load]] (a list of 2 tables)",
+        ),
+        ('fleet = "x"\n' + SERVER, "fleet", "'x'"),
+        (SERVER + '[[groups]]\nmodel = "demo"\n', "groups", "[[groups]] (a list of 1 table)"),
+    ],
+    ids=["load", "fleet", "groups"],
+)
+def test_a_top_level_key_that_is_not_a_table_is_named_at_its_line(tmp_path, text, key, got):
+    error = error_of(write(tmp_path, text))
+    assert error.key == key and error.line is not None, (error.key, error.line)
+    assert f"must be a table: [{key}]" in str(error) and f"got {got}" in str(error), str(error)
+
+
 def test_a_group_without_a_model_anywhere_is_refused(tmp_path):
     path = write(tmp_path, '[server]\ndevice = "cpu"\n[groups.a]\nreplicas = 1\n')
     assert "model" in error_of(path).key

@@ -61,7 +61,7 @@ def test_a_base_passed_with_the_profiles_that_extend_it_is_checked_through_them(
     """`tokenspeed profile validate profiles/*.toml` passes the shared `_base.toml` too: it has no
     model of its own, so alone it is not a fleet, but with the profiles extending it, it is fine."""
     base = tmp_path / "_base.toml"
-    base.write_text("[fleet]\nrestart = \"on-failure\"\n")
+    base.write_text('[fleet]\nrestart = "on-failure"\n')
     top = tmp_path / "demo.toml"
     top.write_text('extends = "_base.toml"\n\n[server]\nmodel = "demo"\ndevice = "cpu"\n')
     result = tokenspeed("profile", "validate", str(base), str(top))
@@ -69,3 +69,16 @@ def test_a_base_passed_with_the_profiles_that_extend_it_is_checked_through_them(
     assert f"{base}: ok (a base, extended by {top}; checked through them)" in result.stdout
     alone = tokenspeed("profile", "validate", str(base))
     assert alone.returncode == 2 and "model: is required" in alone.stderr
+
+
+def test_a_list_of_server_tables_is_named_with_its_line_and_the_profile_shape(tmp_path):
+    """`[[server]]`, the array-of-tables a list of servers suggests, read as a Python error before; now the
+    first error names it at its line and says how a profile lists servers."""
+    bad = tmp_path / "servers.toml"
+    bad.write_text('[fleet]\nname = "x"\n\n[[server]]\nmodel = "demo"\ndevice = "cpu"\n')
+    result = tokenspeed("profile", "validate", str(bad))
+    assert result.returncode == 2, result.stdout + result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"error: {bad}:4: server: must be a table: [server]"), result.stderr
+    assert "got [[server]] (a list of 1 table)" in first and "[groups.NAME]" in first, first
+    assert "dictionary update sequence" not in result.stderr
