@@ -29,7 +29,7 @@ from console.profile.schema import (
     SupervisorSpec,
 )
 from console.profile.thresholds import parse_thresholds
-from console.profile.toml import ProfileError, RawProfile, did_you_mean, read_profile
+from console.profile.toml import ProfileError, RawProfile, did_you_mean, not_a_table, read_profile
 from console.supervisor.load import parse_load
 from tokenspeed.config.api_key import API_KEY_ENV, others_can_read
 
@@ -108,17 +108,13 @@ def _check_fleet(raw: RawProfile, fleet: FleetSpec) -> None:
 
 def _not_a_table(key: str, value: Any) -> str:
     """What to write instead of a top-level key that is not a table (`[[server]]`, `server = ...`)."""
-    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
-        got = f"[[{key}]] (a list of {len(value)} table{'s' if len(value) != 1 else ''})"
-    else:
-        got = repr(value)
     servers = (
         "; a fleet's servers are [groups.NAME] tables, each with its `model` and `replicas`, sharing the keys "
         "of one [server] table (profiles/demo.toml)"
         if key in ("server", "groups")
         else ""
     )
-    return f"must be a table: [{key}], written once; got {got}{servers}"
+    return not_a_table(key, value) + servers
 
 
 def load_profile(path: str | Path) -> Profile:

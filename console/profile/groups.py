@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from console.profile.replicas import ResolvedFleet, resolve_servers
-from console.profile.toml import RawProfile, did_you_mean
+from console.profile.toml import RawProfile, did_you_mean, not_a_table
 
 GROUP_KEYS = {"replicas"}
 # More GPU ids than any node has: later groups take theirs from the ids the earlier groups left.
@@ -56,7 +56,8 @@ def check_groups(raw: RawProfile) -> None:
     keys = set(known_keys())
     for name, table in _groups(raw).items():
         if not isinstance(table, dict):
-            raise raw.error("groups", name, f"must be a table: [groups.{name}]")
+            more = "; `replicas` in it starts more servers of the group" if isinstance(table, list) else ""
+            raise raw.error("groups", name, not_a_table(f"groups.{name}", table) + more)
         if not name.replace("-", "").replace("_", "").isalnum():
             raise raw.error("groups", name, "group names use letters, digits, - and _ only")
         where = f"groups.{name}"

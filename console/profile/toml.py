@@ -11,6 +11,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _TABLE = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\]?\s*(#.*)?$")  # [table] or [[array of tables]]
 _TOML_POS = re.compile(r"\(at line (\d+), column \d+\)")
@@ -47,6 +48,15 @@ class RawProfile:
         path = self.origin.get((table, key), self.sources[0])
         label = f"[{table}] {key}" if table else key
         return ProfileError(message, path, locate(path, table, key), label)
+
+
+def not_a_table(header: str, value: Any) -> str:
+    """Why `[header]` holds no table: what was found there (`[[header]]` is a list of tables)."""
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        got = f"[[{header}]] (a list of {len(value)} table{'s' if len(value) != 1 else ''})"
+    else:
+        got = repr(value)
+    return f"must be a table: [{header}], written once; got {got}"
 
 
 def locate(path: Path, table: str, key: str) -> int | None:
