@@ -71,3 +71,16 @@ def test_a_truncated_weights_file_fails_before_any_rank_starts(tmp_path):
     assert f"weights file {weights[0]} cannot be read (SafetensorError:" in result.stderr, result.stderr
     assert "child process" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert seconds < 10.0, f"{seconds:.2f}s: {result.stderr}"
+
+
+def test_a_flag_the_model_cannot_take_is_named_in_the_servers_last_error():
+    """A limit only the scheduler rank can check (the model's context, read from its config) used to end
+    the server with "scheduler dp0 tp0 (pid N) exited with code 1", the reason only in the rank's
+    traceback above it. The rank now tells the front end why it cannot start, and the last line says so."""
+    result, _ = serve("demo", "--max-model-len", "100000", HF_HUB_OFFLINE="1")
+    assert result.returncode == 1, result.stderr
+    last = [line for line in result.stderr.splitlines() if "tokenspeed.serve" in line][-1]
+    assert (
+        "start-up failed: scheduler dp0 tp0 could not start: --max-model-len 100000 is larger than the 512 "
+        "tokens 'demo' supports" in last
+    ), result.stderr

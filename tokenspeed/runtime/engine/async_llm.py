@@ -94,8 +94,8 @@ class AsyncLLM:
     # ------------------------------------------------------------------ life cycle
 
     async def wait_ready(self, expected: int) -> ModelLimits:
-        """Wait for one ready message per scheduler rank; raises (the launcher's `ChildDied`) if a
-        scheduler process dies meanwhile."""
+        """Wait for one ready message per scheduler rank; raises `RankFailed` if a rank says it cannot
+        start or its process dies meanwhile."""
         self.limits = await self._client.await_ready(expected)
         self.prompts.max_model_len = self.limits.max_model_len
         self.liveness.start(self.dp_size)

@@ -32,6 +32,7 @@ from tokenspeed.runtime.engine.io_struct import (
     RequestOutput,
     RpcRequest,
     RpcResponse,
+    StartupFailed,
     StatsSnapshot,
     decode,
     encode,
@@ -129,7 +130,21 @@ def _serve(
             load.connect(endpoints.load)
 
     entered = time.time()
-    engine = build_engine(server_args, info, endpoints.nccl_port)
+    try:
+        engine = build_engine(server_args, info, endpoints.nccl_port)
+    except Exception as exc:
+        # The front end waits for this rank's ReadyMessage: say why none will come, so its error names the
+        # cause (a flag the model cannot take, a missing file), not only an exit code. The traceback is
+        # logged by run_scheduler_process.
+        out.send(
+            encode(StartupFailed(dp_rank=info.dp_rank, tp_rank=info.tp_rank, error=str(exc) or repr(exc)))
+        )
+        for s in (inp, load):
+            if s is not None:
+                s.close(linger=0)
+        out.close(linger=2000)
+        ctx.term()  # returns once that message is out (or 2 s passed): os._exit skips zmq's teardown
+        raise
     out.send(
         encode(
             ReadyMessage(

@@ -121,6 +121,16 @@ class ReadyMessage:
 
 
 @dataclass
+class StartupFailed:
+    """Sent by a scheduler rank whose engine could not be built, in place of its ReadyMessage, so the front
+    end (or the offline Engine) says why the rank will never be ready, not only that its process exited."""
+
+    dp_rank: int
+    tp_rank: int
+    error: str
+
+
+@dataclass
 class RpcRequest:
     """Control calls from the HTTP layer (expert recording, flush, ...)."""
 
@@ -159,6 +169,7 @@ _MESSAGE_TYPES: dict[str, type] = {
         BatchOutput,
         StatsSnapshot,
         ReadyMessage,
+        StartupFailed,
         RpcRequest,
         RpcResponse,
     )

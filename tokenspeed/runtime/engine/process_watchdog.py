@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
+class RankFailed(RuntimeError):
+    """A scheduler rank could not start, or its process is gone; the message says which rank and why."""
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Called first thing in a child process: be killed when `parent_pid` goes away."""
     if sys.platform.startswith("linux"):

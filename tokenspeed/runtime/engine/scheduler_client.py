@@ -11,7 +11,9 @@ the messages are msgpack (`io_struct.encode` / `decode`, never pickle). Besides 
 - control calls: an `RpcRequest` reaches every DP group, and its answers (one per group) are matched to
   the call by id; answers are never handed to the caller's message loop;
 - rank death: while it waits (for the handshake, or in the blocking mode for any message) it calls
-  `check_alive` every 200 ms, whose exception (the launcher's `ChildDied`) reaches the caller.
+  `check_alive` every 200 ms, whose exception (the launcher's `ChildDied`, a `RankFailed`) reaches the
+  caller; a rank whose engine cannot be built sends `StartupFailed` instead of its ready message, which
+  raises `RankFailed` with its reason.
 
 Two modes, one protocol: blocking (the offline Engine's synchronous calls) and asyncio (`AsyncLLM`, on
 the HTTP server's event loop), chosen at construction.
@@ -31,7 +33,15 @@ import zmq
 import zmq.asyncio
 
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
-from tokenspeed.runtime.engine.io_struct import ReadyMessage, RpcRequest, RpcResponse, decode, encode
+from tokenspeed.runtime.engine.io_struct import (
+    ReadyMessage,
+    RpcRequest,
+    RpcResponse,
+    StartupFailed,
+    decode,
+    encode,
+)
+from tokenspeed.runtime.engine.process_watchdog import RankFailed
 from tokenspeed.runtime.engine.prompt_check import limits_from_ready
 from tokenspeed.runtime.engine.request_state import ModelLimits
 from tokenspeed.runtime.startup_phases import format_phases
@@ -205,6 +215,8 @@ class _ReadyWait:
         return len(self.ready) >= self.expected
 
     def take(self, msg: Any) -> None:
+        if isinstance(msg, StartupFailed):
+            raise RankFailed(f"scheduler dp{msg.dp_rank} tp{msg.tp_rank} could not start: {msg.error}")
         if isinstance(msg, ReadyMessage):
             self.ready.append(msg)
             phases = format_phases(msg.startup)

@@ -13,7 +13,12 @@ import os
 
 from tokenspeed.config.server_args import ServerArgs
 from tokenspeed.runtime.engine.endpoints import ServerEndpoints
-from tokenspeed.runtime.engine.process_watchdog import ChildProcess, die_with_parent, terminate_children
+from tokenspeed.runtime.engine.process_watchdog import (
+    ChildProcess,
+    RankFailed,
+    die_with_parent,
+    terminate_children,
+)
 from tokenspeed.runtime.engine.rank_info import RankInfo
 
 logger = logging.getLogger("tokenspeed.launch")
@@ -81,8 +86,8 @@ class ServerProcesses:
         terminate_children(self.children, timeout)
 
 
-class ChildDied(RuntimeError):
-    pass
+class ChildDied(RankFailed):
+    """A child process exited (its exit code in the message)."""
 
 
 # The children's entry points import their process's code in the child: the front end spawns its children

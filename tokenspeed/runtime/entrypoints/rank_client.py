@@ -31,9 +31,10 @@ from tokenspeed.runtime.engine.io_struct import (
     RpcResponse,
     StatsSnapshot,
 )
+from tokenspeed.runtime.engine.process_watchdog import RankFailed
 from tokenspeed.runtime.engine.prompt_check import check_prompt
 from tokenspeed.runtime.engine.scheduler_client import SchedulerClient
-from tokenspeed.runtime.entrypoints.launch import ChildDied, ServerProcesses
+from tokenspeed.runtime.entrypoints.launch import ServerProcesses
 from tokenspeed.runtime.entrypoints.serve import vocab_size_of
 from tokenspeed.sampling_params import SamplingParams
 
@@ -180,7 +181,7 @@ class RankClient:
         """Run one of the client's waits; a rank that died meanwhile fails this Engine (`RanksDied`)."""
         try:
             return wait(*args)
-        except ChildDied as exc:
+        except RankFailed as exc:
             self._fail(str(exc))
             raise  # not reached: _fail raises
 

@@ -223,7 +223,8 @@ async def _run_head(server_args: ServerArgs, startup: StartupPhases) -> int:
     start-up (torch and transformers imports, the tokenizer, the HTTP app) runs while they load."""
     with startup.phase("flags and checks"):
         from tokenspeed.runtime.engine.endpoints import ServerEndpoints
-        from tokenspeed.runtime.entrypoints.launch import ChildDied, ServerProcesses
+        from tokenspeed.runtime.engine.process_watchdog import RankFailed
+        from tokenspeed.runtime.entrypoints.launch import ServerProcesses
         from tokenspeed.runtime.entrypoints.server_state import parse_preferred_sampling_params, served_names
         from tokenspeed.runtime.entrypoints.warmup import warmup_names
 
@@ -264,7 +265,7 @@ async def _run_head(server_args: ServerArgs, startup: StartupPhases) -> int:
         try:
             with startup.phase("waiting for the schedulers"):
                 await llm.wait_ready(server_args.mapping.world_size)
-        except ChildDied as exc:
+        except RankFailed as exc:  # a rank said why it could not start, or its process exited
             logger.error("start-up failed: %s", exc)
             return EXIT_FAILED
         llm.start()
