@@ -65,7 +65,7 @@ def _build(raw: RawProfile, table: str, cls, values: dict, extra: set[str] = fro
             continue
         if key in nested:
             if not isinstance(value, dict):
-                raise raw.error(table, key, f"must be a table: [{table}.{key}]")
+                raise raw.error(table, key, not_a_table(f"{table}.{key}", value))
             kwargs[key] = _build(raw, f"{table}.{key}", nested[key], value)
             continue
         if key not in fields:
@@ -130,10 +130,7 @@ def load_profile(path: str | Path) -> Profile:
     nested = {"backoff": BackoffSpec, "health": HealthSpec}
     fleet = _build(raw, "fleet", FleetSpec, fleet_table, extra=_FLEET_EXTRA, nested=nested)
     _check_fleet(raw, fleet)
-    supervisor_table = raw.data.get("supervisor", {})
-    if not isinstance(supervisor_table, dict):
-        raise raw.error("", "supervisor", "must be a table: [supervisor]")
-    supervisor = _build(raw, "supervisor", SupervisorSpec, supervisor_table)
+    supervisor = _build(raw, "supervisor", SupervisorSpec, raw.data.get("supervisor", {}))
     if supervisor.unhealthy_restart_after_s < 0:
         raise raw.error(
             "supervisor",

@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any
 
-from console.profile.toml import ProfileError, RawProfile, did_you_mean
+from console.profile.toml import ProfileError, RawProfile, did_you_mean, not_a_table
 
 # Keys the fleet sets for each server process; a profile sets them through [fleet] instead.
 FLEET_OWNED = {
@@ -129,7 +129,7 @@ def server_fields(raw: RawProfile) -> dict[str, Any]:
     """The ServerArgs fields `[server]` sets, checked one key at a time (fleet-owned keys refused)."""
     server = raw.data.get("server", {})
     if not isinstance(server, dict):
-        raise raw.error("", "server", "must be a table: [server]")
+        raise raw.error("", "server", not_a_table("server", server))
     if "model" not in server:
         raise raw.error("server", "model", "is required: the model path or name of every server")
     from tokenspeed.config.cli import NoFlag, field_argv

@@ -31,17 +31,17 @@ _LIMITS = {"kv_usage": (0.0, 1.0), "balancedness": (0.0, 1.0)}
 
 def parse_thresholds(raw) -> Thresholds:
     """The `[console.thresholds]` table of a raw profile (`console.profile.toml.RawProfile`), checked."""
-    from console.profile.toml import did_you_mean
+    from console.profile.toml import did_you_mean, not_a_table
 
     console = raw.data.get("console", {})
     if not isinstance(console, dict):
-        raise raw.error("", "console", "must be a table: [console]")
+        raise raw.error("", "console", not_a_table("console", console))
     for key in console:
         if key != "thresholds":
             raise raw.error("console", key, f"is not a [console] key{did_you_mean(key, ['thresholds'])}")
     table = console.get("thresholds", {})
     if not isinstance(table, dict):
-        raise raw.error("console", "thresholds", "must be a table: [console.thresholds]")
+        raise raw.error("console", "thresholds", not_a_table("console.thresholds", table))
     fields = {f.name for f in dataclasses.fields(Thresholds)}
     values = {}
     for key, value in table.items():

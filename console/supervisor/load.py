@@ -99,13 +99,13 @@ _LIMITS = {
 
 def parse_load(raw) -> LoadSpec | None:
     """The `[load]` table of a raw profile (`console.profile.toml.RawProfile`), checked; None without one."""
-    from console.profile.toml import did_you_mean
+    from console.profile.toml import did_you_mean, not_a_table
 
     table = raw.data.get("load")
     if table is None:
         return None
     if not isinstance(table, dict):
-        raise raw.error("", "load", "must be a table: [load]")
+        raise raw.error("", "load", not_a_table("load", table))
     fields = {f.name: f for f in dataclasses.fields(LoadSpec)}
     values = {}
     for key, value in table.items():
