@@ -1,6 +1,7 @@
-"""Whole decode steps with and without an opt-in speed-up, in one process, alternating: programmatic
-dependent launch (`pdl`, `kernels/pdl.py`), the RMSNorm taken by the GEMV after it (`norm`,
-`layers/dense_gemv.py`), or both (`pdl+norm`).
+"""Whole decode steps with and without a speed-up, in one process, alternating: programmatic dependent
+launch (`pdl`, `kernels/pdl.py`), the RMSNorm taken by the GEMV after it (`norm`, `layers/dense_gemv.py`),
+decode attention in one launch (`one`, `kernels/decode_attention.py`), or a combination (`pdl+norm`,
+`pdl+one`). `plain` has none of them, PDL included (on by default in the server).
 
 Each changes a step by a few percent at most (`benchmarks/pdl_probe.py`: PDL 1.034x on a chain of GEMVs),
 less than two runs of `benchmarks/decode.py` in separate processes differ (1-3% at the same settings). So
@@ -14,7 +15,7 @@ another order than the norm kernel (the largest difference, and whether the gree
 and ratio as in `benchmarks/decode.py`: the bytes a step must read over the copy bandwidth measured in the
 same run.
 
-    python benchmarks/decode_ab.py [--model llama8b|qwen3moe] [--variants pdl norm pdl+norm]
+    python benchmarks/decode_ab.py [--model llama8b|qwen3moe] [--variants pdl norm pdl+norm one pdl+one]
         [--batch-sizes 1 64] [--context 1024] [--rounds 6] [--iters 50] [--dense-gemv-backend auto|triton]
         [--out benchmarks/results/gpu_decode_ab_<model>.json]
 
@@ -40,11 +41,12 @@ from benchmarks import gpu_common as gc  # noqa: E402
 from benchmarks import moe_bench  # noqa: E402
 from benchmarks.decode import MODELS, time_back_to_back  # noqa: E402
 from tokenspeed.runtime.kernels import pdl  # noqa: E402
+from tokenspeed.runtime.kernels.decode_attention import ONE_LAUNCH_ENV  # noqa: E402
 from tokenspeed.runtime.layers.dense_gemv import NORM_ENV, TritonGemv  # noqa: E402
 
 PDL_ENV = pdl.ENV
 
-VARIANTS = ("pdl", "norm", "pdl+norm")
+VARIANTS = ("pdl", "norm", "pdl+norm", "one", "pdl+one")
 
 
 @contextmanager
@@ -54,17 +56,19 @@ def variant(model: torch.nn.Module, name: str):
         id(m.quant): m.quant for m in model.modules() if isinstance(getattr(m, "quant", None), TritonGemv)
     }
     parts = set(name.split("+")) if name != "plain" else set()
-    saved = os.environ.get(PDL_ENV)
+    saved = {env: os.environ.get(env) for env in (PDL_ENV, ONE_LAUNCH_ENV)}
     try:
         os.environ[PDL_ENV] = "1" if "pdl" in parts else "0"
+        os.environ[ONE_LAUNCH_ENV] = "1" if "one" in parts else "0"
         for q in gemvs.values():
             q.fuse_norm = "norm" in parts
         yield
     finally:
-        if saved is None:
-            os.environ.pop(PDL_ENV, None)
-        else:
-            os.environ[PDL_ENV] = saved
+        for env, value in saved.items():
+            if value is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = value
         for q in gemvs.values():
             q.fuse_norm = False
 
@@ -93,17 +97,13 @@ def main() -> int:
     args = ap.parse_args()
     out = args.out or str(ROOT / f"benchmarks/results/gpu_decode_ab_{args.model}.json")
 
-    for env in (PDL_ENV, NORM_ENV):  # the core's own graphs are the plain ones
+    for env in (PDL_ENV, NORM_ENV, ONE_LAUNCH_ENV):
         os.environ.pop(env, None)
     device = torch.device("cuda")
-    if "pdl" in " ".join(args.variants):
-        os.environ[PDL_ENV] = "1"
-        if not pdl.enabled(device):
-            print(
-                f"{torch.cuda.get_device_name(device)}: no programmatic dependent launch (compute capability < 9)"
-            )
-            return 1
-        os.environ.pop(PDL_ENV)
+    if "pdl" in " ".join(args.variants) and not pdl.enabled(device):
+        print(f"{torch.cuda.get_device_name(device)}: no programmatic dependent launch (compute capability < 9)")
+        return 1
+    os.environ[PDL_ENV] = "0"  # the core's own graphs are the plain ones: no PDL either
     bw = gc.copy_bandwidth()
     print(f"device-to-device copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
     model_cfg, label = MODELS[args.model]

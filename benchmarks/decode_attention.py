@@ -15,6 +15,7 @@ Writes benchmarks/results/gpu_decode_attention.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -87,9 +88,12 @@ def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int, kv_dtype:
     mid_lse = torch.empty(bs, heads, max_split, device="cuda", dtype=torch.float32)
     scale = head_dim**-0.5
 
+    arrivals = torch.zeros(bs * kv_heads, device="cuda", dtype=torch.int32)
+
     def call(splits: int, launch: DecodeLaunch, layer: int, dst: torch.Tensor = out) -> None:
         k, v = kv[layer]
-        decode_attention(q, k, v, dst, table, rows, lens, mid_o, mid_lse, scale, splits, launch=launch)
+        decode_attention(q, k, v, dst, table, rows, lens, mid_o, mid_lse, scale, splits, launch=launch,
+                         arrivals=arrivals)  # fmt: skip
 
     base = decode_launch(head_dim, False, bs * kv_heads * default_splits, num_sms, kv_dtype.itemsize)
     call(default_splits, base, 0, reference)
@@ -117,6 +121,15 @@ def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int, kv_dtype:
     timed.sort(key=lambda r: r["us"])
     default_row = next((r for r in timed if r["default"]), None)
     best = timed[0]
+    # the default configuration in one launch (its last split merges): what TOKENSPEED_DECODE_ONE_LAUNCH=1 runs
+    one = dataclasses.replace(base, one_launch=True)
+    call(default_splits, one, 0)
+    torch.cuda.synchronize()
+    one_err = float((out.float() - reference.float()).abs().max())
+    one_s = gc.graph_seconds([lambda i=i: call(default_splits, one, i) for i in range(layers)])
+    one_row = dict(us=round(one_s * 1e6, 2), ratio=round(limit_s / one_s, 4), max_abs_diff=round(one_err, 5),
+                   speedup=round(default_row["us"] / (one_s * 1e6), 4) if default_row else None)  # fmt: skip
+    print(f"  one launch (default config): {one_row}")
     print(f"{model} {str(kv_dtype)[6:]} bs={bs} ctx={ctx}: KV {layer_bytes / 1e6:.1f} MB a layer, limit {limit_s * 1e6:.1f} us; "
           f"default {default_row['us'] if default_row else '-'} us "
           f"({default_row['ratio'] if default_row else '-'}); best {best['us']} us ({best['ratio']:.3f}) "
@@ -126,7 +139,8 @@ def sweep_case(model: str, bs: int, ctx: int, bw: float, num_sms: int, kv_dtype:
         print(f"    {r}")
     return dict(model=model, kv_dtype=str(kv_dtype)[6:], batch=bs, context=ctx, kv_heads=kv_heads, heads=heads, head_dim=head_dim,
                 layer_kv_mb=round(layer_bytes / 1e6, 2), limit_us=round(limit_s * 1e6, 2),
-                default_splits=default_splits, default=default_row, best=best, candidates=timed)  # fmt: skip
+                default_splits=default_splits, default=default_row, best=best, one_launch=one_row,
+                candidates=timed)  # fmt: skip
 
 
 def main() -> None:

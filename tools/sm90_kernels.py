@@ -116,7 +116,7 @@ def decode_attention_rows() -> list[tuple[str, Resources, int]]:
                 programs = bs * kv_heads * splits
                 launch = decode_launch(128, False, programs, sms, kv_bytes)
                 types = {"Q": "*bf16", "K_buf": cache, "V_buf": cache, "Mid_O": "*fp32", "Mid_lse": "*fp32",
-                         "sm_scale": "fp32", **INDEX}  # fmt: skip
+                         "Out": "*bf16", "Arrivals": "*i32", "sm_scale": "fp32", **INDEX}  # fmt: skip
                 constants = dict(KV_GROUP=32 // kv_heads, HEAD_DIM=128, NUM_SPLITS=splits, BLOCK_H=16,
                                  BLOCK_N=launch.block_n, BLOCK_D=128, IEEE=False, FP32_PV=False)  # fmt: skip
                 kernel = compile_sm90(_decode_stage1_kernel, types, constants, launch.num_warps, launch.num_stages,

@@ -35,12 +35,17 @@ def test_decode_attention_compiles(block_n, num_stages):
     from tokenspeed.runtime.kernels.decode_attention import _decode_stage1_kernel, _decode_stage2_kernel
 
     types = {"Q": "*bf16", "K_buf": "*bf16", "V_buf": "*bf16", "Mid_O": "*fp32", "Mid_lse": "*fp32",
-             "sm_scale": "fp32", **INDEX}  # fmt: skip
+             "Out": "*bf16", "Arrivals": "*i32", "sm_scale": "fp32", **INDEX}  # fmt: skip
     for pdl in (False, True):
-        constants = dict(KV_GROUP=8, HEAD_DIM=128, NUM_SPLITS=2, BLOCK_H=16, BLOCK_N=block_n, BLOCK_D=128,
-                         IEEE=False, FP32_PV=False, PDL=pdl)  # fmt: skip
-        kernel = compile_sm90(_decode_stage1_kernel, types, constants, 4, num_stages, launch_pdl=pdl)
-        _check_pdl(kernel, pdl)
+        for one_launch, splits in ((False, 2), (True, 2), (True, 1)):
+            constants = dict(KV_GROUP=8, HEAD_DIM=128, NUM_SPLITS=splits, BLOCK_H=16, BLOCK_N=block_n,
+                             BLOCK_D=128, BLOCK_S=2, IEEE=False, FP32_PV=False, ONE_LAUNCH=one_launch,
+                             PDL=pdl)  # fmt: skip
+            kernel = compile_sm90(_decode_stage1_kernel, types, constants, 4, num_stages, launch_pdl=pdl)
+            _check_pdl(kernel, pdl)
+            # one launch over several splits: the arrival count is a GPU-scope acquire-release atomic
+            ptx = kernel.asm["ptx"]
+            assert ("atom.global.gpu.acq_rel.add" in ptx) == (one_launch and splits > 1)
     types = {"Mid_O": "*fp32", "Mid_lse": "*fp32", "O": "*bf16"}
     for pdl in (False, True):
         constants = dict(HEAD_DIM=128, NUM_SPLITS=2, BLOCK_S=2, BLOCK_D=128, PDL=pdl)

@@ -32,6 +32,8 @@
 #                                       (on by default) and the RMSNorms fused into the GEMV (TOKENSPEED_GEMV_NORM=1)
 #   decodeab                            benchmarks/decode_ab.py: whole decode steps plain / PDL / fused norms / both,
 #                                       alternating in one process, per shape -> $OUT/gpu_decode_ab_<model>[_gemv].json
+#   onelaunch                           decode attention in one launch: its GPU tests, then decode_ab.py's whole steps
+#                                       PDL vs PDL + one launch per shape -> $OUT/gpu_decode_ab_one_<model>.json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
 #                                       programmatic dependent launch -> $OUT/gpu_pdl_probe.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
@@ -252,6 +254,16 @@ part_decodeab() {  # whole decode steps plain / PDL / fused norms / both, altern
   run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --dense-gemv-backend triton \
     --variants norm pdl+norm --out "$OUT/gpu_decode_ab_llama8b_gemv.json"
   grep -E "speedup=" "$LOG" | tail -14
+}
+part_onelaunch() {  # decode attention in one launch (TOKENSPEED_DECODE_ONE_LAUNCH=1): its GPU tests (any split
+  # may arrive last), then whole decode steps PDL vs PDL + one launch, alternating in one process per shape
+  stage onelaunch
+  run ${T_ONE_TESTS:-120} $PYT tests/gpu/test_attention_backends.py -k "one_launch and triton"
+  run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model qwen3moe --variants pdl pdl+one \
+    --batch-sizes 1 16 64 --out "$OUT/gpu_decode_ab_one_qwen3moe.json"
+  run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --variants pdl pdl+one \
+    --batch-sizes 1 64 --out "$OUT/gpu_decode_ab_one_llama8b.json"
+  grep -E "speedup=" "$LOG" | tail -10
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
   stage bench-pdl

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.gpu.attention_cases import AttnCase, make_case, reference, rel_err
+from tokenspeed.runtime.kernels.decode_attention import ONE_LAUNCH_ENV
 from tokenspeed.runtime.layers.attention import create_attention_backend
 
 pytestmark = [
@@ -103,11 +104,39 @@ def test_flashinfer_rejects_float32_cache():
         _backend("flashinfer", case)
 
 
+@pytest.mark.parametrize(
+    "shape", [(32, 8, 128), (32, 4, 128), (16, 2, 64)], ids=["llama8b", "qwen3moe", "d64"]
+)
+@pytest.mark.parametrize("batch", [1, 3, 16, 64, 300])
+def test_triton_one_launch_decode(monkeypatch, shape, batch):
+    """Decode attention in one launch (the last split of each request and kv head merges) against the
+    float64 reference and the two-launch path, at batch sizes whose split counts run from 16 down to 1;
+    repeated, since on the GPU any split may arrive last: every repeat gives the same bits."""
+    lens = [(1 + (37 * i + 11) % 2000, 1) for i in range(batch)]
+    dtype, scaling = torch.bfloat16, 1.0 / math.sqrt(shape[2])
+    monkeypatch.setenv(ONE_LAUNCH_ENV, "0")
+    case, two, ref = _run("triton", lens, shape, dtype, seed=5)
+    monkeypatch.setenv(ONE_LAUNCH_ENV, "1")
+    backend = _backend("triton", case)
+    case.fb.attn_backend = backend
+    backend.init_forward_metadata(case.fb)
+    outs = [backend.forward(case.q, case.k, case.v, 0, case.fb, scaling) for _ in range(20)]
+    torch.cuda.synchronize()
+    assert rel_err(outs[0], ref) < TOL[dtype]
+    assert rel_err(outs[0], two.double()) < TOL[dtype]
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert int(backend._arrivals.abs().sum()) == 0  # every launch left its counts at zero
+
+
+@pytest.mark.parametrize("one_launch", [False, True], ids=["two_launch", "one_launch"])
 @pytest.mark.parametrize("name", ["triton", "flashinfer"])
-def test_decode_graph_replay_equals_eager(name):
+def test_decode_graph_replay_equals_eager(monkeypatch, name, one_launch):
     """Capture decode at one batch size, then replay it on a batch with other contexts and pages."""
     if name == "flashinfer":
+        if one_launch:
+            pytest.skip("one-launch decode is the triton backend's")
         pytest.importorskip("flashinfer")
+    monkeypatch.setenv(ONE_LAUNCH_ENV, "1" if one_launch else "0")
     shape, dtype = (32, 8, 128), torch.bfloat16
     first = make_case([(n, 1) for n in (10, 200, 33, 1500)], *shape, dtype, seed=1, num_pages=400)
     second = make_case([(n, 1) for n in (700, 3, 2047, 64)], *shape, dtype, seed=2, num_pages=400)

@@ -1,9 +1,17 @@
 """Paged decode attention in Triton: one new token per request over its whole cached context.
 
-Flash-decoding in two launches. Stage 1 splits each request's context into `num_splits` equal parts and
-runs one program per (request, kv head, split); the program covers every query head of that kv head's
-GQA group at once, so each K/V row is read from memory exactly once per step (decode is memory-bound:
-the bytes read are the cost). Stage 2 merges the splits by their log-sum-exp.
+Flash-decoding. Stage 1 splits each request's context into `num_splits` equal parts and runs one program
+per (request, kv head, split); the program covers every query head of that kv head's GQA group at once, so
+each K/V row is read from memory exactly once per step (decode is memory-bound: the bytes read are the
+cost). Stage 2 merges the splits by their log-sum-exp.
+
+One launch (`DecodeLaunch.one_launch`, off unless TOKENSPEED_DECODE_ONE_LAUNCH=1 until measured on the
+device): at a small batch the whole layer's attention reads a few MB, under a microsecond of bandwidth, so
+its two launches and their tails are most of its time (6.1 us a layer at batch 1 on the H200 against a
+0.5 us limit, results/gpu_decode_attention.json). Then stage 1 merges too: each program counts its arrival
+on an int32 per (request, kv head) after writing its partial, and the last of the `num_splits` to arrive
+merges them all and resets the count for the next launch (a replayed graph). With one split the program
+writes the output directly.
 
 The split count depends on the batch size only, never on the context lengths, so a step replayed from a
 CUDA graph launches the same grid as the captured one while each program derives its token range from
@@ -15,7 +23,8 @@ KV layout: `k_buf`/`v_buf` are `[num_slots, kv_heads, head_dim]`; a request's to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -36,6 +45,16 @@ class DecodeLaunch:
     block_n: int
     num_warps: int = 4
     num_stages: int = 3
+    one_launch: bool = False  # stage 1 merges the splits itself (the module's docstring)
+
+
+ONE_LAUNCH_ENV = "TOKENSPEED_DECODE_ONE_LAUNCH"
+
+
+def one_launch_enabled() -> bool:
+    """Whether decode attention runs in one launch (TOKENSPEED_DECODE_ONE_LAUNCH=1; off by default until
+    `benchmarks/decode_ab.py` shows it faster on the device)."""
+    return os.environ.get(ONE_LAUNCH_ENV, "0") == "1"
 
 
 def decode_num_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
@@ -76,12 +95,12 @@ def decode_launch(head_dim: int, fp32: bool, programs: int, num_sms: int, kv_byt
 
 @triton.jit
 def _decode_stage1_kernel(
-    Q, K_buf, V_buf, req_to_token, req_pool_indices, seq_lens, Mid_O, Mid_lse, sm_scale,
+    Q, K_buf, V_buf, req_to_token, req_pool_indices, seq_lens, Mid_O, Mid_lse, Out, Arrivals, sm_scale,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
-    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh,
+    stride_mob, stride_moh, stride_mos, stride_lb, stride_lh, stride_ob, stride_oh,
     KV_GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr, FP32_PV: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    IEEE: tl.constexpr, FP32_PV: tl.constexpr, ONE_LAUNCH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     # Under PDL (kernels/pdl.py) the merge may be scheduled while this runs; q and the new token's K/V are
     # the RoPE kernel's output.
@@ -118,17 +137,61 @@ def _decode_stage1_kernel(
         CAUSAL=False, BLOCK_N=BLOCK_N, IEEE=IEEE, FP32_PV=FP32_PV, DIRECT=False,
     )  # fmt: skip
 
-    # An empty split (short context) leaves l_i == 0: it writes zeros and lse = -inf, which stage 2
+    # An empty split (short context) leaves l_i == 0: it writes zeros and lse = -inf, which the merge
     # weighs by exp(-inf) = 0.
     has = l_i > 0.0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    tl.store(
-        Mid_O + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :],
-        out,
-        mask=hmask[:, None] & dmask[None, :],
-    )
-    tl.store(Mid_lse + b * stride_lb + heads * stride_lh + split, lse, mask=hmask)
+    hd_mask = hmask[:, None] & dmask[None, :]
+    if ONE_LAUNCH and NUM_SPLITS == 1:
+        dst = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(dst, out.to(Out.dtype.element_ty), mask=hd_mask)
+    else:
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(
+            Mid_O + b * stride_mob + heads[:, None] * stride_moh + split * stride_mos + offs_d[None, :],
+            out,
+            mask=hd_mask,
+        )
+        tl.store(Mid_lse + b * stride_lb + heads * stride_lh + split, lse, mask=hmask)
+    if ONE_LAUNCH and NUM_SPLITS > 1:
+        # Every thread's partial is stored before the arrival is counted (the barrier), and the count's
+        # acquire-release at GPU scope makes the others' partials visible to the last program, which reads
+        # them from L2 (.cg: its L1 may hold none of them, but never trust it to).
+        tl.debug_barrier()
+        slot = Arrivals + b * tl.num_programs(1) + kvh
+        arrived = tl.atomic_add(slot, 1, sem="acq_rel")
+        if arrived == NUM_SPLITS - 1:
+            _merge_group(Mid_O, Mid_lse, Out, b, heads, hmask, offs_d, dmask, stride_mob, stride_moh,
+                         stride_mos, stride_lb, stride_lh, stride_ob, stride_oh, NUM_SPLITS, BLOCK_H, BLOCK_S,
+                         BLOCK_D)  # fmt: skip
+            tl.store(slot, 0)  # ready for the next launch
+
+
+@triton.jit
+def _merge_group(
+    Mid_O, Mid_lse, Out, b, heads, hmask, offs_d, dmask, stride_mob, stride_moh, stride_mos, stride_lb,
+    stride_lh, stride_ob, stride_oh, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # One GQA group's heads merged over the splits by their log-sum-exp: stage 2's arithmetic, one split
+    # at a time (a [heads, splits, head_dim] tile would not fit in registers).
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_rows = Mid_lse + b * stride_lb + heads * stride_lh
+    lse = tl.load(lse_rows[:, None] + offs_s[None, :], mask=hmask[:, None] & (offs_s < NUM_SPLITS)[None, :],
+                  other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+    m = tl.max(lse, 1)
+    m = tl.where(m > float("-inf"), m, 0.0)  # (rows past the group: no NaN from -inf - -inf)
+    total = tl.sum(tl.exp(lse - m[:, None]), 1)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    hd_mask = hmask[:, None] & dmask[None, :]
+    rows = Mid_O + b * stride_mob + heads[:, None] * stride_moh + offs_d[None, :]
+    for s in tl.static_range(NUM_SPLITS):
+        w = tl.exp(tl.load(lse_rows + s, mask=hmask, other=float("-inf"), cache_modifier=".cg") - m)
+        part = tl.load(rows + s * stride_mos, mask=hd_mask, other=0.0, cache_modifier=".cg")
+        acc += w[:, None] * part
+    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+    tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=hd_mask)  # fmt: skip
 
 
 @triton.jit
@@ -175,11 +238,14 @@ def decode_attention(
     reduce_in_fp32: bool = False,
     launch: DecodeLaunch | None = None,
     num_sms: int | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> None:
     """q/out: [B, H, D]; k_buf/v_buf: [slots, KVH, D]; mid_o: [>=B, H, num_splits, D] fp32; mid_lse:
     [>=B, H, num_splits] fp32. Writes `out` in place (no allocation, so it can run inside a CUDA graph).
     `launch` overrides stage 1's tile and pipeline (benchmarks/decode_attention.py sweeps them); without it
-    `decode_launch` picks one for the GPU's `num_sms` (the backend passes its count, read once)."""
+    `decode_launch` picks one for the GPU's `num_sms` (the backend passes its count, read once), in one
+    launch where `one_launch_enabled()`. `arrivals`: int32 [>= B * KVH], zeros, which a one-launch run with
+    more than one split counts in and leaves zero again (without it, that run falls back to two launches)."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
@@ -192,18 +258,28 @@ def decode_attention(
         ):  # (Triton's CPU interpreter has no multiprocessors to count; any number serves it)
             num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
         launch = decode_launch(head_dim, ieee, bs * num_kv_heads * num_splits, num_sms, k_buf.element_size())
+        if one_launch_enabled():
+            launch = replace(launch, one_launch=True)
+    one = launch.one_launch and (num_splits == 1 or arrivals is not None)
+    if one and num_splits > 1 and (arrivals.dtype != torch.int32 or arrivals.numel() < bs * num_kv_heads):
+        raise ValueError(f"decode_attention: arrivals must be int32 with >= {bs * num_kv_heads} entries")
+    block_s = max(2, triton.next_power_of_2(num_splits))
     _decode_stage1_kernel[(bs, num_kv_heads, num_splits)](
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, sm_scale,
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
+        arrivals if arrivals is not None else seq_lens, sm_scale,
         q.stride(0), q.stride(1), *cache_strides(k_buf, v_buf, req_to_token),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
         KV_GROUP=group, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_N=launch.block_n,
-        BLOCK_D=block_d, IEEE=ieee, FP32_PV=reduce_in_fp32, num_warps=launch.num_warps,
-        num_stages=launch.num_stages, **pdl.launch_kwargs(q.device),
+        BLOCK_D=block_d, BLOCK_S=block_s, IEEE=ieee, FP32_PV=reduce_in_fp32, ONE_LAUNCH=one,
+        num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl.launch_kwargs(q.device),
     )  # fmt: skip
+    if one:
+        return
     _decode_stage2_kernel[(bs, num_heads)](
         mid_o, mid_lse, out,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-        BLOCK_D=block_d, num_warps=4 if block_d <= 128 else 8, **pdl.launch_kwargs(q.device),
+        HEAD_DIM=head_dim, NUM_SPLITS=num_splits, BLOCK_S=block_s, BLOCK_D=block_d,
+        num_warps=4 if block_d <= 128 else 8, **pdl.launch_kwargs(q.device),
     )  # fmt: skip

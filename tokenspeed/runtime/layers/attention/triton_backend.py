@@ -59,6 +59,10 @@ class TritonAttentionBackend(AttentionBackend):
         # the largest captured batch by the warm-up run before any graph is captured.
         self._mid_o: torch.Tensor | None = None
         self._mid_lse: torch.Tensor | None = None
+        # Per (request, kv head) arrival counts of a one-launch decode (`kernels/decode_attention.py`):
+        # zeros, and each launch leaves them zero, so every layer and every graph shares them.
+        self._arrivals: torch.Tensor | None = None
+        self._retired: list[tuple[torch.Tensor | None, ...]] = []
         self._graph_max_bs = 0
 
     # -- per-step metadata -------------------------------------------------------------------------
@@ -91,20 +95,31 @@ class TritonAttentionBackend(AttentionBackend):
     # -- attention ---------------------------------------------------------------------------------
 
     def _scratch(self, bs: int, num_splits: int, num_heads: int, head_dim: int, kv_heads: int, device):
-        """Flat fp32 scratch viewed as [bs, heads, splits, head_dim]; sized for the worst batch size up to
-        the largest captured one, so every graph's view fits in the same allocation."""
+        """Flat fp32 scratch viewed as [bs, heads, splits, head_dim] and [bs, heads, splits], and the arrival
+        counts; sized for the worst batch size up to the largest captured one, so every graph's view fits in
+        the same allocation."""
         n = bs * num_heads * num_splits
-        if self._mid_o is None or self._mid_o.numel() < n * head_dim or self._mid_o.shape[0] == 0:
+        if (
+            self._mid_o is None
+            or self._mid_o.numel() < n * head_dim
+            or self._mid_o.shape[0] == 0
+            or self._arrivals.numel() < bs * kv_heads
+        ):
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("attention scratch must be allocated by a warm-up run before capture")
             rows = max(bs, self._graph_max_bs)
             need_rows = max(b * decode_num_splits(b, kv_heads, self.num_sms) for b in range(1, rows + 1))
             need = max(need_rows * num_heads, n)
+            if self._mid_o is not None:
+                # graphs captured before still point at these: an eager batch larger than any captured
+                # one must not hand their memory to the allocator
+                self._retired.append((self._mid_o, self._mid_lse, self._arrivals))
             self._mid_o = torch.empty(need * head_dim, dtype=torch.float32, device=device)
             self._mid_lse = torch.empty(need, dtype=torch.float32, device=device)
+            self._arrivals = torch.zeros(max(rows, bs) * kv_heads, dtype=torch.int32, device=device)
         mid_o = self._mid_o[: n * head_dim].view(bs, num_heads, num_splits, head_dim)
         mid_lse = self._mid_lse[:n].view(bs, num_heads, num_splits)
-        return mid_o, mid_lse
+        return mid_o, mid_lse, self._arrivals
 
     def store_new_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch) -> None:
         store_kv_into_pool(fb.kv_pool, layer_id, fb.out_cache_loc, k, v)
@@ -128,7 +143,8 @@ class TritonAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         if md.decode:
             bs, num_heads, head_dim = q.shape
-            mid_o, mid_lse = self._scratch(bs, md.num_splits, num_heads, head_dim, k_buf.shape[1], q.device)
+            mid_o, mid_lse, arrivals = self._scratch(bs, md.num_splits, num_heads, head_dim, k_buf.shape[1],
+                                                     q.device)  # fmt: skip
             decode_attention(
                 q,
                 k_buf,
@@ -143,6 +159,7 @@ class TritonAttentionBackend(AttentionBackend):
                 md.num_splits,
                 self.reduce_in_fp32,
                 num_sms=self.num_sms,
+                arrivals=arrivals,
             )
         else:
             fresh_kv = {}
