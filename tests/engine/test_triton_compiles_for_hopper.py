@@ -215,3 +215,23 @@ def test_the_occupancy_report_reads_what_each_decode_kernel_takes_of_an_sm():
     assert len(rows) == 16 + 2 + len(dense_gemv_rows())
     for what, r, _ in rows:
         assert 16 <= r.registers <= 255 and r.shared > 0 and r.per_sm >= 1, (what, r)
+
+
+@pytest.mark.parametrize(
+    ("block_m", "block_n", "split_k", "swap_ab"),
+    [(16, 64, 1, True), (64, 64, 4, False), (64, 128, 1, True), (128, 64, 1, False)],
+    ids=["m16_swapped", "m64_split4", "m64_swapped", "m128"],
+)
+def test_skinny_gemm_compiles_to_wgmma(block_m, block_n, split_k, swap_ab):
+    """The skinny GEMM (`kernels/skinny_gemm.py`) runs on Hopper's warpgroup MMA, swapped or not, and a split
+    launch counts its arrivals with a GPU-scope acquire-release atomic."""
+    from tokenspeed.runtime.kernels.skinny_gemm import _skinny_gemm_kernel
+
+    types = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "Part": "*fp32", "Arrivals": "*i32"}
+    constants = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=split_k, EVEN_K=True,
+                     SWAP_AB=swap_ab, IEEE=False, PDL=True)  # fmt: skip
+    kernel = compile_sm90(_skinny_gemm_kernel, types, constants, 4, 4, aligned=True, launch_pdl=True)
+    ptx = kernel.asm["ptx"]
+    assert "wgmma" in ptx
+    assert ("atom.global.gpu.acq_rel.add" in ptx) == (split_k > 1)
+    _check_pdl(kernel, True)

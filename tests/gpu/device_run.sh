@@ -34,6 +34,8 @@
 #                                       alternating in one process, per shape -> $OUT/gpu_decode_ab_<model>[_gemv].json
 #   onelaunch                           decode attention in one launch: its GPU tests, then decode_ab.py's whole steps
 #                                       PDL vs PDL + one launch per shape -> $OUT/gpu_decode_ab_one_<model>.json
+#   skinny                              benchmarks/skinny_gemm.py: the skinny tensor-core GEMM's configurations vs cuBLAS
+#                                       on the 8B's GEMMs at 16 and 64 rows -> $OUT/gpu_skinny_gemm.json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
 #                                       programmatic dependent launch -> $OUT/gpu_pdl_probe.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
@@ -264,6 +266,12 @@ part_onelaunch() {  # decode attention in one launch (TOKENSPEED_DECODE_ONE_LAUN
   run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --variants pdl pdl+one \
     --batch-sizes 1 64 --out "$OUT/gpu_decode_ab_one_llama8b.json"
   grep -E "speedup=" "$LOG" | tail -10
+}
+part_skinny() {  # the skinny tensor-core GEMM against cuBLAS on the 8B's GEMMs at 16 and 64 rows
+  # (benchmarks/skinny_gemm.py, every candidate configuration per shape and batch)
+  stage bench-skinny
+  run ${T_SKINNY:-300} python3 benchmarks/skinny_gemm.py --m ${SKINNY_M:-16 64} --out "$OUT/gpu_skinny_gemm.json"
+  grep -E "x  |decode-step GEMMs" "$LOG" | tail -12
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
   stage bench-pdl
