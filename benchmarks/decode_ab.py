@@ -1,7 +1,9 @@
 """Whole decode steps with and without a speed-up, in one process, alternating: programmatic dependent
 launch (`pdl`, `kernels/pdl.py`), the RMSNorm taken by the GEMV after it (`norm`, `layers/dense_gemv.py`),
-decode attention in one launch (`one`, `kernels/decode_attention.py`), or a combination (`pdl+norm`,
-`pdl+one`). `plain` has none of them, PDL included (on by default in the server).
+decode attention in one launch (`one`, `kernels/decode_attention.py`), on a MoE shape the few-token MoE GEMV
+at the configurations `benchmarks/results/gpu_moe_gemv.json` found best (`gemv`, `moe/kernels/gemv.py`) and
+the same with the routing in its first launch (`route`), or a combination (`pdl+norm`, `pdl+one`,
+`pdl+route`, ...). `plain` has none of them, PDL included (on by default in the server).
 
 Each changes a step by a few percent at most (`benchmarks/pdl_probe.py`: PDL 1.034x on a chain of GEMVs),
 less than two runs of `benchmarks/decode.py` in separate processes differ (1-3% at the same settings). So
@@ -15,7 +17,7 @@ another order than the norm kernel (the largest difference, and whether the gree
 and ratio as in `benchmarks/decode.py`: the bytes a step must read over the copy bandwidth measured in the
 same run.
 
-    python benchmarks/decode_ab.py [--model llama8b|qwen3moe] [--variants pdl norm pdl+norm one pdl+one]
+    python benchmarks/decode_ab.py [--model llama8b|qwen3moe] [--variants pdl pdl+one pdl+gemv pdl+route ...]
         [--batch-sizes 1 64] [--context 1024] [--rounds 6] [--iters 50] [--dense-gemv-backend auto|triton]
         [--out benchmarks/results/gpu_decode_ab_<model>.json]
 
@@ -46,7 +48,27 @@ from tokenspeed.runtime.layers.dense_gemv import NORM_ENV, TritonGemv  # noqa: E
 
 PDL_ENV = pdl.ENV
 
-VARIANTS = ("pdl", "norm", "pdl+norm", "one", "pdl+one")
+VARIANTS = ("pdl", "norm", "pdl+norm", "one", "pdl+one", "pdl+gemv", "pdl+route", "pdl+one+route")
+MOE_GEMV_RESULTS = ROOT / "benchmarks/results/gpu_moe_gemv.json"
+
+
+def tuned_moe_gemv_table():
+    """The MoE GEMV at the configuration that won each token count in `benchmarks/moe_tune.py --gemv`'s last
+    run (`MOE_GEMV_RESULTS`), at the token counts where it came within 10% of the tensor-core path timed
+    alone (its launches fewer a step are what this benchmark weighs): what `gemv` and `route` time."""
+    import json
+
+    from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig
+    from tokenspeed.runtime.moe.kernels.gemv_table import GemvTable, shape_key
+
+    data = json.loads(MOE_GEMV_RESULTS.read_text())
+    shape = data["shape"]
+    key = shape_key(shape["experts"], shape["intermediate"], shape["hidden"], torch.bfloat16)
+    close = [r for r in data["rows"] if r["gemv_best_us"] <= 1.1 * r["tensor_core_us"]]
+    rows = tuple(
+        (r["tokens"], MoeGemvConfig(**r["gemv_config"])) for r in sorted(close, key=lambda r: r["tokens"])
+    )
+    return GemvTable({key: rows}, source=str(MOE_GEMV_RESULTS.relative_to(ROOT)))
 
 
 @contextmanager
@@ -55,13 +77,23 @@ def variant(model: torch.nn.Module, name: str):
     gemvs = {
         id(m.quant): m.quant for m in model.modules() if isinstance(getattr(m, "quant", None), TritonGemv)
     }
+    moes = {
+        id(m.backend): m.backend
+        for m in model.modules()
+        if hasattr(getattr(m, "backend", None), "fuse_route")
+    }
     parts = set(name.split("+")) if name != "plain" else set()
     saved = {env: os.environ.get(env) for env in (PDL_ENV, ONE_LAUNCH_ENV)}
+    tables = {k: b.gemv_table for k, b in moes.items()}
     try:
         os.environ[PDL_ENV] = "1" if "pdl" in parts else "0"
         os.environ[ONE_LAUNCH_ENV] = "1" if "one" in parts else "0"
         for q in gemvs.values():
             q.fuse_norm = "norm" in parts
+        for b in moes.values():  # `route`: the GEMV at its tuned configurations, routing in its first launch
+            if parts & {"gemv", "route"}:
+                b.gemv_table = tuned_moe_gemv_table()
+            b.fuse_route = "route" in parts
         yield
     finally:
         for env, value in saved.items():
@@ -71,6 +103,8 @@ def variant(model: torch.nn.Module, name: str):
                 os.environ[env] = value
         for q in gemvs.values():
             q.fuse_norm = False
+        for k, b in moes.items():
+            b.gemv_table, b.fuse_route = tables[k], False
 
 
 def alternate(runner, graphs: dict, step, rounds: int, iters: int) -> dict[str, list[float]]:
@@ -101,7 +135,9 @@ def main() -> int:
         os.environ.pop(env, None)
     device = torch.device("cuda")
     if "pdl" in " ".join(args.variants) and not pdl.enabled(device):
-        print(f"{torch.cuda.get_device_name(device)}: no programmatic dependent launch (compute capability < 9)")
+        print(
+            f"{torch.cuda.get_device_name(device)}: no programmatic dependent launch (compute capability < 9)"
+        )
         return 1
     os.environ[PDL_ENV] = "0"  # the core's own graphs are the plain ones: no PDL either
     bw = gc.copy_bandwidth()

@@ -15,8 +15,9 @@ import torch
 
 from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
 from tokenspeed.runtime.layers.quantization.fp8_math import quantize_block, quantize_per_channel
-from tokenspeed.runtime.moe.backend import torch_experts
-from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig, moe_gemv
+from tokenspeed.runtime.moe.backend import count_routed, torch_experts
+from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig, Routing, moe_gemv, moe_gemv_routed
+from tokenspeed.runtime.moe.kernels.routing import fused_route
 
 # E experts, hidden 70 (no BLOCK_K divides it), intermediate 36 (no BLOCK_N or down BLOCK_K divides it)
 E, HIDDEN, INTER = 10, 70, 36
@@ -57,6 +58,16 @@ def bf16_like() -> dict[str, float]:
                 got = moe_gemv(x, w13, w2, weights, ids, CONFIGS[name])
                 assert got.shape == x.shape and got.dtype == x.dtype
                 out[f"t{tokens}_k{top_k}_{name}"] = _rel(got, ref)
+                if CONFIGS[name].down_split > 1:  # the split merged by its last arrival, twice
+                    arrivals = torch.zeros(tokens * HIDDEN, dtype=torch.int32)
+                    merged = [
+                        moe_gemv(x, w13, w2, weights, ids, CONFIGS[name], arrivals=arrivals) for _ in range(2)
+                    ]
+                    out[f"arrive_t{tokens}_k{top_k}_{name}"] = _rel(merged[0], ref)
+                    out[f"arrive_t{tokens}_k{top_k}_{name}_repeat_differs"] = float(
+                        (merged[0] != merged[1]).sum()
+                    )
+                    out[f"arrive_t{tokens}_k{top_k}_{name}_arrivals_left"] = float(arrivals.abs().sum())
                 if tokens > 2:
                     out[f"t{tokens}_k{top_k}_{name}_remote_token_max"] = float(got[2].abs().max())
     return out
@@ -77,6 +88,43 @@ def fp8() -> dict[str, float]:
     return out
 
 
+def routed() -> dict[str, float]:
+    """The routing computed in the GEMV's first launch (`Routing`) against the routing kernel's own choice
+    (`routing.fused_route`): the same expert ids and counts, weights within a float32 rounding, and the
+    output against the reference loop over the routing kernel's choice. A tie in the logits (two experts
+    equally likely) goes to the lower id in both."""
+    out = {}
+    w13, w2 = torch.randn(E, 2 * INTER, HIDDEN) * 0.05, torch.randn(E, HIDDEN, INTER) * 0.05
+    for tokens, top_k, renorm, name in ((1, 2, True, "p1"), (3, 8, False, "p2split"), (2, 8, True, "p0h1")):
+        x = torch.randn(tokens, HIDDEN)
+        logits = torch.randn(tokens, E)
+        logits[0, 3] = logits[0, 7] = logits[0].max() + 1.0  # a tie at the top
+        mask = torch.ones(tokens, dtype=torch.int32)
+        mask[-1] = 0  # a CUDA-graph padding row: routed, never counted
+        # (the routing kernel's own counting runs only on a GPU: the interpreter takes no vector mask on an
+        # atomic) the reference counts are its choices of the live rows
+        ref_w, ref_ids = fused_route(logits, top_k, renorm)
+        want_counts = torch.zeros(E, dtype=torch.int32)
+        count_routed(want_counts, ref_ids, mask)
+        counts = torch.zeros(E, dtype=torch.int32)
+        got, got_w, got_ids = moe_gemv_routed(
+            x,
+            w13,
+            w2,
+            None,
+            None,
+            CONFIGS[name],
+            routing=Routing(logits, top_k, renorm, counts, mask),
+            arrivals=torch.zeros(tokens * HIDDEN, dtype=torch.int32),
+        )
+        key = f"routed_t{tokens}_k{top_k}_{'renorm' if renorm else 'plain'}_{name}"
+        out[f"{key}_ids_differ"] = float((got_ids != ref_ids).sum())
+        out[f"{key}_counts_differ"] = float((counts - want_counts).abs().sum())
+        out[f"{key}_weight_max_diff"] = float((got_w - ref_w).abs().max())
+        out[f"{key}_error"] = _rel(got, torch_experts(x, w13, w2, ref_w, ref_ids))
+    return out
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    print(json.dumps({**bf16_like(), **fp8()}))
+    print(json.dumps({**bf16_like(), **fp8(), **routed()}))

@@ -1,6 +1,7 @@
 """The MoE GEMV of few-token decode steps (`moe/kernels/gemv.py`), checked on the CPU by Triton's
 interpreter (`tests/engine/moe_gemv_checks.py`) against the float32 reference loop: 1-4 tokens, top-2 and
-top-8, remote experts, odd sizes, every prefetch depth, the down kernel split over pairs or not, FP8."""
+top-8, remote experts, odd sizes, every prefetch depth, the down kernel split over pairs or not, FP8, the
+split down kernel merged by its last arrival, and the routing computed in its first launch."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ pytest.importorskip("triton")
 
 def test_moe_gemv_matches_float32_reference():
     errors = run_interpreted("tests.engine.moe_gemv_checks", timeout=900.0)
+    routed = {n: e for n, e in errors.items() if n.startswith("routed_")}
+    arrive = {n: e for n, e in errors.items() if n.startswith("arrive_")}
+    errors = {n: e for n, e in errors.items() if n not in routed and n not in arrive}
     rel = {n: e for n, e in errors.items() if not n.endswith("_remote_token_max")}
     # every token count with both top-k, each launch configuration at least twice, FP8 both ways
     assert {n.split("_")[0] for n in rel if n.startswith("t")} == {"t1", "t2", "t3", "t4"}
@@ -24,3 +28,13 @@ def test_moe_gemv_matches_float32_reference():
     # a token whose k experts are all on other ranks gets exactly zero
     remote = {n: v for n, v in errors.items() if n.endswith("_remote_token_max")}
     assert remote and all(v == 0.0 for v in remote.values()), remote
+    # the routing taken into the first launch chooses what the routing kernel chooses, ties included, and
+    # counts the same choices (the padding row's not at all)
+    assert len(routed) == 12, routed
+    for name, value in routed.items():
+        bound = 1e-5 if name.endswith("_error") else 1e-6 if name.endswith("_weight_max_diff") else 0.0
+        assert value <= bound, (name, value)
+    # the split down kernel merged by its last arrival: as exact, the same bits twice, the counts back at 0
+    assert len(arrive) == 9, arrive
+    for name, value in arrive.items():
+        assert value <= (1e-5 if name.endswith("split") else 0.0), (name, value)

@@ -235,3 +235,24 @@ def test_skinny_gemm_compiles_to_wgmma(block_m, block_n, split_k, swap_ab):
     assert "wgmma" in ptx
     assert ("atom.global.gpu.acq_rel.add" in ptx) == (split_k > 1)
     _check_pdl(kernel, True)
+
+
+@pytest.mark.parametrize(("route", "arrive"), [(False, False), (True, True)], ids=["plain", "routed_arrive"])
+def test_moe_gemv_compiles_with_routing_and_merged_split(route, arrive):
+    """The few-token MoE GEMV (`moe/kernels/gemv.py`) with its routing in the first launch and its split down
+    kernel merged by the last arrival: both compile for sm_90, and the merge counts with a GPU-scope
+    acquire-release atomic (the recorder's counts are plain atomics)."""
+    from tokenspeed.runtime.moe.kernels import gemv
+
+    types = {"X": "*bf16", "W": "*bf16", "Act": "*bf16", "Ids": "*i32", "S": "*bf16", "Logits": "*bf16",
+             "Weights": "*fp32", "Counts": "*i32", "Mask": "*i32"}  # fmt: skip
+    constants = dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256, PREFETCH=1, EVEN_K=True, HAS_SCALE=False, GN=1, GK=1,
+                     ROUTE=route, BLOCK_E=128, BLOCK_TOP=8, RENORM=True, RECORD=route, MASKED=route)  # fmt: skip
+    gate_up = compile_sm90(gemv._gate_up_kernel, types, constants, 4, 1, aligned=True)
+    assert ("atom.global" in gate_up.asm["ptx"]) == route
+    types = {"Act": "*bf16", "W": "*bf16", "Out": "*bf16", "Acc": "*fp32", "Ids": "*i32", "Weights": "*fp32",
+             "S": "*bf16", "Arrivals": "*i32"}  # fmt: skip
+    constants = dict(TOP_K=8, BLOCK_H=16, BLOCK_K=256, PREFETCH=2, SPLIT=4, EVEN_K=True, HAS_SCALE=False, GN=1,
+                     GK=1, ARRIVE=arrive)  # fmt: skip
+    down = compile_sm90(gemv._down_kernel, types, constants, 4, 1, aligned=True)
+    assert ("atom.global.gpu.acq_rel.add" in down.asm["ptx"]) == arrive

@@ -32,8 +32,11 @@
 #                                       (on by default) and the RMSNorms fused into the GEMV (TOKENSPEED_GEMV_NORM=1)
 #   decodeab                            benchmarks/decode_ab.py: whole decode steps plain / PDL / fused norms / both,
 #                                       alternating in one process, per shape -> $OUT/gpu_decode_ab_<model>[_gemv].json
-#   onelaunch                           decode attention in one launch: its GPU tests, then decode_ab.py's whole steps
-#                                       PDL vs PDL + one launch per shape -> $OUT/gpu_decode_ab_one_<model>.json
+#   onelaunch                           decode attention in one launch: its GPU tests, then decode_ab.py's whole 8B
+#                                       steps PDL vs PDL + one launch -> $OUT/gpu_decode_ab_one_llama8b.json
+#   moeroute                            the MoE GEMV's split merged by arrivals and routing in its first launch: GPU
+#                                       tests, then decode_ab.py on Qwen3-30B-A3B (pdl, +one, +gemv, +route, all)
+#                                       -> $OUT/gpu_decode_ab_route_qwen3moe.json
 #   skinny                              benchmarks/skinny_gemm.py: the skinny tensor-core GEMM's configurations vs cuBLAS
 #                                       on the 8B's GEMMs at 16 and 64 rows -> $OUT/gpu_skinny_gemm.json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
@@ -258,14 +261,21 @@ part_decodeab() {  # whole decode steps plain / PDL / fused norms / both, altern
   grep -E "speedup=" "$LOG" | tail -14
 }
 part_onelaunch() {  # decode attention in one launch (TOKENSPEED_DECODE_ONE_LAUNCH=1): its GPU tests (any split
-  # may arrive last), then whole decode steps PDL vs PDL + one launch, alternating in one process per shape
+  # may arrive last), then whole 8B decode steps PDL vs PDL + one launch, alternating in one process
   stage onelaunch
   run ${T_ONE_TESTS:-120} $PYT tests/gpu/test_attention_backends.py -k "one_launch and triton"
-  run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model qwen3moe --variants pdl pdl+one \
-    --batch-sizes 1 16 64 --out "$OUT/gpu_decode_ab_one_qwen3moe.json"
   run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --variants pdl pdl+one \
     --batch-sizes 1 64 --out "$OUT/gpu_decode_ab_one_llama8b.json"
-  grep -E "speedup=" "$LOG" | tail -10
+  grep -E "speedup=" "$LOG" | tail -6
+}
+part_moeroute() {  # the MoE GEMV's split merged by arrivals and its routing in the first launch: their GPU
+  # tests, then whole Qwen3-30B-A3B decode steps: PDL, + one-launch attention, + the GEMV, + its routing
+  stage moeroute
+  run ${T_MOEROUTE_TESTS:-200} $PYT tests/gpu/test_moe_gemv_gpu.py -k "arrival or routing or forced"
+  run ${T_DECODEAB_MOE:-240} python3 benchmarks/decode_ab.py --model qwen3moe \
+    --variants pdl pdl+one pdl+gemv pdl+route pdl+one+route --batch-sizes 1 8 64 \
+    --out "$OUT/gpu_decode_ab_route_qwen3moe.json"
+  grep -E "speedup=" "$LOG" | tail -15
 }
 part_skinny() {  # the skinny tensor-core GEMM against cuBLAS on the 8B's GEMMs at 16 and 64 rows
   # (benchmarks/skinny_gemm.py, every candidate configuration per shape and batch)

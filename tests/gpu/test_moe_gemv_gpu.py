@@ -20,9 +20,10 @@ pytest.importorskip("triton")
 from benchmarks.moe_gemv_tune import DOWN, GATE_UP, down_config, gate_up_config  # noqa: E402
 from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales  # noqa: E402
 from tokenspeed.runtime.layers.quantization.fp8_math import quantize_block, quantize_per_channel  # noqa: E402
-from tokenspeed.runtime.moe.backend import TritonMoe, torch_experts  # noqa: E402
+from tokenspeed.runtime.moe.backend import FUSED_ROUTE_ENV, TritonMoe, torch_experts  # noqa: E402
 from tokenspeed.runtime.moe.kernels import gemv_table  # noqa: E402
-from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig, moe_gemv  # noqa: E402
+from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig, Routing, moe_gemv, moe_gemv_routed  # noqa: E402
+from tokenspeed.runtime.moe.kernels.routing import fused_route  # noqa: E402
 
 SWEPT = [gate_up_config(MoeGemvConfig(), *c) for c in GATE_UP] + [
     down_config(MoeGemvConfig(), *c) for c in DOWN
@@ -113,16 +114,61 @@ def test_backend_takes_the_gemv_only_where_the_table_says(tmp_path, monkeypatch)
     monkeypatch.setenv(gemv_table.ENV, str(path))
     backend = TritonMoe(torch.device("cuda"))
     calls = []
-    backend._gemv = lambda *a: calls.append(a[0].shape[0]) or moe_gemv(*a)
+    backend._gemv = lambda *a, **kw: calls.append(a[0].shape[0]) or moe_gemv(*a, **kw)
     ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
     for tokens in (1, 2):
         assert _rel(backend.experts(module, x[:tokens], weights[:tokens], ids[:tokens]), ref[:tokens]) < 2e-2
     assert calls == [1]  # 2 tokens: the table's null, the tensor-core path
 
 
-def test_engine_decodes_in_graphs_with_the_gemv_forced(moe_reference, monkeypatch):  # noqa: F811
-    """Greedy output with the GEMV forced for every captured batch (1-8) equals transformers'."""
+@pytest.mark.parametrize("split", [2, 4, 8])
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+def test_split_down_merged_by_its_last_arrival(split, tokens):
+    """The split down kernel whose last split adds the partials: as accurate as the atomic path, the same
+    bits on every launch whichever split arrives last, its counts back at zero, and in a CUDA graph."""
+    x, w13, w2, weights, ids = _case(tokens, 128, 2048, 768, 8, torch.bfloat16, tokens + split)
+    ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
+    cfg = MoeGemvConfig(down_block_h=16, down_split=split)
+    arrivals = torch.zeros(tokens * 2048, dtype=torch.int32, device="cuda")
+    outs = [moe_gemv(x, w13, w2, weights, ids, cfg, arrivals=arrivals) for _ in range(30)]
+    assert _rel(outs[0], ref) < 2e-2
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert int(arrivals.abs().sum()) == 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe_gemv(x, w13, w2, weights, ids, cfg, arrivals=arrivals)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, outs[0]) and int(arrivals.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("tokens", [1, 5, 16])
+def test_routing_in_the_first_launch_chooses_as_the_routing_kernel(renormalize, tokens):
+    x, w13, w2, _, _ = _case(tokens, 128, 2048, 768, 8, torch.bfloat16, tokens)
+    logits = torch.randn(tokens, 128, device="cuda", dtype=torch.bfloat16)
+    mask = torch.ones(tokens, dtype=torch.int32, device="cuda")
+    mask[-1] = 0  # a padding row: routed, not counted
+    want_counts = torch.zeros(128, dtype=torch.int32, device="cuda")
+    ref_w, ref_ids = fused_route(logits, 8, renormalize, None, want_counts, mask)
+    counts = torch.zeros(128, dtype=torch.int32, device="cuda")
+    arrivals = torch.zeros(tokens * 2048, dtype=torch.int32, device="cuda")
+    routing = Routing(logits, 8, renormalize, counts, mask)
+    cfg = MoeGemvConfig(down_block_h=16, down_split=4)
+    got, got_w, got_ids = moe_gemv_routed(x, w13, w2, None, None, cfg, None, routing, arrivals)
+    assert torch.equal(got_ids, ref_ids)
+    assert torch.allclose(got_w, ref_w, rtol=0, atol=1e-6)
+    assert torch.equal(counts, want_counts)
+    assert _rel(got, torch_experts(x.float(), w13.float(), w2.float(), ref_w, ref_ids)) < 2e-2
+
+
+@pytest.mark.parametrize("fused_route", [False, True], ids=["gemv", "gemv_routed"])
+def test_engine_decodes_in_graphs_with_the_gemv_forced(moe_reference, monkeypatch, fused_route):  # noqa: F811
+    """Greedy output with the GEMV forced for every captured batch (1-8), its routing in the first launch or
+    not, equals transformers'."""
     monkeypatch.setenv(gemv_table.ENV, "force")
+    monkeypatch.setenv(FUSED_ROUTE_ENV, "1" if fused_route else "0")
     path, prompts, expected = moe_reference
     with _engine(path, enable_expert_distribution_metrics=True) as engine:
         assert engine.core.runner.graph_runner is not None

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 FLAG = "--moe-backend"
+FUSED_ROUTE_ENV = "TOKENSPEED_MOE_FUSED_ROUTE"
 
 
 class MoeBackend(Protocol):
@@ -59,6 +60,19 @@ class MoeBackend(Protocol):
         self, module: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
         """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) with the stacked `module.w13` / `module.w2`."""
+        ...
+
+    def route_experts(
+        self,
+        module: nn.Module,
+        x: torch.Tensor,
+        logits: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        counts: torch.Tensor | None = None,
+        token_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`experts` over `route`'s choice (no expert parallelism), in fewer launches where it can."""
         ...
 
 
@@ -124,6 +138,10 @@ class TorchMoe:
     def experts(self, module, x, weights, ids):
         return torch_experts(x, module.w13, module.w2, weights, ids, ExpertScales.of(module))
 
+    def route_experts(self, module, x, logits, top_k, renormalize, counts=None, token_mask=None):
+        weights, ids = self.route(logits, top_k, renormalize, None, counts, token_mask)
+        return self.experts(module, x, weights, ids)
+
 
 class TritonMoe:
     """The fused kernels; block sizes from `moe/kernels/configs.py`'s table for this GPU."""
@@ -144,6 +162,13 @@ class TritonMoe:
         self.gemv_table = gemv_table.table_for_device(name, os.environ)
         if self.gemv_table.shapes or self.gemv_table.force_all:
             logger.info("MoE GEMV table for few-token steps: %s", self.gemv_table.source)
+        self._routing = gemv.Routing
+        self._gemv_routed = gemv.moe_gemv_routed
+        # Where the GEMV runs a step, its first launch may route too (one launch fewer a layer); off until
+        # timed on the device (TOKENSPEED_MOE_FUSED_ROUTE=1, benchmarks/decode_ab.py's `route`).
+        self.fuse_route = os.environ.get(FUSED_ROUTE_ENV, "0") == "1"
+        self._arrivals: torch.Tensor | None = None
+        self._retired: list[torch.Tensor] = []
 
     def route(self, logits, top_k, renormalize, dispatch=None, counts=None, token_mask=None):
         if not logits.is_cuda:
@@ -158,8 +183,36 @@ class TritonMoe:
         w13, w2 = module.w13, module.w2
         cfg = self.gemv_table.pick(w2.shape[0], w2.shape[2], w2.shape[1], w13.dtype, x.shape[0])
         if cfg is not None:
-            return self._gemv(x, w13, w2, weights, ids, cfg, scales)
+            return self._gemv(x, w13, w2, weights, ids, cfg, scales, arrivals=self._arrivals_for(x, cfg))
         return self._fused(x, w13, w2, weights, ids, self._pick(self.table, x.shape[0]), scales)
+
+    def _arrivals_for(self, x: torch.Tensor, cfg) -> torch.Tensor | None:
+        """The GEMV's split arrival counts (int32 zeros that every launch leaves zero), shared by every layer;
+        grown before a graph is captured (the eager warm-up runs each captured batch size first)."""
+        if cfg.down_split <= 1:
+            return None
+        need = x.shape[0] * -(-x.shape[1] // cfg.down_block_h)
+        if self._arrivals is None or self._arrivals.numel() < need:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "the MoE GEMV's arrival counts must be allocated by a warm-up run before capture"
+                )
+            if self._arrivals is not None:
+                self._retired.append(self._arrivals)  # captured graphs still count in it
+            self._arrivals = torch.zeros(need, dtype=torch.int32, device=x.device)
+        return self._arrivals
+
+    def route_experts(self, module, x, logits, top_k, renormalize, counts=None, token_mask=None):
+        w13, w2 = module.w13, module.w2
+        cfg = None
+        if self.fuse_route and x.is_cuda:
+            cfg = self.gemv_table.pick(w2.shape[0], w2.shape[2], w2.shape[1], w13.dtype, x.shape[0])
+        if cfg is None:
+            weights, ids = self.route(logits, top_k, renormalize, None, counts, token_mask)
+            return self.experts(module, x, weights, ids)
+        routing = self._routing(logits, top_k, renormalize, counts, token_mask)
+        arrivals = self._arrivals_for(x, cfg)
+        return self._gemv_routed(x, w13, w2, None, None, cfg, ExpertScales.of(module), routing, arrivals)[0]
 
 
 class UsesMoeBackend(nn.Module):

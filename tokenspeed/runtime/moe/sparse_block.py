@@ -51,9 +51,9 @@ class SparseMoeBlock(UsesMoeBackend):
     def routed(self, x: torch.Tensor, logits: torch.Tensor, fb: ForwardBatch | None) -> torch.Tensor:
         rec, counts = recorder_sink(fb, self.layer_id)
         mask = fb.out_cache_loc if counts is not None else None
-        weights, ids = self.backend.route(
-            logits, self.router.top_k, self.router.renormalize, None, counts, mask
-        )
-        if rec is not None and counts is None:
-            rec.record(self.layer_id, ids)
+        top_k, renorm = self.router.top_k, self.router.renormalize
+        if rec is None or counts is not None:  # nothing to hand the host: the backend may route in-kernel
+            return self.backend.route_experts(self.experts, x, logits, top_k, renorm, counts, mask)
+        weights, ids = self.backend.route(logits, top_k, renorm, None, counts, mask)
+        rec.record(self.layer_id, ids)
         return self.backend.experts(self.experts, x, weights, ids)

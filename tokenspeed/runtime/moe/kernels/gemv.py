@@ -16,10 +16,19 @@ and needs a third launch to add each token's k rows. Here:
 Filling the GPU in `down` (why atomics are optional): at one token the grid is H / BLOCK_H programs only
 (2048 outputs: 256 programs at BLOCK_H = 8, two an SM on the H200's 132). Small BLOCK_H (1-4 rows, down
 to one warp a program) fills it without atomics, deterministically, in two launches; `down_split` > 1
-splits the k pairs over programs that add float32 partials atomically (a zeroed buffer and a cast: two
-more graph nodes, and results then depend on scheduling). Which wins is measured, not assumed:
-`benchmarks/moe_tune.py --gemv` times both, and the tuned table (`gemv_table.py`) says which one a shape
-uses. The default, until a table measured on the device says otherwise, stays the tensor-core path.
+splits the k pairs over programs. Given `arrivals` (a buffer the caller keeps), each split stores its
+float32 partial and counts its arrival, and the last of a (token, block) adds the partials in split order
+and writes the output: still two launches, the same bits every run. Without it the splits add their
+partials atomically (a zeroed buffer and a cast: two more graph nodes, and results then depend on
+scheduling). Which wins is measured, not assumed: `benchmarks/moe_tune.py --gemv` times them, and the
+tuned table (`gemv_table.py`) says which one a shape uses. The default, until a table measured on the
+device says otherwise, stays the tensor-core path.
+
+Routing in the first launch (`Routing`, TOKENSPEED_MOE_FUSED_ROUTE=1 in `moe/backend.py`, off until
+timed): each gate/up program computes its pair's expert and weight from the token's router logits, step
+for step as `routing._route_kernel` does, and the first program of a pair writes them for `_down_kernel`
+and counts them for the expert recorder. With the split merged by arrivals, a layer at one token is then
+two launches against the tensor-core path's four (routing, gate/up, down, pair sum).
 
 An earlier CUDA-core GEMV of this layout (no prefetch; down at 16 outputs a program, so 128 programs at
 one token) took 38.8 us a layer at one token on the H200 against 30.7 us for the tensor-core path (limit
@@ -56,7 +65,7 @@ class MoeGemvConfig:
     down_block_k: int = 256
     down_num_warps: int = 4
     down_prefetch: int = 1
-    down_split: int = 1  # programs the k pairs of one token are split over (> 1: float32 atomics)
+    down_split: int = 1  # programs the k pairs of one token are split over (the module docstring)
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "down_block_h", "down_block_k", "num_warps", "down_num_warps"):
@@ -89,13 +98,58 @@ def _load_vec(ptr, kk, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _route_pair(Logits, stride_l, t, j, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                BLOCK_TOP: tl.constexpr, RENORM: tl.constexpr):  # fmt: skip
+    # Choice j of token t's routing: `routing._route_kernel`'s softmax, top-k (ties to the lower expert id)
+    # and renormalisation, step for step, keeping the j-th (expert id, float32 weight).
+    offs = tl.arange(0, BLOCK_E)
+    emask = offs < E
+    x = tl.load(Logits + t * stride_l + offs, mask=emask, other=float("-inf")).to(tl.float32)
+    prob = tl.exp(x - tl.max(x, 0))
+    prob = tl.where(emask, prob, 0.0)
+    prob = prob / tl.sum(prob, 0)
+    kk = tl.arange(0, BLOCK_TOP)
+    top_w = tl.zeros([BLOCK_TOP], dtype=tl.float32)
+    top_i = tl.zeros([BLOCK_TOP], dtype=tl.int32)
+    for i in tl.static_range(TOP_K):
+        v = tl.max(prob, 0)
+        idx = tl.min(tl.where(prob == v, offs, BLOCK_E), 0)
+        top_w = tl.where(kk == i, v, top_w)
+        top_i = tl.where(kk == i, idx, top_i)
+        prob = tl.where(offs == idx, -1.0, prob)
+    if RENORM:
+        top_w = top_w / tl.sum(tl.where(kk < TOP_K, top_w, 0.0), 0)
+    e = tl.sum(tl.where(kk == j, top_i, 0), 0)
+    w = tl.sum(tl.where(kk == j, top_w, 0.0), 0)
+    return e, w
+
+
+@triton.jit
 def _gate_up_kernel(
     X, W, Act, Ids, S, INTER, K, stride_xm, stride_we, stride_wn, stride_am, stride_se, stride_sn, stride_sk,
+    Logits, stride_l, Weights, Counts, Mask, E,
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr,
+    ROUTE: tl.constexpr = False, BLOCK_E: tl.constexpr = 1, BLOCK_TOP: tl.constexpr = 1,
+    RENORM: tl.constexpr = False, RECORD: tl.constexpr = False, MASKED: tl.constexpr = False,
 ):  # fmt: skip
     p = tl.program_id(0)
-    e = tl.load(Ids + p)
+    if ROUTE:
+        # the layer's routing in this launch: every program of pair p picks its expert from the token's
+        # logits; the first writes it and its weight for `_down_kernel` and counts it for the recorder
+        tok_r = p // TOP_K
+        e, w = _route_pair(Logits, stride_l, tok_r.to(tl.int64), p % TOP_K, E, TOP_K, BLOCK_E, BLOCK_TOP,
+                           RENORM)  # fmt: skip
+        if tl.program_id(1) == 0:
+            tl.store(Ids + p, e)
+            tl.store(Weights + p, w)
+            if RECORD:
+                live = e >= 0
+                if MASKED:
+                    live = live & (tl.load(Mask + tok_r) != 0)
+                tl.atomic_add(Counts + e, 1, mask=live)
+    else:
+        e = tl.load(Ids + p)
     if e >= 0:
         tok = (p // TOP_K).to(tl.int64)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -190,9 +244,10 @@ def _down_load(i, CPP, t, offs_h, hmask, offs_k, W, Ids, K, stride_we, stride_wn
 @triton.jit
 def _down_kernel(
     Act, W, Out, Acc, Ids, Weights, S, N, K, stride_am, stride_we, stride_wn, stride_om,
-    stride_se, stride_sn, stride_sk,
+    stride_se, stride_sn, stride_sk, Arrivals,
     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr,
+    ARRIVE: tl.constexpr = False,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -234,6 +289,21 @@ def _down_kernel(
     off = t * stride_om + offs_h
     if SPLIT == 1:
         tl.store(Out + off, y.to(Out.dtype.element_ty), mask=hmask)
+    elif ARRIVE:
+        # partials [SPLIT, T, N] float32; the last split of this (token, block) to arrive adds them in
+        # split order and writes the output (`kernels/skinny_gemm.py` does the same across K splits)
+        rows = tl.num_programs(0) * N
+        part = Acc + t * N + offs_h
+        tl.store(part + tl.program_id(2).to(tl.int64) * rows, y, mask=hmask)
+        tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+        slot = Arrivals + t * tl.num_programs(1) + tl.program_id(1)
+        arrived = tl.atomic_add(slot, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:
+            total = tl.load(part, mask=hmask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT):
+                total += tl.load(part + s * rows, mask=hmask, other=0.0, cache_modifier=".cg")
+            tl.store(Out + off, total.to(Out.dtype.element_ty), mask=hmask)
+            tl.store(slot, 0)  # ready for the next launch
     else:
         tl.atomic_add(Acc + off, y, mask=hmask, sem="relaxed")
 
@@ -243,26 +313,82 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
     return w13.stride(-1) == 1 and w2.stride(-1) == 1 and x.dim() == 2
 
 
+@dataclass(frozen=True)
+class Routing:
+    """A layer's routing for `moe_gemv` to compute in its first launch, in place of `routing.fused_route`:
+    float32 softmax over `logits` [T, E], the `top_k` largest (ties to the lower expert id), renormalised
+    or not; `counts` (int32 per expert) gains one per choice of a token whose `token_mask` entry is not 0
+    (every token without a mask). No expert parallelism: ids are the logical experts."""
+
+    logits: torch.Tensor
+    top_k: int
+    renormalize: bool
+    counts: torch.Tensor | None = None
+    token_mask: torch.Tensor | None = None
+
+    def kernel_args(self, ids: torch.Tensor, weights: torch.Tensor) -> dict:
+        logits = self.logits if self.logits.stride(-1) == 1 else self.logits.contiguous()
+        if self.counts is not None and self.counts.dtype != torch.int32:
+            raise TypeError("Routing.counts must be int32")
+        e = logits.shape[1]
+        return dict(
+            Logits=logits, stride_l=logits.stride(0), Weights=weights,
+            Counts=ids if self.counts is None else self.counts,
+            Mask=ids if self.token_mask is None else self.token_mask, E=e,
+            ROUTE=True, BLOCK_E=triton.next_power_of_2(e), BLOCK_TOP=triton.next_power_of_2(self.top_k),
+            RENORM=self.renormalize, RECORD=self.counts is not None,
+            MASKED=self.counts is not None and self.token_mask is not None,
+        )  # fmt: skip
+
+
 def moe_gemv(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor | None,
+    topk_ids: torch.Tensor | None,
     config: MoeGemvConfig,
     scales=None,
+    routing: Routing | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, k] -> [T, H] in x's
-    dtype: sum over k of weight * expert(x). `scales`: the `ExpertScales` of FP8 experts."""
+    dtype: sum over k of weight * expert(x). `scales`: the `ExpertScales` of FP8 experts. With `routing`
+    (topk_* None) the first launch routes too, one launch fewer a layer; `moe_gemv_routed` returns the
+    weights and ids it chose as well. `arrivals` (int32 zeros, at least T x H / down_block_h, left zero by
+    every launch): a split down kernel's last split adds the partials, in split order, and writes the
+    output, in place of float32 atomics into a zeroed buffer and a copy (two launches fewer, and the same
+    bits every run)."""
+    return moe_gemv_routed(x, w13, w2, topk_weights, topk_ids, config, scales, routing, arrivals)[0]
+
+
+def moe_gemv_routed(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor | None,
+    topk_ids: torch.Tensor | None,
+    config: MoeGemvConfig,
+    scales=None,
+    routing: Routing | None = None,
+    arrivals: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`moe_gemv`'s output, and the float32 weights and int32 expert ids [T, k] it used."""
     t, hidden = x.shape
-    if t == 0:
-        return torch.empty_like(x)
+    if (routing is None) == (topk_ids is None):
+        raise ValueError("moe_gemv takes either the routing's weights and ids or a Routing to compute them")
     if not supported(x, w13, w2):
         raise ValueError("moe_gemv needs expert weights contiguous in their last dimension")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    ids = topk_ids.to(torch.int32).contiguous()
-    weights = topk_weights.to(torch.float32).contiguous()
+    if routing is None:
+        ids = topk_ids.to(torch.int32).contiguous()
+        weights = topk_weights.to(torch.float32).contiguous()
+    else:
+        ids = torch.empty((t, routing.top_k), dtype=torch.int32, device=x.device)
+        weights = torch.empty((t, routing.top_k), dtype=torch.float32, device=x.device)
+    if t == 0:
+        return torch.empty_like(x), weights, ids
     top_k = ids.shape[1]
     inter = w13.shape[1] // 2
     s13: WeightScale | None = (scales.w13_scale, scales.block) if scales is not None else None
@@ -270,24 +396,35 @@ def moe_gemv(
 
     act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     sa, sc, bk = scale_args(w13, s13, config.block_k)
+    route = {} if routing is None else routing.kernel_args(ids, weights)
+    dummy = ids  # a valid pointer for the routing arguments an unrouted launch never reads
     _gate_up_kernel[(t * top_k, triton.cdiv(inter, config.block_n))](
         x, w13, act, ids, sa[0], inter, hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        *sa[1:], TOP_K=top_k, BLOCK_N=config.block_n, BLOCK_K=bk, PREFETCH=config.prefetch,
+        *sa[1:], route.pop("Logits", dummy), route.pop("stride_l", 0), route.pop("Weights", dummy),
+        route.pop("Counts", dummy), route.pop("Mask", dummy), route.pop("E", 1),
+        TOP_K=top_k, BLOCK_N=config.block_n, BLOCK_K=bk, PREFETCH=config.prefetch,
         EVEN_K=hidden % bk == 0, HAS_SCALE=sc.get("HAS_SCALE", False), GN=sc.get("GN", 1), GK=sc.get("GK", 1),
-        num_warps=config.num_warps, num_stages=1,
+        num_warps=config.num_warps, num_stages=1, **route,
     )  # fmt: skip
 
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     split = min(config.down_split, top_k)
-    acc = torch.zeros((t, hidden), dtype=torch.float32, device=x.device) if split > 1 else out
+    grid = (t, triton.cdiv(hidden, config.down_block_h), split)
+    arrive = split > 1 and arrivals is not None
+    if arrive:
+        if arrivals.dtype != torch.int32 or arrivals.numel() < grid[0] * grid[1]:
+            raise ValueError(f"moe_gemv: arrivals must be int32 with >= {grid[0] * grid[1]} entries")
+        acc = torch.empty((split, t, hidden), dtype=torch.float32, device=x.device)
+    else:
+        acc = torch.zeros((t, hidden), dtype=torch.float32, device=x.device) if split > 1 else out
     sa, sc, bk = scale_args(w2, s2, config.down_block_k)
-    _down_kernel[(t, triton.cdiv(hidden, config.down_block_h), split)](
+    _down_kernel[grid](
         act, w2, out, acc, ids, weights, sa[0], hidden, inter, act.stride(0), w2.stride(0), w2.stride(1),
-        out.stride(0), *sa[1:], TOP_K=top_k, BLOCK_H=config.down_block_h, BLOCK_K=bk,
-        PREFETCH=config.down_prefetch, SPLIT=split, EVEN_K=inter % bk == 0,
-        HAS_SCALE=sc.get("HAS_SCALE", False), GN=sc.get("GN", 1), GK=sc.get("GK", 1),
+        out.stride(0), *sa[1:], arrivals if arrive else ids, TOP_K=top_k, BLOCK_H=config.down_block_h,
+        BLOCK_K=bk, PREFETCH=config.down_prefetch, SPLIT=split, EVEN_K=inter % bk == 0,
+        HAS_SCALE=sc.get("HAS_SCALE", False), GN=sc.get("GN", 1), GK=sc.get("GK", 1), ARRIVE=arrive,
         num_warps=config.down_num_warps, num_stages=1,
     )  # fmt: skip
-    if split > 1:
+    if split > 1 and not arrive:
         out.copy_(acc)
-    return out
+    return out, weights, ids
