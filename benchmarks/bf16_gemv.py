@@ -39,7 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import gemv_timing as gt  # noqa: E402
-from benchmarks import gpu_common as gc  # noqa: E402
 
 # per model: its [N, K] linear shapes and its layers (each shape once per layer, the LM head once per step)
 MODELS = {"llama8b": (gt.LLAMA_8B_LINEARS, 32), "qwen3moe": (gt.QWEN3_MOE_LINEARS, 48)}
@@ -62,12 +61,7 @@ def _paths(name: str, x: torch.Tensor, ws: list[torch.Tensor]) -> dict[str, list
 def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
     from tokenspeed.runtime.kernels import bf16_gemv
 
-    torch.manual_seed(0)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    nbytes = 2 * n * k
-    ws = gc.cold_copies(w.clone, nbytes)
-    wf = w.float()
-    del w
+    ws, wf, nbytes = gt.bf16_weights(n, k)
     rows = []
     for m in ms:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

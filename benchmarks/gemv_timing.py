@@ -35,6 +35,15 @@ PEAK = 4.8e12  # H200 HBM3e, datasheet
 CALLS = 20
 
 
+def bf16_weights(n: int, k: int) -> tuple[list[torch.Tensor], torch.Tensor, int]:
+    """(cold copies of a random bf16 [n, k] weight, its float32 value for the reference, its bytes): what
+    the bf16 benchmarks time their paths on."""
+    torch.manual_seed(0)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    nbytes = 2 * n * k
+    return gc.cold_copies(w.clone, nbytes), w.float(), nbytes
+
+
 def time_path(row: dict, fns: list, ref: torch.Tensor, nbytes: int, tuned=None) -> dict:
     """Fill `row` with the path's relative error to `ref` and the time of one call, as weight bytes read
     per second and as a fraction of PEAK. `tuned`: the path's autotuned kernel, whose first call (the

@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import gemv_timing as gt  # noqa: E402
-from benchmarks import gpu_common as gc  # noqa: E402
 
 # per model: the linear shapes its decode step runs as GEMMs at these batches, and its layers
 MODELS = {
@@ -47,12 +46,7 @@ def _config_text(cfg) -> str:
 def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
     from tokenspeed.runtime.kernels import skinny_gemm as sg
 
-    torch.manual_seed(0)
-    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    nbytes = 2 * n * k
-    ws = gc.cold_copies(w.clone, nbytes)
-    wf = w.float()
-    del w
+    ws, wf, nbytes = gt.bf16_weights(n, k)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for m in ms:
@@ -118,18 +112,11 @@ def main() -> None:
     shapes, layers = MODELS[args.model]
     start = time.perf_counter()
     bw, rows = gt.run_shapes(bench_shape, shapes, [s for s in (args.shapes or shapes) if s in shapes], args.m)
-    speedup = {}
-    for r, base in gt.against(rows, "cublas", path="skinny"):
-        speedup[f"{r['shape']}/m{r['m']}"] = round(base["us"] / r["us"], 3)
-        print(f"{r['shape']:8s} m={r['m']:<3d} skinny {r['us']:8.2f} us ({r['of_copy_bw']:.3f} of copy) "
-              f"cublas {base['us']:8.2f} us ({base['of_copy_bw']:.3f})  {base['us'] / r['us']:.3f}x  "
-              f"{r['config']}")  # fmt: skip
+    against = gt.against(rows, "cublas", path="skinny")
+    speedup = {f"{r['shape']}/m{r['m']}": round(base["us"] / r["us"], 3) for r, base in against}
+    print(f"skinny speed-up over cuBLAS: {speedup}")
     steps = {f"m{m}": step(rows, m, shapes, layers) for m in args.m}
-    for m, est in steps.items():
-        print(
-            f"decode-step GEMMs {m}: "
-            + ", ".join(f"{p} {e['ms']} ms ({e['tb_s']} TB/s)" for p, e in est.items())
-        )
+    print(f"decode-step GEMMs: {steps}")
     seconds = round(time.perf_counter() - start, 1)
     print(f"total {seconds} s")
     gt.save_results(

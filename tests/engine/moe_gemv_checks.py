@@ -107,16 +107,9 @@ def routed() -> dict[str, float]:
         want_counts = torch.zeros(E, dtype=torch.int32)
         count_routed(want_counts, ref_ids, mask)
         counts = torch.zeros(E, dtype=torch.int32)
-        got, got_w, got_ids = moe_gemv_routed(
-            x,
-            w13,
-            w2,
-            None,
-            None,
-            CONFIGS[name],
-            routing=Routing(logits, top_k, renorm, counts, mask),
-            arrivals=torch.zeros(tokens * HIDDEN, dtype=torch.int32),
-        )
+        routing = Routing(logits, top_k, renorm, counts, mask)
+        arrivals = torch.zeros(tokens * HIDDEN, dtype=torch.int32)
+        got, got_w, got_ids = moe_gemv_routed(x, w13, w2, routing, CONFIGS[name], arrivals=arrivals)
         key = f"routed_t{tokens}_k{top_k}_{'renorm' if renorm else 'plain'}_{name}"
         out[f"{key}_ids_differ"] = float((got_ids != ref_ids).sum())
         out[f"{key}_counts_differ"] = float((counts - want_counts).abs().sum())

@@ -281,7 +281,7 @@ part_skinny() {  # the skinny tensor-core GEMM against cuBLAS on the 8B's GEMMs 
   # (benchmarks/skinny_gemm.py, every candidate configuration per shape and batch)
   stage bench-skinny
   run ${T_SKINNY:-300} python3 benchmarks/skinny_gemm.py --m ${SKINNY_M:-16 64} --out "$OUT/gpu_skinny_gemm.json"
-  grep -E "x  |decode-step GEMMs" "$LOG" | tail -12
+  grep -E "skinny |speed-up over|decode-step GEMMs" "$LOG" | tail -12
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
   stage bench-pdl

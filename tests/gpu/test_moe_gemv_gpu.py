@@ -156,7 +156,7 @@ def test_routing_in_the_first_launch_chooses_as_the_routing_kernel(renormalize, 
     arrivals = torch.zeros(tokens * 2048, dtype=torch.int32, device="cuda")
     routing = Routing(logits, 8, renormalize, counts, mask)
     cfg = MoeGemvConfig(down_block_h=16, down_split=4)
-    got, got_w, got_ids = moe_gemv_routed(x, w13, w2, None, None, cfg, None, routing, arrivals)
+    got, got_w, got_ids = moe_gemv_routed(x, w13, w2, routing, cfg, arrivals=arrivals)
     assert torch.equal(got_ids, ref_ids)
     assert torch.allclose(got_w, ref_w, rtol=0, atol=1e-6)
     assert torch.equal(counts, want_counts)

@@ -212,7 +212,7 @@ class TritonMoe:
             return self.experts(module, x, weights, ids)
         routing = self._routing(logits, top_k, renormalize, counts, token_mask)
         arrivals = self._arrivals_for(x, cfg)
-        return self._gemv_routed(x, w13, w2, None, None, cfg, ExpertScales.of(module), routing, arrivals)[0]
+        return self._gemv_routed(x, w13, w2, routing, cfg, ExpertScales.of(module), arrivals)[0]
 
 
 class UsesMoeBackend(nn.Module):

@@ -25,10 +25,10 @@ tuned table (`gemv_table.py`) says which one a shape uses. The default, until a 
 device says otherwise, stays the tensor-core path.
 
 Routing in the first launch (`Routing`, TOKENSPEED_MOE_FUSED_ROUTE=1 in `moe/backend.py`, off until
-timed): each gate/up program computes its pair's expert and weight from the token's router logits, step
-for step as `routing._route_kernel` does, and the first program of a pair writes them for `_down_kernel`
-and counts them for the expert recorder. With the split merged by arrivals, a layer at one token is then
-two launches against the tensor-core path's four (routing, gate/up, down, pair sum).
+timed): each gate/up program computes its pair's expert and weight from the token's router logits with
+the routing kernel's own `routing.top_k_choices`, and the first program of a pair writes them for
+`_down_kernel` and counts them for the expert recorder. With the split merged by arrivals, a layer at one
+token is then two launches against the tensor-core path's four (routing, gate/up, down, pair sum).
 
 An earlier CUDA-core GEMV of this layout (no prefetch; down at 16 outputs a program, so 128 programs at
 one token) took 38.8 us a layer at one token on the H200 against 30.7 us for the tensor-core path (limit
@@ -51,6 +51,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed.runtime.moe.kernels.gemm import WeightScale, scale_args
+from tokenspeed.runtime.moe.kernels.routing import top_k_choices
 
 
 @dataclass(frozen=True)
@@ -98,33 +99,6 @@ def _load_vec(ptr, kk, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _route_pair(Logits, stride_l, t, j, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                BLOCK_TOP: tl.constexpr, RENORM: tl.constexpr):  # fmt: skip
-    # Choice j of token t's routing: `routing._route_kernel`'s softmax, top-k (ties to the lower expert id)
-    # and renormalisation, step for step, keeping the j-th (expert id, float32 weight).
-    offs = tl.arange(0, BLOCK_E)
-    emask = offs < E
-    x = tl.load(Logits + t * stride_l + offs, mask=emask, other=float("-inf")).to(tl.float32)
-    prob = tl.exp(x - tl.max(x, 0))
-    prob = tl.where(emask, prob, 0.0)
-    prob = prob / tl.sum(prob, 0)
-    kk = tl.arange(0, BLOCK_TOP)
-    top_w = tl.zeros([BLOCK_TOP], dtype=tl.float32)
-    top_i = tl.zeros([BLOCK_TOP], dtype=tl.int32)
-    for i in tl.static_range(TOP_K):
-        v = tl.max(prob, 0)
-        idx = tl.min(tl.where(prob == v, offs, BLOCK_E), 0)
-        top_w = tl.where(kk == i, v, top_w)
-        top_i = tl.where(kk == i, idx, top_i)
-        prob = tl.where(offs == idx, -1.0, prob)
-    if RENORM:
-        top_w = top_w / tl.sum(tl.where(kk < TOP_K, top_w, 0.0), 0)
-    e = tl.sum(tl.where(kk == j, top_i, 0), 0)
-    w = tl.sum(tl.where(kk == j, top_w, 0.0), 0)
-    return e, w
-
-
-@triton.jit
 def _gate_up_kernel(
     X, W, Act, Ids, S, INTER, K, stride_xm, stride_we, stride_wn, stride_am, stride_se, stride_sn, stride_sk,
     Logits, stride_l, Weights, Counts, Mask, E,
@@ -138,8 +112,12 @@ def _gate_up_kernel(
         # the layer's routing in this launch: every program of pair p picks its expert from the token's
         # logits; the first writes it and its weight for `_down_kernel` and counts it for the recorder
         tok_r = p // TOP_K
-        e, w = _route_pair(Logits, stride_l, tok_r.to(tl.int64), p % TOP_K, E, TOP_K, BLOCK_E, BLOCK_TOP,
-                           RENORM)  # fmt: skip
+        top_w, top_i = top_k_choices(
+            Logits, stride_l, tok_r.to(tl.int64), E, TOP_K, BLOCK_E, BLOCK_TOP, RENORM
+        )
+        choice = tl.arange(0, BLOCK_TOP) == p % TOP_K
+        e = tl.sum(tl.where(choice, top_i, 0), 0)
+        w = tl.sum(tl.where(choice, top_w, 0.0), 0)
         if tl.program_id(1) == 0:
             tl.store(Ids + p, e)
             tl.store(Weights + p, w)
@@ -345,50 +323,48 @@ def moe_gemv(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
-    topk_weights: torch.Tensor | None,
-    topk_ids: torch.Tensor | None,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
     config: MoeGemvConfig,
     scales=None,
-    routing: Routing | None = None,
     arrivals: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, k] -> [T, H] in x's
-    dtype: sum over k of weight * expert(x). `scales`: the `ExpertScales` of FP8 experts. With `routing`
-    (topk_* None) the first launch routes too, one launch fewer a layer; `moe_gemv_routed` returns the
-    weights and ids it chose as well. `arrivals` (int32 zeros, at least T x H / down_block_h, left zero by
-    every launch): a split down kernel's last split adds the partials, in split order, and writes the
-    output, in place of float32 atomics into a zeroed buffer and a copy (two launches fewer, and the same
-    bits every run)."""
-    return moe_gemv_routed(x, w13, w2, topk_weights, topk_ids, config, scales, routing, arrivals)[0]
+    dtype: sum over k of weight * expert(x). `scales`: the `ExpertScales` of FP8 experts. `arrivals` (int32
+    zeros, at least T x H / down_block_h, left zero by every launch): a split down kernel's last split adds
+    the partials, in split order, and writes the output, in place of float32 atomics into a zeroed buffer
+    and a copy (two launches fewer, and the same bits every run)."""
+    ids = topk_ids.to(torch.int32).contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()
+    return _run(x, w13, w2, weights, ids, config, scales, None, arrivals)
 
 
 def moe_gemv_routed(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
-    topk_weights: torch.Tensor | None,
-    topk_ids: torch.Tensor | None,
+    routing: Routing,
     config: MoeGemvConfig,
     scales=None,
-    routing: Routing | None = None,
     arrivals: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`moe_gemv`'s output, and the float32 weights and int32 expert ids [T, k] it used."""
+    """`moe_gemv` with the routing computed in its first launch (one launch fewer a layer): the output, and
+    the float32 weights and int32 expert ids [T, k] it chose."""
+    t = x.shape[0]
+    ids = torch.empty((t, routing.top_k), dtype=torch.int32, device=x.device)
+    weights = torch.empty((t, routing.top_k), dtype=torch.float32, device=x.device)
+    return _run(x, w13, w2, weights, ids, config, scales, routing, arrivals), weights, ids
+
+
+def _run(x, w13, w2, weights, ids, config, scales, routing: Routing | None, arrivals) -> torch.Tensor:
+    """Both launches over `ids`/`weights`, which the first writes when it routes."""
     t, hidden = x.shape
-    if (routing is None) == (topk_ids is None):
-        raise ValueError("moe_gemv takes either the routing's weights and ids or a Routing to compute them")
     if not supported(x, w13, w2):
         raise ValueError("moe_gemv needs expert weights contiguous in their last dimension")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if routing is None:
-        ids = topk_ids.to(torch.int32).contiguous()
-        weights = topk_weights.to(torch.float32).contiguous()
-    else:
-        ids = torch.empty((t, routing.top_k), dtype=torch.int32, device=x.device)
-        weights = torch.empty((t, routing.top_k), dtype=torch.float32, device=x.device)
     if t == 0:
-        return torch.empty_like(x), weights, ids
+        return torch.empty_like(x)
     top_k = ids.shape[1]
     inter = w13.shape[1] // 2
     s13: WeightScale | None = (scales.w13_scale, scales.block) if scales is not None else None
@@ -427,4 +403,4 @@ def moe_gemv_routed(
     )  # fmt: skip
     if split > 1 and not arrive:
         out.copy_(acc)
-    return out, weights, ids
+    return out

@@ -28,6 +28,33 @@ DISPATCH_CODES = {"none": 0, "static": 1, "dynamic": 2}
 
 
 @triton.jit
+def top_k_choices(Logits, stride_l, t, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                  RENORM: tl.constexpr):  # fmt: skip
+    """Token t's routing from its logits row: float32 softmax, the TOP_K largest probabilities (ties to the
+    lower expert id, as torch.topk on distinct values), renormalised to sum to 1 with RENORM. Returns
+    (weights [BLOCK_K], expert ids [BLOCK_K]); entries past TOP_K are zero. Also run inside the MoE GEMV's
+    first launch (`gemv.py`), so both choose alike."""
+    offs = tl.arange(0, BLOCK_E)
+    emask = offs < E
+    x = tl.load(Logits + t * stride_l + offs, mask=emask, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    p = tl.where(emask, p, 0.0)
+    p = p / tl.sum(p, 0)
+    kk = tl.arange(0, BLOCK_K)
+    top_w = tl.zeros([BLOCK_K], dtype=tl.float32)
+    top_i = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        v = tl.max(p, 0)
+        idx = tl.min(tl.where(p == v, offs, BLOCK_E), 0)
+        top_w = tl.where(kk == j, v, top_w)
+        top_i = tl.where(kk == j, idx, top_i)
+        p = tl.where(offs == idx, -1.0, p)
+    if RENORM:
+        top_w = top_w / tl.sum(tl.where(kk < TOP_K, top_w, 0.0), 0)
+    return top_w, top_i
+
+
+@triton.jit
 def _route_kernel(
     Logits,
     stride_l,
@@ -55,24 +82,9 @@ def _route_kernel(
     pdl.release(PDL)
     pdl.wait(PDL)  # the router's logits are the previous kernel's output (kernels/pdl.py)
     t = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_E)
-    emask = offs < E
-    x = tl.load(Logits + t.to(tl.int64) * stride_l + offs, mask=emask, other=float("-inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, 0))
-    p = tl.where(emask, p, 0.0)
-    p = p / tl.sum(p, 0)
+    top_w, top_i = top_k_choices(Logits, stride_l, t.to(tl.int64), E, TOP_K, BLOCK_E, BLOCK_K, RENORM)
     kk = tl.arange(0, BLOCK_K)
-    top_w = tl.zeros([BLOCK_K], dtype=tl.float32)
-    top_i = tl.zeros([BLOCK_K], dtype=tl.int32)
-    for j in tl.static_range(TOP_K):
-        v = tl.max(p, 0)
-        idx = tl.min(tl.where(p == v, offs, BLOCK_E), 0)
-        top_w = tl.where(kk == j, v, top_w)
-        top_i = tl.where(kk == j, idx, top_i)
-        p = tl.where(offs == idx, -1.0, p)
     kmask = kk < TOP_K
-    if RENORM:
-        top_w = top_w / tl.sum(tl.where(kmask, top_w, 0.0), 0)
     ids = top_i
     if DISPATCH != 0:
         cnt = tl.load(Logcnt + top_i, mask=kmask, other=1)
