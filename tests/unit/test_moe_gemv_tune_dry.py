@@ -25,7 +25,9 @@ BROKEN = (4, 256, 4, 2, 2)  # a config whose (fake) kernel returns wrong numbers
 def test_sweep_writes_the_winning_gemv_and_null_elsewhere(tmp_path, monkeypatch):
     ran: list = []
 
-    def fake_gemv(x, w13, w2, tw, ti, cfg, scales=None):
+    def fake_gemv(x, w13, w2, tw, ti, cfg, scales=None, arrivals=None):
+        # the sweep times split configurations merged by arrival, as TritonMoe runs them
+        assert arrivals is None or (arrivals.dtype == torch.int32 and not arrivals.any())
         ran.append(cfg)
         out = torch_experts(x, w13, w2, tw, ti)
         broken = (cfg.down_block_h, cfg.down_block_k, cfg.down_num_warps, cfg.down_prefetch, cfg.down_split)
