@@ -155,11 +155,13 @@ def write_table(
     from tokenspeed.runtime.kernels.gemv_table import load_table, to_json
 
     configs = dict(configs or {})
+    skinny = None
     if base:
         old = json.loads(Path(base).read_text())
         kept = {key: cfg for key, cfg in old.get("configs", {}).items() if key not in max_rows}
         max_rows, configs = {**old["shapes"], **max_rows}, {**kept, **configs}
-    data = to_json(device_name, max_rows, provenance(), configs)
+        skinny = old.get("skinny")  # the skinny GEMM's entries (benchmarks/skinny_gemm.py) stay as they are
+    data = to_json(device_name, max_rows, provenance(), configs, skinny)
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
     load_table(path)  # what the server will read
     print(f"wrote {path}: the GEMV takes {max_rows}")

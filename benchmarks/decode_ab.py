@@ -2,8 +2,9 @@
 launch (`pdl`, `kernels/pdl.py`), the RMSNorm taken by the GEMV after it (`norm`, `layers/dense_gemv.py`),
 decode attention in one launch (`one`, `kernels/decode_attention.py`), on a MoE shape the few-token MoE GEMV
 at the configurations `benchmarks/results/gpu_moe_gemv.json` found best (`gemv`, `moe/kernels/gemv.py`) and
-the same with the routing in its first launch (`route`), or a combination (`pdl+norm`, `pdl+one`,
-`pdl+route`, ...). `plain` has none of them, PDL included (on by default in the server).
+the same with the routing in its first launch (`route`), the dense layers' larger batches on the skinny
+GEMM where `--skinny-table` names it (`skinny`, `kernels/skinny_gemm.py`), or a combination (`pdl+norm`,
+`pdl+one`, `pdl+route`, ...). `plain` has none of them, PDL included (on by default in the server).
 
 Each changes a step by a few percent at most (`benchmarks/pdl_probe.py`: PDL 1.034x on a chain of GEMVs),
 less than two runs of `benchmarks/decode.py` in separate processes differ (1-3% at the same settings). So
@@ -44,11 +45,22 @@ from benchmarks import moe_bench  # noqa: E402
 from benchmarks.decode import MODELS, time_back_to_back  # noqa: E402
 from tokenspeed.runtime.kernels import pdl  # noqa: E402
 from tokenspeed.runtime.kernels.decode_attention import ONE_LAUNCH_ENV  # noqa: E402
+from tokenspeed.runtime.kernels.gemv_table import load_table  # noqa: E402
 from tokenspeed.runtime.layers.dense_gemv import NORM_ENV, TritonGemv  # noqa: E402
 
 PDL_ENV = pdl.ENV
 
-VARIANTS = ("pdl", "norm", "pdl+norm", "one", "pdl+one", "pdl+gemv", "pdl+route", "pdl+one+route")
+VARIANTS = (
+    "pdl",
+    "norm",
+    "pdl+norm",
+    "one",
+    "pdl+one",
+    "pdl+gemv",
+    "pdl+route",
+    "pdl+one+route",
+    "pdl+skinny",
+)
 MOE_GEMV_RESULTS = ROOT / "benchmarks/results/gpu_moe_gemv.json"
 
 
@@ -72,8 +84,9 @@ def tuned_moe_gemv_table():
 
 
 @contextmanager
-def variant(model: torch.nn.Module, name: str):
-    """The opt-ins `name` turns on, for the span of a graph capture."""
+def variant(model: torch.nn.Module, name: str, skinny_table=None):
+    """The opt-ins `name` turns on, for the span of a graph capture (`skinny`: the dense layers read
+    `skinny_table`, a tuned table with the skinny GEMM's entries)."""
     gemvs = {
         id(m.quant): m.quant for m in model.modules() if isinstance(getattr(m, "quant", None), TritonGemv)
     }
@@ -85,7 +98,15 @@ def variant(model: torch.nn.Module, name: str):
     parts = set(name.split("+")) if name != "plain" else set()
     saved = {env: os.environ.get(env) for env in (PDL_ENV, ONE_LAUNCH_ENV)}
     tables = {k: b.gemv_table for k, b in moes.items()}
+    dense_tables = {k: q.table for k, q in gemvs.items()}
     try:
+        if "skinny" in parts:
+            if skinny_table is None:
+                raise SystemExit(
+                    "the skinny variant needs --skinny-table (benchmarks/skinny_gemm.py --table-out)"
+                )
+            for q in gemvs.values():
+                q.use_table(skinny_table)
         os.environ[PDL_ENV] = "1" if "pdl" in parts else "0"
         os.environ[ONE_LAUNCH_ENV] = "1" if "one" in parts else "0"
         for q in gemvs.values():
@@ -105,6 +126,8 @@ def variant(model: torch.nn.Module, name: str):
             q.fuse_norm = False
         for k, b in moes.items():
             b.gemv_table, b.fuse_route = tables[k], False
+        for k, q in gemvs.items():
+            q.use_table(dense_tables[k])
 
 
 def alternate(runner, graphs: dict, step, rounds: int, iters: int) -> dict[str, list[float]]:
@@ -127,6 +150,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--dense-gemv-backend", choices=["auto", "triton"], default="auto")
+    ap.add_argument("--skinny-table", default=None, help="a tuned table with skinny entries, for `skinny`")
     ap.add_argument("--out", default=None, help="default: benchmarks/results/gpu_decode_ab_<model>.json")
     args = ap.parse_args()
     out = args.out or str(ROOT / f"benchmarks/results/gpu_decode_ab_{args.model}.json")
@@ -155,8 +179,9 @@ def main() -> int:
     runner = core.runner
     gc.fill_kv_random(runner.kv_pool)
     graphs = {"plain": runner.graph_runner}
+    skinny_table = load_table(args.skinny_table) if args.skinny_table else None
     for name in args.variants:
-        with variant(runner.model, name):
+        with variant(runner.model, name, skinny_table):
             runner.capture_graphs()
         graphs[name] = runner.graph_runner
 

@@ -9,14 +9,18 @@ of 20 calls cycling over enough copies of the weight that none is served from th
 the float32 reference, or that cannot launch, is reported and skipped. Also reported: a decode step's
 GEMMs at each batch, each shape taken by the faster path (`step`), against cuBLAS alone.
 
-Nothing in the engine calls the kernel yet: these figures say whether a tuned table for it is worth
-shipping.
+`--table-out PATH` writes the dense GEMV's tuned table (`kernels/gemv_table.py`) with a 'skinny' entry per
+shape and batch where the skinny GEMM beat cuBLAS by 3%, keeping the rest of `--table-base` (the shipped
+`tokenspeed/runtime/kernels/tuned/<GPU>.json`): with it, `--dense-gemv-backend auto` runs the skinny GEMM
+at those batches. None ships yet: nothing in the engine calls the kernel until a run here shows a win.
 
     python benchmarks/skinny_gemm.py [--model llama8b|qwen3moe] [--m 16 64] [--shapes ...] [--out PATH]
+        [--table-out PATH --table-base tokenspeed/runtime/kernels/tuned/NVIDIA_H200.json]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -62,6 +66,7 @@ def bench_shape(name: str, n: int, k: int, ms: list[int]) -> list[dict]:
             arrivals = torch.zeros(sg.tiles(m, n, cfg), device="cuda", dtype=torch.int32)
             fns = [lambda w=w, x=x, c=cfg, a=arrivals: sg.skinny_gemm(x, w, c, a) for w in ws]
             row = gt.time_path(dict(base, path="skinny", config=_config_text(cfg)), fns, ref, nbytes)
+            row["skinny_config"] = dataclasses.asdict(cfg)
             if "us" in row and row["rel_err"] > 1e-2:
                 row = dict(
                     base, path="skinny", config=row["config"], error=f"relative error {row['rel_err']}"
@@ -104,6 +109,34 @@ def _us(row: dict) -> float:
     return row["us"]
 
 
+def skinny_entries(rows: list[dict], margin: float = 0.03) -> dict[str, dict[str, dict]]:
+    """The tuned table's 'skinny' object (`kernels/gemv_table.py`): per shape key and batch rows timed, the
+    fastest configuration where it beat cuBLAS by `margin`."""
+    from tokenspeed.runtime.kernels.gemv_table import shape_key
+
+    out: dict[str, dict[str, dict]] = {}
+    for r, base in gt.against(rows, "cublas", path="skinny"):
+        if base["us"] / r["us"] >= 1 + margin:
+            out.setdefault(shape_key(r["n"], r["k"], "bfloat16"), {})[str(r["m"])] = r["skinny_config"]
+    return out
+
+
+def write_table(path: str, device_name: str, skinny: dict, base: str | None) -> None:
+    """The tuned table with this run's 'skinny' entries: `base`'s shapes and GEMV configurations kept, its
+    skinny entries for the shapes this run timed replaced."""
+    import json
+
+    from tokenspeed.bench_results import provenance
+    from tokenspeed.runtime.kernels.gemv_table import load_table, to_json
+
+    old = json.loads(Path(base).read_text()) if base else {}
+    merged = {**old.get("skinny", {}), **skinny}
+    data = to_json(device_name, old.get("shapes", {}), provenance(), old.get("configs"), merged)
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    load_table(path)  # what the server will read
+    print(f"wrote {path}: the skinny GEMM takes {sorted((k, sorted(v)) for k, v in merged.items())}")
+
+
 def main() -> None:
     names = dict.fromkeys(n for shapes, _ in MODELS.values() for n in shapes)
     args = gt.parse_args(
@@ -117,6 +150,8 @@ def main() -> None:
     print(f"skinny speed-up over cuBLAS: {speedup}")
     steps = {f"m{m}": step(rows, m, shapes, layers) for m in args.m}
     print(f"decode-step GEMMs: {steps}")
+    if args.table_out:
+        write_table(args.table_out, torch.cuda.get_device_name(0), skinny_entries(rows), args.table_base)
     seconds = round(time.perf_counter() - start, 1)
     print(f"total {seconds} s")
     gt.save_results(

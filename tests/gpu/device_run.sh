@@ -38,7 +38,8 @@
 #                                       tests, then decode_ab.py on Qwen3-30B-A3B (pdl, +one, +gemv, +route, all)
 #                                       -> $OUT/gpu_decode_ab_route_qwen3moe.json
 #   skinny                              benchmarks/skinny_gemm.py: the skinny tensor-core GEMM's configurations vs cuBLAS
-#                                       on the 8B's GEMMs at 16 and 64 rows -> $OUT/gpu_skinny_gemm.json
+#                                       on the 8B's GEMMs at 16 and 64 rows -> $OUT/gpu_skinny_gemm.json, and the
+#                                       shipped table with its wins as 'skinny' entries -> $OUT/dense_gemv_table.json
 #   pdl                                 benchmarks/pdl_probe.py: a chain of 8B-shaped GEMVs with and without
 #                                       programmatic dependent launch -> $OUT/gpu_pdl_probe.json
 #   specbench                           benchmarks/speculative_gpu.py: verify and draft steps vs plain decode
@@ -91,7 +92,7 @@ wait_warm() { for p in "${WARM_PIDS[@]}"; do wait "$p"; done; WARM_PIDS=(); }
 
 part_kernels() {
   stage tests-kernels
-  run ${T_KERNELS:-120} $PYT tests/gpu/test_fused_ops.py tests/gpu/test_attention_backends.py \
+  run ${T_KERNELS:-150} $PYT tests/gpu/test_fused_ops.py tests/gpu/test_attention_backends.py \
     tests/gpu/test_gpu_samplers.py -k "${K_KERNELS:-not flashinfer}"
 }
 part_flashinfer() {
@@ -280,7 +281,13 @@ part_moeroute() {  # the MoE GEMV's split merged by arrivals and its routing in 
 part_skinny() {  # the skinny tensor-core GEMM against cuBLAS on the 8B's GEMMs at 16 and 64 rows
   # (benchmarks/skinny_gemm.py, every candidate configuration per shape and batch)
   stage bench-skinny
-  run ${T_SKINNY:-300} python3 benchmarks/skinny_gemm.py --m ${SKINNY_M:-16 64} --out "$OUT/gpu_skinny_gemm.json"
+  run ${T_SKINNY:-300} python3 benchmarks/skinny_gemm.py --m ${SKINNY_M:-16 64} --out "$OUT/gpu_skinny_gemm.json" \
+    --table-out "$OUT/dense_gemv_table.json" --table-base tokenspeed/runtime/kernels/tuned/NVIDIA_H200.json
+  # where it won, whole 8B steps with those entries against without, alternating in one process
+  if grep -q '"skinny"' "$OUT/dense_gemv_table.json" 2>/dev/null; then
+    run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --variants pdl pdl+skinny \
+      --batch-sizes 16 64 --skinny-table "$OUT/dense_gemv_table.json" --out "$OUT/gpu_decode_ab_skinny_llama8b.json"
+  fi
   grep -E "skinny |speed-up over|decode-step GEMMs" "$LOG" | tail -12
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)

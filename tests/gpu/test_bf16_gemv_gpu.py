@@ -204,3 +204,40 @@ def test_a_decode_step_with_the_fused_norms_keeps_the_tokens_and_drops_the_norm_
         print(f"{name}: bs1 decode step with fused norms: {len(names)} kernels, {norms} RMSNorm launches")
         assert norms == 1, sorted(set(names))
         quant.fuse_norm = False
+
+
+@pytest.mark.parametrize("rows", [5, 16, 40, 64])
+def test_a_table_sends_larger_batches_to_the_skinny_gemm(rows):
+    """A tuned table's skinny entry (`kernels/gemv_table.py`): a dense layer at 5-64 rows runs the skinny
+    tensor-core GEMM (one launch of it, K split and merged by arrival), as exact as cuBLAS's bf16 output,
+    the same bits eager and replayed from a CUDA graph, its arrival counts back at zero; past the rows
+    timed, cuBLAS."""
+    from types import MappingProxyType
+
+    from tokenspeed.runtime.kernels.gemv_table import DenseGemvTable, shape_key
+    from tokenspeed.runtime.layers.dense_gemv import TritonGemv
+    from tokenspeed.runtime.layers.linear import ReplicatedLinear
+
+    cfg = dict(block_m=16, block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4, swap_ab=True)
+    cfg64 = dict(cfg, block_m=64, split_k=2, swap_ab=False)
+    key = shape_key(4096, 4096, "bfloat16")
+    table = DenseGemvTable(skinny=MappingProxyType({key: MappingProxyType({16: cfg, 64: cfg64})}))
+    layer = ReplicatedLinear(4096, 4096, bias=False).to("cuda", torch.bfloat16)
+    torch.manual_seed(rows)
+    layer.weight.data.normal_(0, 0.02)
+    quant = TritonGemv(table)
+    layer.quant = quant
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    ref = F.linear(x.float(), layer.weight.float())
+    names = cuda_kernel_names(lambda: layer(x))
+    assert sum("_skinny_gemm_kernel" in n for n in names) == 1, names
+    eager = layer(x)
+    assert _rel(eager, ref) < BF16_OUT
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager) and quant._arrivals.all_zero()
+    wide = torch.randn(65, 4096, device="cuda", dtype=torch.bfloat16)  # more rows than any entry: cuBLAS
+    assert not any("_skinny_gemm_kernel" in n for n in cuda_kernel_names(lambda: layer(wide)))

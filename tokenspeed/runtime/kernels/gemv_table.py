@@ -8,6 +8,11 @@ features, the weight's dtype) to the most rows for which the GEMV runs (0: never
 not name, or a device without a table, keeps cuBLAS. `benchmarks/bf16_gemv.py --table-out` writes it from
 a run (the GEMV where it won by the margin); `--dense-gemv-backend auto` reads it.
 
+`skinny` (optional) names, per shape and batch rows timed (16, 64), the configuration of the skinny
+tensor-core GEMM (`skinny_gemm.py`) that beat cuBLAS there by the margin (`benchmarks/skinny_gemm.py
+--table-out`): a batch of more rows than the GEMV takes runs it, at the configuration timed at the fewest
+rows that hold the batch; other batches and shapes keep cuBLAS.
+
 `configs` names, per shape and batch bucket (1, 2 or 4 rows), the launch configuration that won in that
 run, and the GEMV then launches it as it is instead of autotuning at the shape's first call. Autotuning
 picks by timing, so two processes could pick configurations that sum K in different orders: the same
@@ -37,6 +42,10 @@ _KEY = re.compile(r"N=(\d+),K=(\d+),dtype=(\w+)")
 # a launch configuration's fields (bf16_gemv.DenseGemvConfig.to_table) and their least values
 CONFIG_FIELDS = {"BLOCK_N": 1, "BLOCK_K": 1, "SPLIT_K": 1, "PREFETCH": 0, "num_warps": 1, "num_stages": 1}
 BUCKETS = ("1", "2", "4")
+# the skinny tensor-core GEMM's configuration (skinny_gemm.SkinnyGemmConfig): integer fields, their least
+# values (all but num_stages powers of two), and its one flag
+SKINNY_FIELDS = {"block_m": 16, "block_n": 16, "block_k": 16, "split_k": 1, "num_warps": 1, "num_stages": 1}
+SKINNY_FLAGS = ("swap_ab",)
 
 
 def shape_key(n: int, k: int, dtype: torch.dtype | str) -> str:
@@ -56,6 +65,17 @@ class DenseGemvTable:
     max_rows: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     source: str = ""
     configs: Mapping[str, Mapping[int, Mapping[str, int]]] = field(default_factory=lambda: MappingProxyType({}))
+    # shape key -> batch rows timed -> the skinny GEMM's configuration that beat cuBLAS there
+    skinny: Mapping[str, Mapping[int, Mapping[str, int | bool]]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    def skinny_for(self, n: int, k: int, dtype: torch.dtype, rows: int) -> Mapping[str, int | bool] | None:
+        """The skinny GEMM's configuration for a batch of `rows`: the one timed at the fewest rows >= `rows`
+        (its one M block then holds the batch), or None (cuBLAS)."""
+        per_rows = self.skinny.get(shape_key(n, k, dtype), {})
+        fitting = [m for m in per_rows if m >= rows]
+        return per_rows[min(fitting)] if fitting else None
 
     def config_for(self, n: int, k: int, dtype: torch.dtype, bucket: int) -> Mapping[str, int] | None:
         """The shipped launch configuration of an [n, k] weight at a batch bucket, or None (autotune)."""
@@ -69,7 +89,7 @@ class DenseGemvTable:
         return rows <= self.rows_for(n, k, dtype)
 
     def __bool__(self) -> bool:
-        return any(self.max_rows.values())
+        return any(self.max_rows.values()) or bool(self.skinny)
 
 
 def parse_table(data: object, path: Path) -> DenseGemvTable:
@@ -100,7 +120,45 @@ def parse_table(data: object, path: Path) -> DenseGemvTable:
         if not isinstance(per_bucket, dict) or not set(per_bucket) <= set(BUCKETS):
             raise ValueError(f"{where} must map batch buckets {list(BUCKETS)} to configurations")
         parsed[key] = MappingProxyType({int(b): _parse_config(cfg, f"{where}[{b!r}]") for b, cfg in per_bucket.items()})
-    return DenseGemvTable(MappingProxyType(out), source=str(path), configs=MappingProxyType(parsed))
+    return DenseGemvTable(
+        MappingProxyType(out), source=str(path), configs=MappingProxyType(parsed),
+        skinny=_parse_skinny(data.get("skinny", {}), path),
+    )  # fmt: skip
+
+
+def _parse_skinny(skinny: object, path: Path) -> Mapping[str, Mapping[int, Mapping[str, int | bool]]]:
+    """The optional 'skinny' object: shape key -> batch rows (a decimal string) -> configuration."""
+    if not isinstance(skinny, dict):
+        raise ValueError(f"{path}: 'skinny' must be an object: shape key -> batch rows -> configuration")
+    out = {}
+    for key, per_rows in skinny.items():
+        where = f"{path}: skinny[{key!r}]"
+        if not _KEY.fullmatch(key):
+            example = shape_key(6144, 4096, "bfloat16")
+            raise ValueError(f"{where}: the shape key is malformed; write it as {example!r}")
+        timed = list(per_rows) if isinstance(per_rows, dict) else []
+        if not timed or not all(r.isdigit() and int(r) for r in timed):
+            raise ValueError(f"{where} must map batch rows ('16', '64') to configurations")
+        parsed = {}
+        for rows, cfg in per_rows.items():
+            at = f"{where}[{rows!r}]"
+            fields = {*SKINNY_FIELDS, *SKINNY_FLAGS}
+            if not isinstance(cfg, dict) or set(cfg) != fields:
+                raise ValueError(f"{at} must be an object with exactly {sorted(fields)}")
+            for name, least in SKINNY_FIELDS.items():
+                value = cfg[name]
+                whole = isinstance(value, int) and not isinstance(value, bool)
+                if name == "num_stages" and (not whole or value < least):
+                    raise ValueError(f"{at}[{name!r}] must be an integer >= {least}, got {value!r}")
+                if name != "num_stages" and (not whole or value < least or value & (value - 1)):
+                    raise ValueError(f"{at}[{name!r}] must be a power of two >= {least}, got {value!r}")
+            if not all(isinstance(cfg[flag], bool) for flag in SKINNY_FLAGS):
+                raise ValueError(f"{at}: {list(SKINNY_FLAGS)} must be true or false")
+            if cfg["block_m"] < int(rows):
+                raise ValueError(f"{at}: block_m {cfg['block_m']} must hold the {rows} rows it was timed at")
+            parsed[int(rows)] = MappingProxyType(dict(cfg))
+        out[key] = MappingProxyType(parsed)
+    return MappingProxyType(out)
 
 
 def _parse_config(cfg: object, where: str) -> Mapping[str, int]:
@@ -133,11 +191,18 @@ def to_json(
     max_rows: Mapping[str, int],
     provenance: dict,
     configs: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
+    skinny: Mapping[str, Mapping[str, Mapping[str, int | bool]]] | None = None,
 ) -> dict:
-    """The file `load_table` reads (what `benchmarks/bf16_gemv.py --table-out` writes)."""
+    """The file `load_table` reads (what `benchmarks/bf16_gemv.py --table-out` writes, and
+    `benchmarks/skinny_gemm.py --table-out` adds 'skinny' to)."""
     out = dict(format=FORMAT, device=device_name, provenance=provenance, shapes=dict(sorted(max_rows.items())))
     if configs:
         out["configs"] = {
             key: {b: dict(cfg) for b, cfg in sorted(per_bucket.items())} for key, per_bucket in sorted(configs.items())
+        }
+    if skinny:
+        out["skinny"] = {
+            key: {r: dict(cfg) for r, cfg in sorted(per_rows.items(), key=lambda kv: int(kv[0]))}
+            for key, per_rows in sorted(skinny.items())
         }
     return out

@@ -4,8 +4,8 @@ At those batches a decode step's linear layers still read every weight once and 
 bound by memory bandwidth, and cuBLAS reached 0.82 of the copy bandwidth over the Llama-3.1-8B step's
 GEMMs at batch 64 on the H200 (4.35 ms for 15 GB, the kernel profile of results/gpu_decode.json), where the
 GEMV of `bf16_gemv.py` reaches 0.84-0.96 at one row. Whether this kernel does better is measured, not
-assumed: `benchmarks/skinny_gemm.py` times it against cuBLAS per shape and batch, and nothing in the
-engine calls it until a table measured on the device says it wins.
+assumed: `benchmarks/skinny_gemm.py` times it against cuBLAS per shape and batch, and the engine calls it
+(`layers/dense_gemv.py`) only for the shapes and batches where the GPU's tuned table says it won.
 
 Program (n block, m block, K split) multiplies BLOCK_M x BLOCK_K rows of x by BLOCK_N x BLOCK_K rows of w
 over its share of K, the loads pipelined `num_stages` deep. One M block covers the whole batch up to
@@ -47,6 +47,19 @@ class SkinnyGemmConfig:
                 raise ValueError(f"SkinnyGemmConfig.{name} must be a power of two, got {v}")
         if self.block_m < 16 or self.block_n < 16 or self.block_k < 16:
             raise ValueError("SkinnyGemmConfig: the tensor cores take tiles of at least 16 in each dimension")
+
+
+def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `skinny_gemm` takes x [M, K] times w [N, K]: bf16/fp16 in both, the weight row-major."""
+    return (
+        x.dim() == 2
+        and x.shape[0] >= 1
+        and x.dtype == w.dtype
+        and w.dtype in (torch.bfloat16, torch.float16)
+        and w.dim() == 2
+        and w.stride(1) == 1
+        and x.shape[1] == w.shape[1]
+    )
 
 
 def tiles(m: int, n: int, config: SkinnyGemmConfig) -> int:

@@ -13,6 +13,10 @@ With TOKENSPEED_GEMV_NORM=1 the GEMV also takes the RMSNorm before a layer it mu
 before qkv, a MoE block's norm before its router: `layers/norm.py` `norm_linear`), one launch fewer a norm;
 off: timed on the H200 (`benchmarks/decode_ab.py`, docs/GPU.md) it made steps slower, not faster.
 
+Where the table names a skinny tensor-core GEMM configuration for a shape (`kernels/skinny_gemm.py`, written
+by `benchmarks/skinny_gemm.py --table-out` where it beat cuBLAS), batches of more rows than the GEMV takes, up
+to the rows it was timed at, run it instead of cuBLAS (layers without a bias; none ships yet).
+
 Where the table also ships the launch configuration that won for a shape and batch bucket, the GEMV runs
 it rather than autotuning, so every process computes the same bits (greedy output does not change from
 one start to the next). The choice is made once, after the weights are loaded: each linear layer whose multiply is the plain
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenspeed.runtime.kernels.arrivals import ArrivalCounts
 from tokenspeed.runtime.kernels.gemv_table import DenseGemvTable, table_for_device
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice
 from tokenspeed.runtime.layers.embedding import LMHead
@@ -46,9 +51,14 @@ class TritonGemv(Unquantized):
 
     def __init__(self, table: DenseGemvTable | None = None) -> None:
         """`table`: the shapes and batches that take the GEMV (None: every shape it supports)."""
-        from tokenspeed.runtime.kernels import bf16_gemv
+        from tokenspeed.runtime.kernels import bf16_gemv, skinny_gemm
 
         self._gemv = bf16_gemv
+        self._skinny = skinny_gemm
+        # batches past the GEMV's rows: the table's skinny-GEMM configuration per (shape, rows), looked up
+        # once, and its split launches' arrival counts
+        self._skinny_for: dict[tuple[int, int, torch.dtype, int], object] = {}
+        self._arrivals = ArrivalCounts("the skinny GEMM")
         self.max_rows = bf16_gemv.GEMV_MAX_M
         self.table = table
         # the table's verdict per weight shape, looked up once rather than on every decode call
@@ -57,6 +67,13 @@ class TritonGemv(Unquantized):
         self._config_for: dict[tuple[int, int, torch.dtype, int], object] = {}
         # whether the GEMV also applies the RMSNorm before a layer (`apply_normed`; NORM_ENV)
         self.fuse_norm = False
+
+    def use_table(self, table: DenseGemvTable | None) -> None:
+        """Decide by `table` from now on (None: the GEMV for every shape it takes, no skinny GEMM)."""
+        self.table = table
+        self._rows_for.clear()
+        self._config_for.clear()
+        self._skinny_for.clear()
 
     def _config(self, x2: torch.Tensor, w: torch.Tensor):
         """The shipped launch configuration for this weight and batch, if the table names one that fits."""
@@ -88,10 +105,33 @@ class TritonGemv(Unquantized):
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        if not self._takes(x2, layer.weight):
+        if self._takes(x2, layer.weight):
+            y = self._gemv.dense_gemv(x2, layer.weight, bias, config=self._config(x2, layer.weight))
+        elif bias is None and (skinny := self._skinny_config(x2, layer.weight)) is not None:
+            arrivals = self._arrivals_for(x2, layer.weight, skinny)
+            y = self._skinny.skinny_gemm(x2, layer.weight, skinny, arrivals)
+        else:
             return F.linear(x, layer.weight, bias)
-        y = self._gemv.dense_gemv(x2, layer.weight, bias, config=self._config(x2, layer.weight))
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def _skinny_config(self, x2: torch.Tensor, w: torch.Tensor):
+        """The table's skinny-GEMM configuration for a batch of more rows than the GEMV takes (None: cuBLAS,
+        which also keeps the smaller batches the GEMV's table leaves to it)."""
+        if self.table is None or not self.table.skinny or x2.shape[0] <= self.max_rows:
+            return None
+        if not (x2.is_cuda and self._skinny.supported(x2, w)):
+            return None
+        key = (w.shape[0], w.shape[1], w.dtype, x2.shape[0])
+        if key not in self._skinny_for:
+            cfg = self.table.skinny_for(*key)
+            self._skinny_for[key] = None if cfg is None else self._skinny.SkinnyGemmConfig(**cfg)
+        return self._skinny_for[key]
+
+    def _arrivals_for(self, x2: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor | None:
+        """The split skinny GEMM's arrival counts (`kernels/arrivals.py`), shared by every layer."""
+        if cfg.split_k <= 1:
+            return None
+        return self._arrivals.at_least(self._skinny.tiles(x2.shape[0], w.shape[0], cfg), x2.device)
 
     def apply_normed(
         self,
@@ -159,7 +199,7 @@ def apply_dense_gemv_backend(model: nn.Module, name: str | None, device: torch.d
     quant = DENSE_GEMV_BACKENDS[resolved](device)
     if isinstance(quant, TritonGemv):
         if (name or "auto") == "auto":  # the tuned table's shapes only
-            quant.table = _device_table(device)
+            quant.use_table(_device_table(device))
         quant.fuse_norm = os.environ.get(NORM_ENV, "0") == "1"
         n = use_dense_multiply(model, quant)
         where = f"the shapes {quant.table.source} names" if quant.table is not None else "every shape"

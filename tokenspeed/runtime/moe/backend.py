@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenspeed.runtime.kernels.arrivals import ArrivalCounts
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice, triton_available
 from tokenspeed.runtime.layers.linear import LinearBase
 from tokenspeed.runtime.layers.norm import RMSNorm, norm_linear
@@ -167,8 +168,7 @@ class TritonMoe:
         # Where the GEMV runs a step, its first launch may route too (one launch fewer a layer); off until
         # timed on the device (TOKENSPEED_MOE_FUSED_ROUTE=1, benchmarks/decode_ab.py's `route`).
         self.fuse_route = os.environ.get(FUSED_ROUTE_ENV, "0") == "1"
-        self._arrivals: torch.Tensor | None = None
-        self._retired: list[torch.Tensor] = []
+        self._arrivals = ArrivalCounts("the MoE GEMV")
 
     def route(self, logits, top_k, renormalize, dispatch=None, counts=None, token_mask=None):
         if not logits.is_cuda:
@@ -187,20 +187,10 @@ class TritonMoe:
         return self._fused(x, w13, w2, weights, ids, self._pick(self.table, x.shape[0]), scales)
 
     def _arrivals_for(self, x: torch.Tensor, cfg) -> torch.Tensor | None:
-        """The GEMV's split arrival counts (int32 zeros that every launch leaves zero), shared by every layer;
-        grown before a graph is captured (the eager warm-up runs each captured batch size first)."""
+        """The GEMV's split arrival counts (`kernels/arrivals.py`), shared by every layer."""
         if cfg.down_split <= 1:
             return None
-        need = x.shape[0] * -(-x.shape[1] // cfg.down_block_h)
-        if self._arrivals is None or self._arrivals.numel() < need:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    "the MoE GEMV's arrival counts must be allocated by a warm-up run before capture"
-                )
-            if self._arrivals is not None:
-                self._retired.append(self._arrivals)  # captured graphs still count in it
-            self._arrivals = torch.zeros(need, dtype=torch.int32, device=x.device)
-        return self._arrivals
+        return self._arrivals.at_least(x.shape[0] * -(-x.shape[1] // cfg.down_block_h), x.device)
 
     def route_experts(self, module, x, logits, top_k, renormalize, counts=None, token_mask=None):
         w13, w2 = module.w13, module.w2

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tokenspeed.runtime.kernels.arrivals import ArrivalCounts
 from tokenspeed.runtime.kernels.decode_attention import decode_attention, decode_num_splits
 from tokenspeed.runtime.kernels.extend_attention import extend_attention
 from tokenspeed.runtime.kernels.kv_store import store_kv_into_pool
@@ -59,10 +60,9 @@ class TritonAttentionBackend(AttentionBackend):
         # the largest captured batch by the warm-up run before any graph is captured.
         self._mid_o: torch.Tensor | None = None
         self._mid_lse: torch.Tensor | None = None
-        # Per (request, kv head) arrival counts of a one-launch decode (`kernels/decode_attention.py`):
-        # zeros, and each launch leaves them zero, so every layer and every graph shares them.
-        self._arrivals: torch.Tensor | None = None
-        self._retired: list[tuple[torch.Tensor | None, ...]] = []
+        # per (request, kv head) arrival counts of a one-launch decode (`kernels/arrivals.py`)
+        self.arrivals = ArrivalCounts("one-launch decode attention")
+        self._outgrown: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._graph_max_bs = 0
 
     # -- per-step metadata -------------------------------------------------------------------------
@@ -99,12 +99,7 @@ class TritonAttentionBackend(AttentionBackend):
         counts; sized for the worst batch size up to the largest captured one, so every graph's view fits in
         the same allocation."""
         n = bs * num_heads * num_splits
-        if (
-            self._mid_o is None
-            or self._mid_o.numel() < n * head_dim
-            or self._mid_o.shape[0] == 0
-            or self._arrivals.numel() < bs * kv_heads
-        ):
+        if self._mid_o is None or self._mid_o.numel() < n * head_dim or self._mid_o.shape[0] == 0:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("attention scratch must be allocated by a warm-up run before capture")
             rows = max(bs, self._graph_max_bs)
@@ -113,13 +108,12 @@ class TritonAttentionBackend(AttentionBackend):
             if self._mid_o is not None:
                 # graphs captured before still point at these: an eager batch larger than any captured
                 # one must not hand their memory to the allocator
-                self._retired.append((self._mid_o, self._mid_lse, self._arrivals))
+                self._outgrown.append((self._mid_o, self._mid_lse))
             self._mid_o = torch.empty(need * head_dim, dtype=torch.float32, device=device)
             self._mid_lse = torch.empty(need, dtype=torch.float32, device=device)
-            self._arrivals = torch.zeros(max(rows, bs) * kv_heads, dtype=torch.int32, device=device)
         mid_o = self._mid_o[: n * head_dim].view(bs, num_heads, num_splits, head_dim)
         mid_lse = self._mid_lse[:n].view(bs, num_heads, num_splits)
-        return mid_o, mid_lse, self._arrivals
+        return mid_o, mid_lse, self.arrivals.at_least(max(bs, self._graph_max_bs) * kv_heads, device)
 
     def store_new_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch) -> None:
         store_kv_into_pool(fb.kv_pool, layer_id, fb.out_cache_loc, k, v)
