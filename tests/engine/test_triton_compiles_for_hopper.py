@@ -256,3 +256,32 @@ def test_moe_gemv_compiles_with_routing_and_merged_split(route, arrive):
                      GK=1, ARRIVE=arrive)  # fmt: skip
     down = compile_sm90(gemv._down_kernel, types, constants, 4, 1, aligned=True)
     assert ("atom.global.gpu.acq_rel.add" in down.asm["ptx"]) == arrive
+
+
+@pytest.mark.parametrize("has_norm", [False, True], ids=["rope", "rope+qk-norm"])
+def test_rope_rounds_each_product_as_pytorch_does(has_norm):
+    """The RoPE kernels launch without floating-point contraction (`fused_ops.rope_launch`), so in bf16 each
+    product and the sum round on their own (`mul.rn.bf16`, `add.rn.bf16`), as PyTorch's bf16 operations do;
+    with contraction Triton 3.6 fused one product into the add (`fma.rn.bf16`) and the rotation came out a
+    rounding away from PyTorch's."""
+    import torch
+
+    from tokenspeed.runtime.kernels.fused_ops import _rope_kernel, rope_launch
+    from tokenspeed.runtime.kernels.rope_store import _rope_store_kernel
+
+    q, k = torch.empty(1, 32, 128), torch.empty(1, 8, 128)
+    _, consts = rope_launch(q, k)
+    options = {n: consts.pop(n) for n in ("num_warps", "enable_fp_fusion")}
+    assert options["enable_fp_fusion"] is False
+    if has_norm:
+        types = {n: "*bf16" for n in ("Q", "K", "V", "QO", "KO", "K_buf", "V_buf", "CS", "QW", "KW")}
+        types.update(LOC="*i64", eps="fp32")
+        kernel = compile_sm90(_rope_store_kernel, types, dict(consts, HAS_NORM=True), options["num_warps"], 1,
+                              enable_fp_fusion=options["enable_fp_fusion"])  # fmt: skip
+    else:
+        types = {n: "*bf16" for n in ("Q", "K", "QO", "KO", "CS")}
+        kernel = compile_sm90(_rope_kernel, types, consts, options["num_warps"], 1,
+                              enable_fp_fusion=options["enable_fp_fusion"])  # fmt: skip
+    ptx = kernel.asm["ptx"]
+    assert "fma.rn" not in ptx
+    assert "mul.rn.bf16" in ptx and "add.rn.bf16" in ptx

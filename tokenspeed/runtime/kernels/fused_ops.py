@@ -147,12 +147,12 @@ def rotate_halves(x1, x2, cs, HALF: tl.constexpr, BLOCK: tl.constexpr):
     sin1 = tl.load(cs + 2 * HALF + offs, mask=mask, other=0.0)
     sin2 = tl.load(cs + 3 * HALF + offs, mask=mask, other=0.0)
     dt = x1.dtype
-    # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds. On
-    # sm_90, though, Triton 3.6 contracts one product and the sum into one FMA (the PTX has `fma.rn.bf16`,
-    # `fma.rn.f32` in float32), so that product is not rounded before the add: within a rounding of the
-    # reference on the GPU, not bit for bit (the interpreter does not contract). Unlike `_rmsnorm_kernel`'s,
-    # this arithmetic stays in 16 bits, which the interpreter cannot check: taking it in float32 would
-    # round each product as PyTorch does, but would change the GPU's bits, so it waits for a GPU run.
+    # q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1], rounded where the reference rounds. Triton
+    # contracts a product and a sum into one FMA unless told not to: on sm_90 Triton 3.6 made one product
+    # and the sum `fma.rn.bf16`, so that product was never rounded and the GPU came within a rounding of
+    # PyTorch, not bit for bit. The RoPE kernels are launched with `enable_fp_fusion=False` (`rope_launch`):
+    # the PTX then has `mul.rn.bf16` and `add.rn.bf16`, PyTorch's operations (checked by compiling for sm_90
+    # in tests/engine/test_triton_compiles_for_hopper.py; the interpreter never contracts).
     o1 = ((x1 * cos1).to(dt) + (-x2 * sin1).to(dt)).to(dt)
     o2 = ((x2 * cos2).to(dt) + (x1 * sin2).to(dt)).to(dt)
     return o1, o2
@@ -236,12 +236,12 @@ def rope_operands(
 
 def rope_launch(q: torch.Tensor, k: torch.Tensor) -> tuple[tuple[int, int], dict[str, int]]:
     """The grid (one program per token and query or key head) and the constants of a RoPE kernel for q
-    [T, H, D] and k [T, KVH, D]."""
+    [T, H, D] and k [T, KVH, D]. Compiled without floating-point contraction (`rotate_halves` says why)."""
     t, num_heads, d = q.shape
     half = d // 2
     block = max(16, triton.next_power_of_2(half))
     consts = dict(NUM_Q_HEADS=num_heads, HALF=half, BLOCK=block, num_warps=1 if half <= 64 else 2)
-    return (t, num_heads + k.shape[1]), consts
+    return (t, num_heads + k.shape[1]), {**consts, "enable_fp_fusion": False}
 
 
 def apply_rope(cos_sin: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
