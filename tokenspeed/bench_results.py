@@ -3,7 +3,7 @@
 A figure in the docs is only as good as the run behind it. Each results file therefore carries a
 `provenance` block that the writing script fills in, never a person: the script and its arguments, the
 git commit of the tree it ran on (and whether that tree had uncommitted changes), the device it measured
-(the GPU's name, or the CPU's), and the time. `tests/unit/test_results_provenance.py` fails on a file
+(the GPU's name, or the CPU's), the time, and the environment switches that chose its kernels. `tests/unit/test_results_provenance.py` fails on a file
 under `benchmarks/results/` without it, so a hand-made or renamed file cannot pass for a measurement.
 """
 
@@ -19,6 +19,17 @@ from pathlib import Path
 from typing import Any
 
 PROVENANCE_KEYS = ("script", "argv", "commit", "dirty", "device", "time")
+# The environment switches that change which kernels a run measures, recorded in `switches` when set (a
+# figure of a step with `TOKENSPEED_DECODE_ONE_LAUNCH=1` is not the default's). Named here rather than read
+# by prefix, so no other variable, a secret such as TOKENSPEED_API_KEY least of all, reaches a results
+# file; `tests/unit/test_bench_results_switches.py` checks each is the constant its module reads.
+SWITCHES = (
+    "TOKENSPEED_PDL",  # kernels/pdl.py
+    "TOKENSPEED_GEMV_NORM",  # layers/dense_gemv.py
+    "TOKENSPEED_DECODE_ONE_LAUNCH",  # kernels/decode_attention.py
+    "TOKENSPEED_MOE_FUSED_ROUTE",  # moe/backend.py
+    "TOKENSPEED_MOE_GEMV",  # moe/kernels/gemv_table.py
+)
 
 
 def _git(repo: Path, *args: str) -> str | None:
@@ -94,6 +105,7 @@ def provenance() -> dict[str, Any]:
         "dirty": dirty,
         "device": _device(),
         "time": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "switches": {name: os.environ[name] for name in SWITCHES if name in os.environ},
     }
 
 
