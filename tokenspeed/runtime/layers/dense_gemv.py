@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenspeed.runtime.kernels.arrivals import ArrivalCounts
 from tokenspeed.runtime.kernels.gemv_table import DenseGemvTable, table_for_device
+from tokenspeed.runtime.kernels.graph_scratch import ArrivalCounts
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice
 from tokenspeed.runtime.layers.embedding import LMHead
 from tokenspeed.runtime.layers.linear import UNQUANTIZED, LinearBase, NormedOutput, Unquantized
@@ -128,7 +128,7 @@ class TritonGemv(Unquantized):
         return self._skinny_for[key]
 
     def _arrivals_for(self, x2: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor | None:
-        """The split skinny GEMM's arrival counts (`kernels/arrivals.py`), shared by every layer."""
+        """The split skinny GEMM's arrival counts (`kernels/graph_scratch.py`), shared by every layer."""
         if cfg.split_k <= 1:
             return None
         return self._arrivals.at_least(self._skinny.tiles(x2.shape[0], w.shape[0], cfg), x2.device)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenspeed.runtime.kernels.arrivals import ArrivalCounts
+from tokenspeed.runtime.kernels.graph_scratch import ArrivalCounts
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice, triton_available
 from tokenspeed.runtime.layers.linear import LinearBase
 from tokenspeed.runtime.layers.norm import RMSNorm, norm_linear
@@ -187,7 +187,7 @@ class TritonMoe:
         return self._fused(x, w13, w2, weights, ids, self._pick(self.table, x.shape[0]), scales)
 
     def _arrivals_for(self, x: torch.Tensor, cfg) -> torch.Tensor | None:
-        """The GEMV's split arrival counts (`kernels/arrivals.py`), shared by every layer."""
+        """The GEMV's split arrival counts (`kernels/graph_scratch.py`), shared by every layer."""
         if cfg.down_split <= 1:
             return None
         return self._arrivals.at_least(x.shape[0] * -(-x.shape[1] // cfg.down_block_h), x.device)

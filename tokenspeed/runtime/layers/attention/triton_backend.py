@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tokenspeed.runtime.kernels.arrivals import ArrivalCounts
 from tokenspeed.runtime.kernels.decode_attention import decode_attention, decode_num_splits
 from tokenspeed.runtime.kernels.extend_attention import extend_attention
+from tokenspeed.runtime.kernels.graph_scratch import ArrivalCounts, GraphScratch
 from tokenspeed.runtime.kernels.kv_store import store_kv_into_pool
 from tokenspeed.runtime.layers.attention.backend import AttentionBackend
 
@@ -56,13 +56,12 @@ class TritonAttentionBackend(AttentionBackend):
         self.reduce_in_fp32 = reduce_in_fp32
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.metadata = _Metadata(decode=True)
-        # Split scratch (fp32 partial outputs and their lse), grown on demand in eager mode and sized for
-        # the largest captured batch by the warm-up run before any graph is captured.
-        self._mid_o: torch.Tensor | None = None
-        self._mid_lse: torch.Tensor | None = None
-        # per (request, kv head) arrival counts of a one-launch decode (`kernels/arrivals.py`)
+        # Split scratch (fp32 partial outputs and their lse) and the per (request, kv head) arrival counts of
+        # a one-launch decode, grown in eager mode and sized for the largest captured batch by the warm-up
+        # run before any graph is captured (`kernels/graph_scratch.py`)
+        self._mid_o = GraphScratch("the decode attention's split outputs", torch.float32)
+        self._mid_lse = GraphScratch("the decode attention's split lse", torch.float32)
         self.arrivals = ArrivalCounts("one-launch decode attention")
-        self._outgrown: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._graph_max_bs = 0
 
     # -- per-step metadata -------------------------------------------------------------------------
@@ -99,21 +98,20 @@ class TritonAttentionBackend(AttentionBackend):
         counts; sized for the worst batch size up to the largest captured one, so every graph's view fits in
         the same allocation."""
         n = bs * num_heads * num_splits
-        if self._mid_o is None or self._mid_o.numel() < n * head_dim or self._mid_o.shape[0] == 0:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("attention scratch must be allocated by a warm-up run before capture")
-            rows = max(bs, self._graph_max_bs)
-            need_rows = max(b * decode_num_splits(b, kv_heads, self.num_sms) for b in range(1, rows + 1))
-            need = max(need_rows * num_heads, n)
-            if self._mid_o is not None:
-                # graphs captured before still point at these: an eager batch larger than any captured
-                # one must not hand their memory to the allocator
-                self._outgrown.append((self._mid_o, self._mid_lse))
-            self._mid_o = torch.empty(need * head_dim, dtype=torch.float32, device=device)
-            self._mid_lse = torch.empty(need, dtype=torch.float32, device=device)
-        mid_o = self._mid_o[: n * head_dim].view(bs, num_heads, num_splits, head_dim)
-        mid_lse = self._mid_lse[:n].view(bs, num_heads, num_splits)
-        return mid_o, mid_lse, self.arrivals.at_least(max(bs, self._graph_max_bs) * kv_heads, device)
+        rows = max(bs, self._graph_max_bs)
+
+        def graph_need() -> int:  # the most partials any batch up to the largest captured one writes
+            return num_heads * max(
+                b * decode_num_splits(b, kv_heads, self.num_sms) for b in range(1, rows + 1)
+            )
+
+        mid_o = self._mid_o.at_least(n * head_dim, device, lambda: graph_need() * head_dim)
+        mid_lse = self._mid_lse.at_least(n, device, graph_need)
+        return (
+            mid_o[: n * head_dim].view(bs, num_heads, num_splits, head_dim),
+            mid_lse[:n].view(bs, num_heads, num_splits),
+            self.arrivals.at_least(rows * kv_heads, device),
+        )
 
     def store_new_kv(self, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch) -> None:
         store_kv_into_pool(fb.kv_pool, layer_id, fb.out_cache_loc, k, v)
