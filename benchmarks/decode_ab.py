@@ -1,29 +1,28 @@
 """Whole decode steps with and without a speed-up, in one process, alternating: programmatic dependent
-launch (`pdl`, `kernels/pdl.py`), the RMSNorm taken by the GEMV after it (`norm`, `layers/dense_gemv.py`),
-decode attention in one launch (`one`, `kernels/decode_attention.py`), on a MoE shape the few-token MoE GEMV
-at the configurations `benchmarks/results/gpu_moe_gemv.json` found best (`gemv`, `moe/kernels/gemv.py`) and
-the same with the routing in its first launch (`route`), the dense layers' larger batches on the skinny
-GEMM where `--skinny-table` names it (`skinny`, `kernels/skinny_gemm.py`), or a combination (`pdl+norm`,
-`pdl+one`, `pdl+route`, ...). `plain` has none of them, PDL included (on by default in the server).
+launch (`pdl`, `kernels/pdl.py`), decode attention in one launch (`one`, `kernels/decode_attention.py`), on a
+MoE shape the few-token MoE GEMV at the configurations `benchmarks/results/gpu_moe_gemv.json` found best
+(`gemv`, `moe/kernels/gemv.py`) and the same with the routing in its first launch (`route`), the dense
+layers' larger batches on the skinny GEMM where `--skinny-table` names it (`skinny`,
+`kernels/skinny_gemm.py`), or any combination (`pdl+one`, `pdl+route`, `pdl+one+route`, ...). `plain` has
+none of them, PDL included (on by default in the server).
 
 Each changes a step by a few percent at most (`benchmarks/pdl_probe.py`: PDL 1.034x on a chain of GEMVs),
 less than two runs of `benchmarks/decode.py` in separate processes differ (1-3% at the same settings). So
 one engine core is built (dummy bf16 weights, the Triton attention backend, greedy), its CUDA graphs are
-captured plainly and once more per variant (PDL's launch option and the fused norm are recorded in the
+captured plainly and once more per variant (PDL's launch option and the kernels chosen are recorded in the
 graph), and the graph sets are replayed in turns over the same batch: `--rounds` rounds of `--iters`
 steps back to back each, the order reversed every round. Per batch size and variant it reports the median
 step, the speed-up over plain, every round's figures, and how the logits compare with plain's: PDL changes
-when a kernel starts, never what it computes (bit-equal); the fused norm sums each row's squares in
-another order than the norm kernel (the largest difference, and whether the greedy tokens agree). Limit
-and ratio as in `benchmarks/decode.py`: the bytes a step must read over the copy bandwidth measured in the
-same run.
+when a kernel starts, never what it computes (bit-equal); a kernel that merges split partials in another
+order may not be (the largest difference, and whether the greedy tokens agree). Limit and ratio as in
+`benchmarks/decode.py`: the bytes a step must read over the copy bandwidth measured in the same run.
 
     python benchmarks/decode_ab.py [--model llama8b|qwen3moe] [--variants pdl pdl+one pdl+gemv pdl+route ...]
         [--batch-sizes 1 64] [--context 1024] [--rounds 6] [--iters 50] [--dense-gemv-backend auto|triton]
         [--out benchmarks/results/gpu_decode_ab_<model>.json]
 
 `--dense-gemv-backend triton` sends every dense shape through the GEMV (`auto`, the default, only those the
-GPU's tuned table names), so `norm` is timed on layers whose table verdict is cuBLAS too.
+GPU's tuned table names).
 """
 
 from __future__ import annotations
@@ -46,21 +45,16 @@ from benchmarks.decode import MODELS, time_back_to_back  # noqa: E402
 from tokenspeed.runtime.kernels import pdl  # noqa: E402
 from tokenspeed.runtime.kernels.decode_attention import ONE_LAUNCH_ENV  # noqa: E402
 from tokenspeed.runtime.kernels.gemv_table import load_table  # noqa: E402
-from tokenspeed.runtime.layers.dense_gemv import NORM_ENV, TritonGemv  # noqa: E402
+from tokenspeed.runtime.layers.dense_gemv import TritonGemv  # noqa: E402
 
 PDL_ENV = pdl.ENV
 
-VARIANTS = (
-    "pdl",
-    "norm",
-    "pdl+norm",
-    "one",
-    "pdl+one",
-    "pdl+gemv",
-    "pdl+route",
-    "pdl+one+route",
-    "pdl+skinny",
-)
+# What a variant can turn on; a variant is any of them joined with "+" (`pdl+one+route`: every opt-in of a
+# MoE step at once).
+PARTS = ("pdl", "one", "gemv", "route", "skinny")
+# the default: what every shape takes without further input (`gemv` and `route` change MoE steps only;
+# `skinny` needs --skinny-table)
+VARIANTS = ("pdl", "one", "pdl+one")
 MOE_GEMV_RESULTS = ROOT / "benchmarks/results/gpu_moe_gemv.json"
 
 
@@ -83,6 +77,18 @@ def tuned_moe_gemv_table():
     return GemvTable({key: rows}, source=str(MOE_GEMV_RESULTS.relative_to(ROOT)))
 
 
+def variant_name(name: str) -> str:
+    """`--variants`' type: parts of PARTS joined with "+", each once."""
+    parts = name.split("+")
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(
+            f"{name!r}: a variant is parts of {', '.join(PARTS)} joined with '+', each once"
+            + (f" ({', '.join(unknown)} unknown)" if unknown else "")
+        )
+    return name
+
+
 @contextmanager
 def variant(model: torch.nn.Module, name: str, skinny_table=None):
     """The opt-ins `name` turns on, for the span of a graph capture (`skinny`: the dense layers read
@@ -101,16 +107,10 @@ def variant(model: torch.nn.Module, name: str, skinny_table=None):
     dense_tables = {k: q.table for k, q in gemvs.items()}
     try:
         if "skinny" in parts:
-            if skinny_table is None:
-                raise SystemExit(
-                    "the skinny variant needs --skinny-table (benchmarks/skinny_gemm.py --table-out)"
-                )
             for q in gemvs.values():
                 q.use_table(skinny_table)
         os.environ[PDL_ENV] = "1" if "pdl" in parts else "0"
         os.environ[ONE_LAUNCH_ENV] = "1" if "one" in parts else "0"
-        for q in gemvs.values():
-            q.fuse_norm = "norm" in parts
         for b in moes.values():  # `route`: the GEMV at its tuned configurations, routing in its first launch
             if parts & {"gemv", "route"}:
                 b.gemv_table = tuned_moe_gemv_table()
@@ -122,8 +122,6 @@ def variant(model: torch.nn.Module, name: str, skinny_table=None):
                 os.environ.pop(env, None)
             else:
                 os.environ[env] = value
-        for q in gemvs.values():
-            q.fuse_norm = False
         for k, b in moes.items():
             b.gemv_table, b.fuse_route = tables[k], False
         for k, q in gemvs.items():
@@ -144,7 +142,7 @@ def alternate(runner, graphs: dict, step, rounds: int, iters: int) -> dict[str, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="llama8b")
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", type=variant_name, default=list(VARIANTS))
     ap.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 64])
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=6)
@@ -154,8 +152,10 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="default: benchmarks/results/gpu_decode_ab_<model>.json")
     args = ap.parse_args()
     out = args.out or str(ROOT / f"benchmarks/results/gpu_decode_ab_{args.model}.json")
+    if any("skinny" in v.split("+") for v in args.variants) and not args.skinny_table:
+        ap.error("the skinny variants need --skinny-table (benchmarks/skinny_gemm.py --table-out writes one)")
 
-    for env in (PDL_ENV, NORM_ENV, ONE_LAUNCH_ENV):
+    for env in (PDL_ENV, ONE_LAUNCH_ENV):
         os.environ.pop(env, None)
     device = torch.device("cuda")
     if "pdl" in " ".join(args.variants) and not pdl.enabled(device):

@@ -25,7 +25,6 @@ PROVENANCE_KEYS = ("script", "argv", "commit", "dirty", "device", "time")
 # file; `tests/unit/test_bench_results_switches.py` checks each is the constant its module reads.
 SWITCHES = (
     "TOKENSPEED_PDL",  # kernels/pdl.py
-    "TOKENSPEED_GEMV_NORM",  # layers/dense_gemv.py
     "TOKENSPEED_DECODE_ONE_LAUNCH",  # kernels/decode_attention.py
     "TOKENSPEED_MOE_FUSED_ROUTE",  # moe/backend.py
     "TOKENSPEED_MOE_GEMV",  # moe/kernels/gemv_table.py

@@ -57,7 +57,7 @@ def compile_sm90(
     if unknown:
         raise ValueError(f"{fn.__name__} has no parameter {sorted(unknown)}")
     # constexpr parameters left out take their defaults, as at a launch (typed as int32 instead, a
-    # feature flag such as NORM would compile its branch as a runtime one)
+    # feature flag such as ROUTE would compile its branch as a runtime one)
     defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
     constants = {**{n: v for n, v in defaults.items() if n not in constants}, **constants}
     signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
@@ -149,35 +149,30 @@ def moe_rows() -> list[tuple[str, Resources, int]]:
 
 
 def dense_gemv_rows() -> list[tuple[str, Resources, int]]:
-    """The dense GEMV at one row, each configuration the H200's shipped table gives, plain and with its
-    input's RMSNorm (and the residual add) fused in."""
+    """The dense GEMV at one row, each configuration the H200's shipped table gives."""
     from tokenspeed.runtime.kernels import gemv_table
-    from tokenspeed.runtime.kernels.bf16_gemv import NORM_CHUNK, _dense_gemv_kernel
+    from tokenspeed.runtime.kernels.bf16_gemv import _dense_gemv_kernel
 
     rows = []
-    types = {n: "*bf16" for n in ("X", "W", "Bias", "Out", "R", "NW", "H", "XN")}
-    types.update(Acc="*fp32", eps="fp32")
+    types = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Out": "*bf16", "Acc": "*fp32"}
     for key, buckets in sorted(gemv_table.table_for_device("NVIDIA H200").configs.items()):
         cfg = buckets.get(1)
         if cfg is None:
             continue
-        n, k = (int(v) for v in re.match(r"N=(\d+),K=(\d+)", key).groups())
+        constants = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+                         SPLIT_K=cfg["SPLIT_K"], PREFETCH=cfg["PREFETCH"], EVEN_K=True, EVEN_N=True)  # fmt: skip
+        kernel = compile_sm90(
+            _dense_gemv_kernel, types, constants, cfg["num_warps"], cfg["num_stages"], aligned=True
+        )
+        n = int(re.match(r"N=(\d+)", key).group(1))
         waves = -(-(n // cfg["BLOCK_N"]) * cfg["SPLIT_K"] // 132)
-        for norm in (False, True):
-            constants = dict(HAS_BIAS=False, BLOCK_M=1, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                             SPLIT_K=cfg["SPLIT_K"], PREFETCH=cfg["PREFETCH"], EVEN_K=True, EVEN_N=True)  # fmt: skip
-            if norm:
-                constants.update(
-                    NORM=True,
-                    HAS_RES=True,
-                    WRITE_XN=True,
-                    NORM_CHUNK=min(NORM_CHUNK, triton.next_power_of_2(k)),
-                )
-            kernel = compile_sm90(
-                _dense_gemv_kernel, types, constants, cfg["num_warps"], cfg["num_stages"], aligned=True
+        rows.append(
+            (
+                f"dense gemv {key}: {cfg['BLOCK_N']}x{cfg['BLOCK_K']}",
+                resources(kernel, cfg["num_warps"]),
+                waves,
             )
-            what = f"dense gemv {key}: {cfg['BLOCK_N']}x{cfg['BLOCK_K']}{' + norm' if norm else ''}"
-            rows.append((what, resources(kernel, cfg["num_warps"]), waves))
+        )
     return rows
 
 

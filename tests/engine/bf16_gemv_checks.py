@@ -5,10 +5,7 @@ reference. Prints one JSON object: case -> worst relative error.
 
 A float32 output checks the indexing exactly (products of bf16 values are exact in float32); a bf16 output
 checks the cast, which the interpreter truncates where the GPU rounds (hence its looser bound in the test).
-Then the GEMV with the RMSNorm of its input fused in (`dense_gemv_normed`), against the RMSNorm kernel
-followed by the plain GEMV of the same configuration: the same product, new residual and normed rows, to the
-bit (the interpreter rounds both paths alike). Then the autotuned entry point as `layers/dense_gemv.py`
-calls it (pruning, the split-K zeroing pre-hook and
+Then the autotuned entry point as `layers/dense_gemv.py` calls it (pruning, the split-K zeroing pre-hook and
 cast post-hook, the config cache), with a timing function that prefers a given SPLIT_K: the CPU cannot time
 GPU kernels, everything else is real.
 """
@@ -59,48 +56,6 @@ def check() -> dict[str, float]:
     return out
 
 
-def normed() -> dict[str, float]:
-    """The GEMV with its input's RMSNorm fused in, against `layers/norm.py`'s PyTorch RMSNorm then the
-    float32 product: case -> the largest error, relative to the largest value, of the new residual (`_h`),
-    the normed rows (`_xn`) and the product (`_y`). The interpreter truncates where the GPU rounds to
-    nearest, so each may be off by about one 16-bit rounding (2^-8); a row, weight or residual mixed up is
-    off by far more."""
-    from tokenspeed.runtime.layers.linear import NormedOutput
-    from tokenspeed.runtime.layers.norm import RMSNorm
-
-    out = {}
-    eps = 1e-6
-    for label in ("ragged", "even"):
-        n, k, dtype, batches = CASES[label]
-        w = (torch.randn(n, k) * 0.05).to(dtype)
-        norm = RMSNorm(k, eps)
-        norm.weight.data = (1.0 + 0.2 * torch.randn(k)).to(dtype)
-        for m in batches:
-            x = torch.randn(m, k).to(dtype)
-            r = torch.randn(m, k).to(dtype)
-            configs = bf16_gemv.candidates(bf16_gemv.m_bucket(m), True)
-            for cfg in (configs[0], next(c for c in configs if c.split_k > 1)):
-                for residual in (r, None):
-                    ref_xn, ref_h = (norm(x), x) if residual is None else norm(x, residual)
-                    ref_y = F.linear(ref_xn.float(), w.float())
-                    got = NormedOutput(*bf16_gemv.dense_gemv_normed(
-                        x, w, bf16_gemv.NormFirst(norm.weight.data, eps, residual, want_normed=True),
-                        None, torch.float32, cfg,
-                    ))  # fmt: skip
-                    key = (
-                        f"normed_{label}_m{m}_split{cfg.split_k}_{'res' if residual is not None else 'nores'}"
-                    )
-                    for part, a, b in (
-                        ("h", got.residual, ref_h),
-                        ("xn", got.normed, ref_xn),
-                        ("y", got.out, ref_y),
-                    ):
-                        out[f"{key}_{part}"] = float(
-                            (a.float() - b.float()).abs().max() / b.float().abs().max()
-                        )
-    return out
-
-
 def autotuned() -> dict[str, float]:
     out = {}
     for want in (4, 1):
@@ -118,4 +73,4 @@ def autotuned() -> dict[str, float]:
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    print(json.dumps({**check(), **normed(), **autotuned()}))
+    print(json.dumps({**check(), **autotuned()}))

@@ -1,7 +1,7 @@
 """The dense GEMV that bf16/fp16 linears and the LM head take for decode batches of 1-4 rows on CUDA, checked
 on the CPU by Triton's interpreter (`tests/engine/bf16_gemv_checks.py`): every launch configuration, split-K
 or not, at M = 1..4, on ragged and unmasked N and K edges, and the autotuned entry point choosing split-K or
-not, against the float32 reference; and the GEMV with its input's RMSNorm fused in, against PyTorch's."""
+not, against the float32 reference."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ pytest.importorskip("triton")
 
 def test_bf16_gemv_configs_match_float32_reference():
     errors = run_interpreted("tests.engine.bf16_gemv_checks", timeout=900.0)
-    normed = {n: errors.pop(n) for n in list(errors) if n.startswith("normed_")}
     exact = {n: e for n, e in errors.items() if "_fp32_" in n}
     cast = {n: e for n, e in errors.items() if "_out16_" in n}
     assert {n.split("_fp32")[0] for n in exact} == {
@@ -35,10 +34,3 @@ def test_bf16_gemv_configs_match_float32_reference():
     assert not bad, bad
     # the autotuned entry point picked the config its timing preferred, split-K or not
     assert errors["autotuned_split4"] < 1e-5 and errors["autotuned_split1"] < 1e-5
-    # the fused RMSNorm: every batch bucket, split-K or not, with a residual and without (the first layer)
-    assert len(normed) == 2 * 7 * 2 * 3, sorted(normed)
-    # within about one 16-bit rounding (the interpreter truncates where the GPU rounds; a missing norm weight
-    # puts the product 0.4 off)
-    bound = {"h": 1e-2, "xn": 3e-2, "y": 2e-2}
-    bad = {n: e for n, e in normed.items() if not e < bound[n.rsplit("_", 1)[1]]}
-    assert not bad, bad

@@ -115,25 +115,17 @@ def _dense_table_cases() -> list[tuple[str, dict[str, int]]]:
     return cases
 
 
-@pytest.mark.parametrize("norm", [False, True], ids=["plain", "norm"])
 @pytest.mark.parametrize(("case", "cfg"), [pytest.param(c, cfg, id=c) for c, cfg in _dense_table_cases()])
-def test_the_dense_gemv_table_configs_compile_with_dependent_launch(case, cfg, norm):
-    """Each shipped configuration, plain and with its input's RMSNorm fused in (the norm's reciprocal root,
-    and the 16-bit roundings done as round-to-nearest conversions)."""
-    from tokenspeed.runtime.kernels.bf16_gemv import NORM_CHUNK, _dense_gemv_kernel
+def test_the_dense_gemv_table_configs_compile_with_dependent_launch(case, cfg):
+    from tokenspeed.runtime.kernels.bf16_gemv import _dense_gemv_kernel
 
     constants = dict(HAS_BIAS=False, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                      SPLIT_K=cfg["SPLIT_K"], PREFETCH=cfg["PREFETCH"], EVEN_K=True, EVEN_N=True, PDL=True)  # fmt: skip
-    if norm:
-        constants.update(NORM=True, HAS_RES=True, WRITE_XN=True, NORM_CHUNK=NORM_CHUNK)
-    types = {n: "*bf16" for n in ("X", "W", "Bias", "Out", "R", "NW", "H", "XN")}
-    types.update(Acc="*fp32", eps="fp32")
+    types = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Out": "*bf16", "Acc": "*fp32"}
     kernel = compile_sm90(
         _dense_gemv_kernel, types, constants, cfg["num_warps"], cfg["num_stages"], launch_pdl=True
     )
     _check_pdl(kernel, True)
-    ptx = kernel.asm["ptx"]
-    assert ("rsqrt" in ptx and "cvt.rn.bf16" in ptx) == norm
 
 
 def test_the_fused_ops_compile_with_dependent_launch():

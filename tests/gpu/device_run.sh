@@ -29,9 +29,9 @@
 #                                       configurations on the 8B and MoE shapes -> $OUT/gpu_decode_attention.json
 #   decodeattnfp8                       the same over an FP8 KV cache at context 4k -> $OUT/gpu_decode_attention_fp8kv.json
 #   pdlab                               GPU kernel, engine and dense-GEMV tests with programmatic dependent launch
-#                                       (on by default) and the RMSNorms fused into the GEMV (TOKENSPEED_GEMV_NORM=1)
-#   decodeab                            benchmarks/decode_ab.py: whole decode steps plain / PDL / fused norms / both,
-#                                       alternating in one process, per shape -> $OUT/gpu_decode_ab_<model>[_gemv].json
+#                                       (on by default; TOKENSPEED_PDL=1 forces it)
+#   decodeab                            benchmarks/decode_ab.py: whole decode steps plain and with each opt-in,
+#                                       alternating in one process, per shape -> $OUT/gpu_decode_ab_<model>.json
 #   onelaunch                           decode attention in one launch: its GPU tests, then decode_ab.py's whole 8B
 #                                       steps PDL vs PDL + one launch -> $OUT/gpu_decode_ab_one_llama8b.json
 #   moeroute                            the MoE GEMV's split merged by arrivals and routing in its first launch: GPU
@@ -245,20 +245,18 @@ part_decodeattnfp8() {  # the same sweep over an FP8 KV cache at context 4k (whe
     --batch-sizes ${ATTN_FP8_BS:-1 64} --out "$OUT/gpu_decode_attention_fp8kv.json"
   grep -E "^(qwen3moe|llama8b) " "$LOG" | tail -6
 }
-part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic dependent launch (the default)
-  # and with the RMSNorms taken by the dense GEMV (TOKENSPEED_GEMV_NORM=1), then the GEMV's own tests
+part_pdlab() {  # the kernels' GPU tests and the engine's with programmatic dependent launch (the default),
+  # then the GEMV's own tests
   stage tests-pdl
-  run ${T_PDL_TESTS:-240} env TOKENSPEED_PDL=1 TOKENSPEED_GEMV_NORM=1 $PYT tests/gpu/test_fused_ops.py \
+  run ${T_PDL_TESTS:-240} env TOKENSPEED_PDL=1 $PYT tests/gpu/test_fused_ops.py \
     tests/gpu/test_attention_backends.py tests/gpu/test_fused_moe.py tests/gpu/test_engine_gpu.py -k "not flashinfer"
   run ${T_BF16_GEMV_TESTS:-150} env TOKENSPEED_PDL=1 $PYT tests/gpu/test_bf16_gemv_gpu.py
 }
-part_decodeab() {  # whole decode steps plain / PDL / fused norms / both, alternating in one process per shape
-  # (benchmarks/decode_ab.py); the 8B shape also with every dense layer on the GEMV, where its norms fuse
+part_decodeab() {  # whole decode steps plain and with each opt-in, alternating in one process per shape
+  # (benchmarks/decode_ab.py)
   stage bench-decode-ab
   run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model qwen3moe --out "$OUT/gpu_decode_ab_qwen3moe.json"
   run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --out "$OUT/gpu_decode_ab_llama8b.json"
-  run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --dense-gemv-backend triton \
-    --variants norm pdl+norm --out "$OUT/gpu_decode_ab_llama8b_gemv.json"
   grep -E "speedup=" "$LOG" | tail -14
 }
 part_onelaunch() {  # decode attention in one launch (TOKENSPEED_DECODE_ONE_LAUNCH=1): its GPU tests (any split

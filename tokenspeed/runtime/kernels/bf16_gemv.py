@@ -50,8 +50,6 @@ DTYPES = (torch.bfloat16, torch.float16)
 SPLIT_ROWS_PER_SM = 64
 # float32 accumulator values a thread may hold (elements of its tile share x batch rows)
 MAX_ACC_PER_THREAD = 64
-# Elements of a row a fused RMSNorm sums at a time (4 a thread at 4 warps)
-NORM_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -143,72 +141,6 @@ def _fma_row(acc, wf, X, row, stride_xm, kk, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _fma_norm_row(
-    acc, wf, nw, X, R, row, stride_xm, stride_rm, kk, K, rstd, HAS_RES: tl.constexpr, EVEN_K: tl.constexpr
-):  # fmt: skip
-    # `_fma_row` of the row's RMSNorm (`nw`: the norm's weight as a float32 tile), rounded to x's dtype where
-    # `fused_ops.rms_norm` rounds. Each step is taken in float32 and rounded: a sum or product of two 16-bit
-    # values is exact in float32, so this rounds as the 16-bit operation does.
-    mask = kk < K
-    if EVEN_K:
-        x = tl.load(X + row * stride_xm + kk)
-    else:
-        x = tl.load(X + row * stride_xm + kk, mask=mask, other=0.0)
-    xf = x.to(tl.float32)
-    if HAS_RES:
-        if EVEN_K:
-            r = tl.load(R + row * stride_rm + kk)
-        else:
-            r = tl.load(R + row * stride_rm + kk, mask=mask, other=0.0)
-        xf = _round(xf + r.to(tl.float32), X)
-    return acc + wf * _round(_round(xf * rstd, X) * nw, X)
-
-
-@triton.jit
-def _round(v, X):
-    """float32 `v` rounded to X's element type, as float32 again."""
-    return v.to(X.dtype.element_ty).to(tl.float32)
-
-
-@triton.jit
-def _norm_row(
-    X, R, NW, H, XN, row, stride_xm, stride_rm, K, eps, first,
-    HAS_RES: tl.constexpr, WRITE_XN: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """The row's 1 / sqrt(mean(h^2) + eps), h = x + r in x's dtype (x without a residual), summed in
-    CHUNK-wide pieces (the whole row at once held ~200 registers a thread at K = 4096 on sm_90). The first
-    program (`first` 1) also writes h, the new residual, to H and, with WRITE_XN, the normed row to XN."""
-    sq = tl.zeros([CHUNK], dtype=tl.float32)
-    for k0 in range(0, K, CHUNK):
-        hf = _load_h(X, R, row, stride_xm, stride_rm, k0, K, HAS_RES, CHUNK)
-        if HAS_RES:
-            offs = k0 + tl.arange(0, CHUNK)
-            tl.store(H + row * K + offs, hf.to(H.dtype.element_ty), mask=(offs < K) & (offs * 0 + first > 0))
-        sq += hf * hf
-    rstd = tl.rsqrt(tl.sum(sq, 0) / K + eps)
-    if WRITE_XN:
-        if first > 0:
-            for k0 in range(0, K, CHUNK):
-                offs = k0 + tl.arange(0, CHUNK)
-                mask = offs < K
-                hf = _load_h(X, R, row, stride_xm, stride_rm, k0, K, HAS_RES, CHUNK)
-                nw = tl.load(NW + offs, mask=mask, other=0.0).to(tl.float32)
-                tl.store(XN + row * K + offs, (_round(hf * rstd, X) * nw).to(XN.dtype.element_ty), mask=mask)
-    return rstd
-
-
-@triton.jit
-def _load_h(X, R, row, stride_xm, stride_rm, k0, K, HAS_RES: tl.constexpr, CHUNK: tl.constexpr):
-    """Elements [k0, k0 + CHUNK) of x + r (x without a residual) in x's dtype, as float32; 0 past K."""
-    offs = k0 + tl.arange(0, CHUNK)
-    mask = offs < K
-    hf = tl.load(X + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES:
-        hf = _round(hf + tl.load(R + row * stride_rm + offs, mask=mask, other=0.0).to(tl.float32), X)
-    return hf
-
-
-@triton.jit
 def _store_row(
     acc, j, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -228,11 +160,8 @@ def _store_row(
 @triton.jit
 def _dense_gemv_kernel(
     X, W, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om,
-    R, NW, H, XN, stride_rm, eps,  # NORM: residual in, norm weight, new residual and normed rows out
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PDL: tl.constexpr = False,
-    NORM: tl.constexpr = False, HAS_RES: tl.constexpr = False, WRITE_XN: tl.constexpr = False,
-    NORM_CHUNK: tl.constexpr = 16,
 ):  # fmt: skip
     pid_k, offs_n, nmask, chunks, lo, hi = split_k_share(N, K, BLOCK_N, BLOCK_K, SPLIT_K)
     offs_k = tl.arange(0, BLOCK_K)
@@ -255,21 +184,6 @@ def _dense_gemv_kernel(
     # Under PDL the weight chunks above load while the previous kernel finishes; X is its output.
     pdl.release(PDL)
     pdl.wait(PDL)
-    if NORM:
-        # every program takes each row's statistic over the whole row (a few KB, from the L1/L2 cache); the
-        # first writes the new residual and the normed rows once
-        first = ((tl.program_id(0) == 0) & (pid_k == 0)).to(tl.int32)
-        rstd0 = _norm_row(
-            X, R, NW, H, XN, 0, stride_xm, stride_rm, K, eps, first, HAS_RES, WRITE_XN, NORM_CHUNK
-        )
-        if BLOCK_M > 1:
-            rstd1 = _norm_row(X, R, NW, H, XN, row1, stride_xm, stride_rm, K, eps, first * (M > 1), HAS_RES,
-                              WRITE_XN, NORM_CHUNK)  # fmt: skip
-        if BLOCK_M > 2:
-            rstd2 = _norm_row(X, R, NW, H, XN, row2, stride_xm, stride_rm, K, eps, first * (M > 2), HAS_RES,
-                              WRITE_XN, NORM_CHUNK)  # fmt: skip
-            rstd3 = _norm_row(X, R, NW, H, XN, row3, stride_xm, stride_rm, K, eps, first * (M > 3), HAS_RES,
-                              WRITE_XN, NORM_CHUNK)  # fmt: skip
     for i in range(lo, hi):
         k = i * BLOCK_K + offs_k
         if PREFETCH == 0:
@@ -283,30 +197,12 @@ def _dense_gemv_kernel(
             w2 = load_rows(w_rows, tl.minimum(i + 2, last) * BLOCK_K + offs_k, K, nmask, EVEN_K, EVEN_N)
         wf = w.to(tl.float32)
         kk = tl.broadcast_to(k[None, :], [BLOCK_N, BLOCK_K])
-        if NORM:
-            if EVEN_K:
-                nw = tl.load(NW + kk).to(tl.float32)
-            else:
-                nw = tl.load(NW + kk, mask=kk < K, other=0.0).to(tl.float32)
-            acc0 = _fma_norm_row(acc0, wf, nw, X, R, 0, stride_xm, stride_rm, kk, K, rstd0, HAS_RES, EVEN_K)
-            if BLOCK_M > 1:
-                acc1 = _fma_norm_row(
-                    acc1, wf, nw, X, R, row1, stride_xm, stride_rm, kk, K, rstd1, HAS_RES, EVEN_K
-                )
-            if BLOCK_M > 2:
-                acc2 = _fma_norm_row(
-                    acc2, wf, nw, X, R, row2, stride_xm, stride_rm, kk, K, rstd2, HAS_RES, EVEN_K
-                )
-                acc3 = _fma_norm_row(
-                    acc3, wf, nw, X, R, row3, stride_xm, stride_rm, kk, K, rstd3, HAS_RES, EVEN_K
-                )
-        else:
-            acc0 = _fma_row(acc0, wf, X, 0, stride_xm, kk, K, EVEN_K)
-            if BLOCK_M > 1:
-                acc1 = _fma_row(acc1, wf, X, row1, stride_xm, kk, K, EVEN_K)
-            if BLOCK_M > 2:
-                acc2 = _fma_row(acc2, wf, X, row2, stride_xm, kk, K, EVEN_K)
-                acc3 = _fma_row(acc3, wf, X, row3, stride_xm, kk, K, EVEN_K)
+        acc0 = _fma_row(acc0, wf, X, 0, stride_xm, kk, K, EVEN_K)
+        if BLOCK_M > 1:
+            acc1 = _fma_row(acc1, wf, X, row1, stride_xm, kk, K, EVEN_K)
+        if BLOCK_M > 2:
+            acc2 = _fma_row(acc2, wf, X, row2, stride_xm, kk, K, EVEN_K)
+            acc3 = _fma_row(acc3, wf, X, row3, stride_xm, kk, K, EVEN_K)
     _store_row(acc0, 0, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
     if BLOCK_M > 1:
         _store_row(acc1, 1, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
@@ -325,7 +221,7 @@ _launch = triton.heuristics(
 
 _tuned = triton.autotune(
     configs=[c.triton_config() for c in CONFIGS],
-    key=["N", "K", "BLOCK_M", "HAS_BIAS", "NORM", "HAS_RES"],  # and the tensors' dtypes (bf16 / fp32 out)
+    key=["N", "K", "BLOCK_M", "HAS_BIAS"],  # the autotuner adds the tensors' dtypes (bf16 / fp32 out)
     prune_configs_by={"early_config_prune": _prune},
     **autotune_kwargs(),
 )(_launch)
@@ -345,29 +241,6 @@ def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class NormFirst:
-    """An RMSNorm the GEMV applies to its input first: it multiplies norm(x + residual) (norm(x) without a
-    residual), rounded as `fused_ops.rms_norm` rounds, so the norm's own launch goes."""
-
-    weight: torch.Tensor  # [K], in x's dtype
-    eps: float
-    residual: torch.Tensor | None = None  # [M, K]
-    want_normed: bool = False  # also return the normed rows (a MoE block's experts read what its router did)
-
-
-def norm_supported(x: torch.Tensor, w: torch.Tensor, norm: NormFirst) -> bool:
-    """Whether `dense_gemv_normed` takes x, w with `norm` (besides `supported`): the norm's weight in x's dtype
-    over the whole row, and a residual of x's shape and dtype."""
-    r = norm.residual
-    return (
-        norm.weight.dtype == x.dtype
-        and norm.weight.shape == (x.shape[1],)
-        and norm.weight.is_contiguous()
-        and (r is None or (r.shape == x.shape and r.dtype == x.dtype))
-    )
-
-
 def dense_gemv(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -378,26 +251,6 @@ def dense_gemv(
     """x [M, K] times w [N, K] (+ bias [N]) -> [M, N] in `out_dtype` (default x's; float32 for logits
     saves the cast). `config` forces one launch configuration (a tuned table's, or a test's); by default the
     autotuner picks."""
-    return _launch_gemv(x, w, bias, out_dtype, config, None)[0]
-
-
-def dense_gemv_normed(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    norm: NormFirst,
-    bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    config: DenseGemvConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """`dense_gemv` of norm(x + residual) in one launch (`norm_supported` must hold): (the product, the new
-    residual x + residual (x itself without one), the normed rows if `norm.want_normed`), the fields of
-    `layers/linear.py`'s NormedOutput."""
-    return _launch_gemv(x, w, bias, out_dtype, config, norm)
-
-
-def _launch_gemv(
-    x, w, bias, out_dtype, config: DenseGemvConfig | None, norm: NormFirst | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     m, k = x.shape
     n = w.shape[0]
     if x.stride(1) != 1:
@@ -411,25 +264,6 @@ def _launch_gemv(
     acc = torch.empty((m, n), dtype=torch.float32, device=x.device) if allow_split else out
     args = (x, w, bias if bias is not None else w, out, acc, m, n, k, x.stride(0), w.stride(0), out.stride(0))
     meta = dict(HAS_BIAS=bias is not None, BLOCK_M=bucket)
-    residual, normed = x, None
-    if norm is None:
-        args += (x, x, x, x, 0, 0.0)  # R, NW, H, XN: neither read nor written
-    else:
-        r = norm.residual
-        if r is not None:
-            r = r if r.stride(1) == 1 else r.contiguous()
-            residual = torch.empty_like(x)
-        normed = torch.empty_like(x) if norm.want_normed else None
-        args += (
-            r if r is not None else x, norm.weight, residual, normed if normed is not None else x,
-            r.stride(0) if r is not None else 0, norm.eps,
-        )  # fmt: skip
-        meta.update(
-            NORM=True,
-            HAS_RES=r is not None,
-            WRITE_XN=normed is not None,
-            NORM_CHUNK=min(NORM_CHUNK, triton.next_power_of_2(k)),
-        )
     if config is None:
         _tuned[lambda a: (triton.cdiv(n, a["BLOCK_N"]), a["SPLIT_K"])](*args, **meta)
         split = _tuned.best_config.kwargs["SPLIT_K"]
@@ -444,4 +278,4 @@ def _launch_gemv(
         )  # fmt: skip
     if split > 1:
         out.copy_(acc)
-    return out, residual, normed
+    return out

@@ -9,10 +9,6 @@
   to four rows and lost on others), cuBLAS for the rest; `torch` where no table ships for the GPU (only the
   H200's does) and on the CPU.
 
-With TOKENSPEED_GEMV_NORM=1 the GEMV also takes the RMSNorm before a layer it multiplies (the input norm
-before qkv, a MoE block's norm before its router: `layers/norm.py` `norm_linear`), one launch fewer a norm;
-off: timed on the H200 (`benchmarks/decode_ab.py`, docs/GPU.md) it made steps slower, not faster.
-
 Where the table names a skinny tensor-core GEMM configuration for a shape (`kernels/skinny_gemm.py`, written
 by `benchmarks/skinny_gemm.py --table-out` where it beat cuBLAS), batches of more rows than the GEMV takes, up
 to the rows it was timed at, run it instead of cuBLAS (layers without a bias; none ships yet).
@@ -28,7 +24,6 @@ work only (the autotuner runs in the runner's eager warm-up before each capture)
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import torch
@@ -39,11 +34,10 @@ from tokenspeed.runtime.kernels.gemv_table import DenseGemvTable, table_for_devi
 from tokenspeed.runtime.kernels.graph_scratch import ArrivalCounts
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice
 from tokenspeed.runtime.layers.embedding import LMHead
-from tokenspeed.runtime.layers.linear import UNQUANTIZED, LinearBase, NormedOutput, Unquantized
+from tokenspeed.runtime.layers.linear import UNQUANTIZED, LinearBase, Unquantized
 
 logger = logging.getLogger(__name__)
 FLAG = "--dense-gemv-backend"
-NORM_ENV = "TOKENSPEED_GEMV_NORM"
 
 
 class TritonGemv(Unquantized):
@@ -65,8 +59,6 @@ class TritonGemv(Unquantized):
         self._rows_for: dict[tuple[int, int, torch.dtype], int] = {}
         # the table's launch configuration per (shape, batch bucket); None: the autotuner picks
         self._config_for: dict[tuple[int, int, torch.dtype, int], object] = {}
-        # whether the GEMV also applies the RMSNorm before a layer (`apply_normed`; NORM_ENV)
-        self.fuse_norm = False
 
     def use_table(self, table: DenseGemvTable | None) -> None:
         """Decide by `table` from now on (None: the GEMV for every shape it takes, no skinny GEMM)."""
@@ -133,23 +125,6 @@ class TritonGemv(Unquantized):
             return None
         return self._arrivals.at_least(self._skinny.tiles(x2.shape[0], w.shape[0], cfg), x2.device)
 
-    def apply_normed(
-        self,
-        layer: LinearBase,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        norm: nn.Module,
-        want_normed: bool,
-    ) -> NormedOutput | None:
-        """The GEMV of RMSNorm(x + residual) in one launch, for the batches it takes (None otherwise)."""
-        if not self.fuse_norm or x.dim() != 2 or not self._takes(x, layer.weight):
-            return None
-        first = self._gemv.NormFirst(norm.weight, norm.eps, residual, want_normed)
-        if not self._gemv.norm_supported(x, layer.weight, first):
-            return None
-        config = self._config(x, layer.weight)
-        return NormedOutput(*self._gemv.dense_gemv_normed(x, layer.weight, first, layer.bias, config=config))
-
     def logits(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or not self._takes(x, layer.weight):
             return super().logits(layer, x)
@@ -200,15 +175,9 @@ def apply_dense_gemv_backend(model: nn.Module, name: str | None, device: torch.d
     if isinstance(quant, TritonGemv):
         if (name or "auto") == "auto":  # the tuned table's shapes only
             quant.use_table(_device_table(device))
-        quant.fuse_norm = os.environ.get(NORM_ENV, "0") == "1"
         n = use_dense_multiply(model, quant)
         where = f"the shapes {quant.table.source} names" if quant.table is not None else "every shape"
-        norms = f", with the RMSNorm before a layer ({NORM_ENV}=1)" if quant.fuse_norm else ""
         logger.info(
-            "dense layers (%d): batches of 1-%d rows take the Triton GEMV for %s%s",
-            n,
-            quant.max_rows,
-            where,
-            norms,
+            "dense layers (%d): batches of 1-%d rows take the Triton GEMV for %s", n, quant.max_rows, where
         )
     return resolved

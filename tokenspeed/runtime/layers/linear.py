@@ -8,19 +8,9 @@ only has to re-implement `load` / `load_shard` for its slice.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
-class NormedOutput(NamedTuple):
-    """A linear layer's output over an RMSNorm of its input (`layers/norm.py` `norm_linear`)."""
-
-    out: torch.Tensor
-    residual: torch.Tensor  # x + residual, the stream the next layer adds to (x without a residual)
-    normed: torch.Tensor | None  # the normed input, when asked for (a MoE block's experts read it)
 
 
 def _per_row_scale(dst: torch.Tensor, src: torch.Tensor, name: str) -> torch.Tensor | None:
@@ -60,19 +50,6 @@ class Unquantized:
     def logits(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """An LM head's float32 logits x W^T."""
         return F.linear(x, layer.weight).float()
-
-    def apply_normed(
-        self,
-        layer: LinearBase,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        norm: nn.Module,
-        want_normed: bool,
-    ) -> NormedOutput | None:
-        """The layer's output over `norm`(x + residual) (an RMSNorm: its `weight` and `eps`) in one launch,
-        where this multiply can take the norm (`layers/dense_gemv.py`); None: the caller norms first, then
-        multiplies."""
-        return None
 
     def rows(self, param_name: str, start: int, end: int, name: str) -> tuple[int, int]:
         """The rows of `param_name` that hold output rows [start, end) of the weight."""

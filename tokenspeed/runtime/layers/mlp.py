@@ -9,7 +9,6 @@ from torch import nn
 
 from tokenspeed.runtime.layers.activation import SiluAndMul
 from tokenspeed.runtime.layers.linear import MergedColumnLinear, RowLinear
-from tokenspeed.runtime.layers.norm import RMSNorm, norm_linear
 
 
 class GatedMLP(nn.Module):
@@ -21,11 +20,3 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: Any = None) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
-
-    def forward_normed(
-        self, norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor, fb: Any = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(norm(hidden + residual)), hidden + residual): the decoder layer's second half, with the norm
-        in gate_up's multiply where it can be (`norm_linear`)."""
-        gate_up, residual, _ = norm_linear(norm, self.gate_up_proj, hidden, residual)
-        return self.down_proj(self.act_fn(gate_up)), residual

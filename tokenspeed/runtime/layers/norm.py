@@ -1,12 +1,9 @@
-"""RMSNorm, with the residual add fused into the same call (the shape a fused kernel replaces), and the
-norm of a linear layer's input taken by the layer's own multiply where it can (`norm_linear`)."""
+"""RMSNorm, with the residual add fused into the same call (the shape a fused kernel replaces)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-from tokenspeed.runtime.layers.linear import LinearBase, NormedOutput
 
 
 class RMSNorm(nn.Module):
@@ -38,24 +35,3 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
-
-
-def norm_linear(
-    norm: RMSNorm,
-    linear: LinearBase,
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    want_normed: bool = False,
-) -> NormedOutput:
-    """linear(norm(x + residual)), the new residual (x + residual; x itself without one, as in a model's
-    first layer) and, with `want_normed`, the normed input. Where the layer's multiply takes the norm (the
-    Triton GEMV of decode batches, `layers/dense_gemv.py`) it is one launch; otherwise the norm, then the
-    layer, exactly as calling the two."""
-    fused = linear.quant.apply_normed(linear, x, residual, norm, want_normed)
-    if fused is not None:
-        return fused
-    if residual is None:
-        normed, residual = norm(x), x
-    else:
-        normed, residual = norm(x, residual)
-    return NormedOutput(linear(normed), residual, normed if want_normed else None)

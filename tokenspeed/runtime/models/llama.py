@@ -18,7 +18,7 @@ from tokenspeed.runtime.layers.attention import PagedAttention
 from tokenspeed.runtime.layers.embedding import LMHead, VocabEmbedding
 from tokenspeed.runtime.layers.linear import QKVLinear, RowLinear
 from tokenspeed.runtime.layers.mlp import GatedMLP
-from tokenspeed.runtime.layers.norm import RMSNorm, norm_linear
+from tokenspeed.runtime.layers.norm import RMSNorm
 from tokenspeed.runtime.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenspeed.runtime.models.weight_utils import WeightTarget, load_checkpoint_weights
 
@@ -56,12 +56,8 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(self, cos_sin: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        return self.attend(cos_sin, self.qkv_proj(hidden), fb)
-
-    def attend(self, cos_sin: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        """The layer's output from its qkv projection's (the decoder layer computes that with its norm)."""
-        t = qkv.shape[0]
-        q, k, v = self.qkv_proj.split(qkv)
+        t = hidden.shape[0]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         # The attention layer applies the q/k norms (Qwen3) and RoPE, fused with the KV-cache write on the GPU.
@@ -82,11 +78,14 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, cos_sin: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer's output, the residual stream before it): each norm goes into the multiply after it
-        where that can take it (`layers/norm.py` `norm_linear`), one launch fewer each."""
-        qkv, residual, _ = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
-        hidden = self.self_attn.attend(cos_sin, qkv, fb)
-        return self.mlp.forward_normed(self.post_attention_layernorm, hidden, residual, fb)
+        """(this layer's output, the residual stream before it)."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(cos_sin, hidden, fb)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden, fb), residual
 
 
 class LlamaModel(nn.Module):

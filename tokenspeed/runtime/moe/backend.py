@@ -28,7 +28,6 @@ from torch import nn
 from tokenspeed.runtime.kernels.graph_scratch import ArrivalCounts
 from tokenspeed.runtime.layers.backend_choice import require_triton, resolve_choice, triton_available
 from tokenspeed.runtime.layers.linear import LinearBase
-from tokenspeed.runtime.layers.norm import RMSNorm, norm_linear
 from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
 from tokenspeed.runtime.moe.dispatch import DispatchView, localize, torch_dispatch
 
@@ -223,14 +222,6 @@ class UsesMoeBackend(nn.Module):
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch | None = None) -> torch.Tensor:
         return self.routed(x, self.gate(x), fb)
-
-    def forward_normed(
-        self, norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(norm(hidden + residual)), hidden + residual): the decoder layer's second half. The router's
-        multiply may take the norm (`norm_linear`); the experts then read the normed rows it wrote."""
-        logits, residual, normed = norm_linear(norm, self.gate, hidden, residual, want_normed=True)
-        return self.routed(normed, logits, fb), residual
 
 
 def _make_triton(device: torch.device) -> MoeBackend:

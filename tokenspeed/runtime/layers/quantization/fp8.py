@@ -39,8 +39,7 @@ SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 
 @dataclass(frozen=True)
 class Fp8Linear(Unquantized):
-    """The `quant` of an FP8 linear layer (`linear.Unquantized` is the default one; an RMSNorm before an FP8
-    layer stays a launch of its own, as `Unquantized.apply_normed` says)."""
+    """The `quant` of an FP8 linear layer (`linear.Unquantized` is the default one)."""
 
     block: tuple[int, int] | None  # tile of the block-wise scales; None: per-channel [out, 1]
 
