@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_common as gc  # noqa: E402
-from benchmarks import moe_bench  # noqa: E402
+from benchmarks import kernel_profile, moe_bench  # noqa: E402
 from benchmarks.decode import MODELS, time_back_to_back  # noqa: E402
 from tokenspeed.runtime.kernels import pdl  # noqa: E402
 from tokenspeed.runtime.kernels.decode_attention import ONE_LAUNCH_ENV  # noqa: E402
@@ -128,6 +128,24 @@ def variant(model: torch.nn.Module, name: str, skinny_table=None):
             q.use_table(dense_tables[k])
 
 
+def profile_variants(runner, fb, names: list[str], skinny_table) -> dict:
+    """Each variant's eager step through torch.profiler (`benchmarks/kernel_profile.py`): how many kernels
+    it launches and each group's kernel time, so a speed-up (or a loss) shows where it comes from. A
+    diagnostic: a failure is printed, never allowed to lose the timings."""
+    out = {}
+    for name in names:
+        try:
+            with variant(runner.model, name, skinny_table), torch.inference_mode():
+                out[name] = kernel_profile.profile_step(
+                    lambda: torch.argmax(runner.run(fb, use_graphs=False), dim=-1)
+                )
+        except Exception as e:  # noqa: BLE001
+            print(f"{name}: kernel profile failed: {e!r}")
+            continue
+        print(kernel_profile.describe(f"bs={fb.batch_size:4d} kernels/step {name:14s}", out[name]))
+    return out
+
+
 def alternate(runner, graphs: dict, step, rounds: int, iters: int) -> dict[str, list[float]]:
     """Seconds per step of each graph set, `rounds` times, in turns (the order reversed every round)."""
     times: dict[str, list[float]] = {name: [] for name in graphs}
@@ -200,6 +218,7 @@ def main() -> int:
                 torch.argmax(runner.run(fb), dim=-1)
 
             times = alternate(runner, graphs, step, args.rounds, args.iters)
+            profiles = profile_variants(runner, fb, ["plain", *args.variants], skinny_table)
         active = 1.0
         if experts:
             active = gc.expected_active_experts(experts, model_cfg["num_experts_per_tok"], bs) / experts
@@ -209,6 +228,7 @@ def main() -> int:
             batch=bs, context=args.context, limit_ms=round(limit * 1e3, 4),
             plain_step_ms=round(med["plain"] * 1e3, 4), plain_ratio=round(limit / med["plain"], 4),
             plain_rounds_ms=[round(t * 1e3, 4) for t in times["plain"]], variants={},
+            kernel_profile=profiles,
         )  # fmt: skip
         for name in args.variants:
             diff = (logits[name] - logits["plain"]).abs().max()

@@ -15,6 +15,8 @@ import torch
 
 # (group, substrings of the kernel name that place it there), first match wins
 GROUPS = [
+    # a MoE layer's routed experts: routing, alignment, the grouped GEMMs or the GEMV, the pair sum
+    ("experts", ("gate_up", "_down_kernel", "sum_pairs", "_route_kernel", "_align_kernel", "fused_moe")),
     ("rope+kv write", ("rope_store",)),
     ("rope", ("rope",)),
     ("kv write", ("store_kv",)),
@@ -24,8 +26,9 @@ GROUPS = [
         "attention",
         ("decode", "extend", "attn", "attention", "prefill", "merge", "flashinfer", "page_indices"),
     ),
-    ("matmul", ("gemm", "gemv", "cutlass", "sm90", "nvjet", "xmma", "cublas", "splitk", "matmul")),
-    ("sampling", ("argmax", "reduce", "softmax", "sampling")),
+    ("matmul", ("gemm", "gemv", "cutlass", "sm90", "nvjet", "xmma", "cublas", "splitk", "matmul", "fp8",
+                "quantize")),
+    ("sampling", ("argmax", "reduce", "softmax", "sampl")),
 ]
 
 

@@ -257,7 +257,7 @@ part_decodeab() {  # whole decode steps plain and with each opt-in, alternating 
   stage bench-decode-ab
   run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model qwen3moe --out "$OUT/gpu_decode_ab_qwen3moe.json"
   run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --out "$OUT/gpu_decode_ab_llama8b.json"
-  grep -E "speedup=" "$LOG" | tail -14
+  grep -E "speedup=|kernels/step" "$LOG" | tail -24
 }
 part_onelaunch() {  # decode attention in one launch (TOKENSPEED_DECODE_ONE_LAUNCH=1): its GPU tests (any split
   # may arrive last), then whole 8B decode steps PDL vs PDL + one launch, alternating in one process
@@ -265,7 +265,7 @@ part_onelaunch() {  # decode attention in one launch (TOKENSPEED_DECODE_ONE_LAUN
   run ${T_ONE_TESTS:-120} $PYT tests/gpu/test_attention_backends.py -k "one_launch and triton"
   run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --variants pdl pdl+one \
     --batch-sizes 1 64 --out "$OUT/gpu_decode_ab_one_llama8b.json"
-  grep -E "speedup=" "$LOG" | tail -6
+  grep -E "speedup=|kernels/step" "$LOG" | tail -12
 }
 part_moeroute() {  # the MoE GEMV's split merged by arrivals and its routing in the first launch: their GPU
   # tests, then whole Qwen3-30B-A3B decode steps: PDL, + one-launch attention, + the GEMV, + its routing
@@ -274,7 +274,7 @@ part_moeroute() {  # the MoE GEMV's split merged by arrivals and its routing in 
   run ${T_DECODEAB_MOE:-240} python3 benchmarks/decode_ab.py --model qwen3moe \
     --variants pdl pdl+one pdl+gemv pdl+route pdl+one+route --batch-sizes 1 8 64 \
     --out "$OUT/gpu_decode_ab_route_qwen3moe.json"
-  grep -E "speedup=" "$LOG" | tail -15
+  grep -E "speedup=|kernels/step" "$LOG" | tail -36
 }
 part_skinny() {  # the skinny tensor-core GEMM against cuBLAS on the 8B's GEMMs at 16 and 64 rows
   # (benchmarks/skinny_gemm.py, every candidate configuration per shape and batch)
@@ -286,7 +286,7 @@ part_skinny() {  # the skinny tensor-core GEMM against cuBLAS on the 8B's GEMMs 
     run ${T_DECODEAB:-150} python3 benchmarks/decode_ab.py --model llama8b --variants pdl pdl+skinny \
       --batch-sizes 16 64 --skinny-table "$OUT/dense_gemv_table.json" --out "$OUT/gpu_decode_ab_skinny_llama8b.json"
   fi
-  grep -E "skinny |speed-up over|decode-step GEMMs" "$LOG" | tail -12
+  grep -E "skinny |speed-up over|decode-step GEMMs|speedup=" "$LOG" | tail -16
 }
 part_pdl() {  # does programmatic dependent launch shorten a chain of decode GEMVs? (benchmarks/pdl_probe.py)
   stage bench-pdl
