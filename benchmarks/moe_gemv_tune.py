@@ -12,12 +12,17 @@ import torch
 from benchmarks import gpu_common as gc
 from benchmarks.moe_tune import INTER, TOP_K, E, H, bench_layers, workload
 
-# gate/up: (block_n, block_k, warps, prefetch). Weight elements a thread holds a tile = bn * bk / (32 *
-# warps), two tiles (gate, up) and two float32 accumulators of that size: 8-32 here.
+# gate/up: (block_n, block_k, warps, prefetch, split over K). Weight elements a thread holds a tile = bn *
+# bk / (32 * warps), two tiles (gate, up) and two float32 accumulators of that size: 8-32 here. Without a
+# split, one token's 8 pairs are 384 programs at bn = 16, each walking K = 2048 in 8 chunks one after
+# another; a split shortens that chain (the last split to arrive adds the partials, then SiLU * up), as
+# the down kernel's split did (34 -> 27 us a layer at one token, results/gpu_moe_gemv.json).
 GATE_UP = [
-    (4, 512, 4, 1), (4, 512, 4, 2), (8, 256, 4, 1), (8, 256, 4, 2), (8, 512, 4, 1), (16, 256, 4, 1),
-    (16, 256, 8, 2), (16, 512, 8, 1), (32, 256, 8, 1), (4, 256, 2, 2), (8, 256, 2, 1), (16, 128, 4, 2),
-    (4, 512, 2, 1),
+    (4, 512, 4, 1, 1), (4, 512, 4, 2, 1), (8, 256, 4, 1, 1), (8, 256, 4, 2, 1), (8, 512, 4, 1, 1),
+    (16, 256, 4, 1, 1), (16, 256, 8, 2, 1), (16, 512, 8, 1, 1), (32, 256, 8, 1, 1), (4, 256, 2, 2, 1),
+    (8, 256, 2, 1, 1), (16, 128, 4, 2, 1), (4, 512, 2, 1, 1),
+    (16, 256, 4, 1, 2), (16, 256, 4, 1, 4), (8, 256, 4, 1, 2), (8, 256, 4, 1, 4), (8, 256, 2, 1, 4),
+    (16, 128, 4, 2, 4), (8, 256, 4, 0, 8), (16, 256, 4, 0, 8),
 ]  # fmt: skip
 # down: (block_h, block_k, warps, prefetch, split over pairs); K = 768 = 3 x 256. Small block_h fills the
 # GPU at one token without atomics; split > 1 fills it with float32 atomics instead. Fewer warps for the
@@ -31,8 +36,8 @@ DOWN = [
 ]  # fmt: skip
 
 
-def gate_up_config(base, bn: int, bk: int, warps: int, prefetch: int):
-    return dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch)
+def gate_up_config(base, bn: int, bk: int, warps: int, prefetch: int, split: int):
+    return dataclasses.replace(base, block_n=bn, block_k=bk, num_warps=warps, prefetch=prefetch, split=split)
 
 
 def down_config(base, bh: int, bk: int, warps: int, prefetch: int, split: int):
@@ -43,44 +48,48 @@ def down_config(base, bh: int, bk: int, warps: int, prefetch: int, split: int):
 
 def _name(cfg) -> str:
     return (
-        f"gu{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}p{cfg.prefetch}"
+        f"gu{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}p{cfg.prefetch}s{cfg.split}"
         f"_d{cfg.down_block_h}x{cfg.down_block_k}w{cfg.down_num_warps}p{cfg.down_prefetch}s{cfg.down_split}"
     )
 
 
-def _checked(cfg, weights, routing, x) -> str | None:
-    """None if the GEMV's output matches the tensor-core path's on the first layer, else why not."""
+def _checked(cfg, weights, routing, x, arrivals) -> str | None:
+    """None if the GEMV's output (its splits merged as timed) matches the tensor-core path's on the first
+    layer, else why not."""
     from tokenspeed.runtime.moe.kernels.fused import fused_experts
     from tokenspeed.runtime.moe.kernels.gemv import moe_gemv
 
     (w13, w2), (tw, ti) = weights[0], routing[0]
     ref = fused_experts(x, w13, w2, tw, ti).float()
-    got = moe_gemv(x, w13, w2, tw, ti, cfg).float()
+    got = moe_gemv(x, w13, w2, tw, ti, cfg, arrivals=arrivals).float()
     err = float((got - ref).norm() / ref.norm())
     return None if err < 2e-2 else f"relative error {err:.3g} against the tensor-core path"
 
 
-def _arrivals(x: torch.Tensor) -> torch.Tensor:
-    """Arrival counts for a split down kernel at any block size (as `TritonMoe` passes them): its last split
-    adds the partials, no atomics, no zeroed buffer."""
-    return torch.zeros(x.shape[0] * x.shape[1], dtype=torch.int32, device=x.device)
+def _arrivals(x: torch.Tensor, cfg) -> torch.Tensor:
+    """Arrival counts for `cfg`'s split launches (as `TritonMoe` passes them): their last split adds the
+    partials, no atomics, no zeroed buffer."""
+    from tokenspeed.runtime.moe.kernels.gemv import arrival_tiles
+
+    n = max(1, arrival_tiles(x.shape[0], TOP_K, INTER, x.shape[1], cfg))
+    return torch.zeros(n, dtype=torch.int32, device=x.device)
 
 
 def _sweep(configs, weights, routing, x) -> dict[str, tuple[float, object]]:
     from tokenspeed.runtime.moe.kernels.gemv import moe_gemv
 
     out = {}
-    arrivals = _arrivals(x)
     for cfg in configs:
         name = _name(cfg)
+        arrivals = _arrivals(x, cfg)
         try:
-            bad = _checked(cfg, weights, routing, x)
+            bad = _checked(cfg, weights, routing, x, arrivals)
             if bad:
                 print(f"  {name}: WRONG ({bad}), not timed")
                 continue
             out[name] = (
                 bench_layers(
-                    lambda a, b, c, d, cfg=cfg: moe_gemv(x, a, b, c, d, cfg, arrivals=arrivals),
+                    lambda a, b, c, d, cfg=cfg, r=arrivals: moe_gemv(x, a, b, c, d, cfg, arrivals=r),
                     weights,
                     routing,
                 ),  # fmt: skip
@@ -158,7 +167,7 @@ def run(weights, tokens: list[int], bw: float, out: str, table_out: str | None, 
                 lambda a, b, c, d, tc_cfg=tc_cfg, x=x: fused_experts(x, a, b, c, d, tc_cfg), weights, routing
             )
         else:
-            arrivals = _arrivals(x)
+            arrivals = _arrivals(x, cfg)
             gemv = lambda a, b, c, d, cfg=cfg, x=x, r=arrivals: moe_gemv(x, a, b, c, d, cfg, arrivals=r)  # noqa: E731
             s = bench_layers(gemv, weights, routing)
         row.update(table_us=round(s * 1e6, 2), table_ratio=round(limit / s, 4))

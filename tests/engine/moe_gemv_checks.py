@@ -1,8 +1,10 @@
 """The MoE GEMV (`moe/kernels/gemv.py`) run by Triton's interpreter on the CPU (`TRITON_INTERPRET=1`, set by
 tests/engine/test_moe_gemv_interpreter.py before Triton is imported): 1-4 tokens, top-2 and top-8, remote
 experts (id < 0), hidden and intermediate sizes that no block divides, every prefetch depth, the down
-kernel split over pairs (atomics) or not, and FP8 experts with per-channel and block scales, against the
-float32 reference loop (`backend.torch_experts`). Prints one JSON object: case -> relative error.
+kernel split over pairs (atomics, or merged by the last to arrive) or not, the gate/up kernel split over K
+(merged by the last to arrive; a split count that leaves one split empty), and FP8 experts with
+per-channel and block scales, against the float32 reference loop (`backend.torch_experts`). Prints one
+JSON object: case -> relative error.
 
 float32 activations and weights: products are exact, so the bound checks the indexing, not rounding.
 """
@@ -16,7 +18,13 @@ import torch
 from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales
 from tokenspeed.runtime.layers.quantization.fp8_math import quantize_block, quantize_per_channel
 from tokenspeed.runtime.moe.backend import count_routed, torch_experts
-from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig, Routing, moe_gemv, moe_gemv_routed
+from tokenspeed.runtime.moe.kernels.gemv import (
+    MoeGemvConfig,
+    Routing,
+    arrival_tiles,
+    moe_gemv,
+    moe_gemv_routed,
+)
 from tokenspeed.runtime.moe.kernels.routing import fused_route
 
 # E experts, hidden 70 (no BLOCK_K divides it), intermediate 36 (no BLOCK_N or down BLOCK_K divides it)
@@ -28,6 +36,11 @@ CONFIGS = {
     ),
     "p0h1": MoeGemvConfig(
         block_n=4, block_k=64, prefetch=0, down_block_h=1, down_block_k=64, down_prefetch=0
+    ),
+    # gate/up K split: 70 / 16 = 5 chunks over 4 splits of 2 (the last empty), and 3 over 2 with both split
+    "gus4": MoeGemvConfig(block_n=8, block_k=16, prefetch=2, split=4, down_block_h=4, down_block_k=16),
+    "gus2ds2": MoeGemvConfig(
+        block_n=16, block_k=32, prefetch=1, split=2, down_block_h=8, down_block_k=16, down_split=2
     ),
 }
 
@@ -58,8 +71,10 @@ def bf16_like() -> dict[str, float]:
                 got = moe_gemv(x, w13, w2, weights, ids, CONFIGS[name])
                 assert got.shape == x.shape and got.dtype == x.dtype
                 out[f"t{tokens}_k{top_k}_{name}"] = _rel(got, ref)
-                if CONFIGS[name].down_split > 1:  # the split merged by its last arrival, twice
-                    arrivals = torch.zeros(tokens * HIDDEN, dtype=torch.int32)
+                if CONFIGS[name].down_split > 1 or CONFIGS[name].split > 1:  # merged by arrival, twice
+                    arrivals = torch.zeros(
+                        arrival_tiles(tokens, top_k, INTER, HIDDEN, CONFIGS[name]), dtype=torch.int32
+                    )
                     merged = [
                         moe_gemv(x, w13, w2, weights, ids, CONFIGS[name], arrivals=arrivals) for _ in range(2)
                     ]
@@ -83,7 +98,7 @@ def fp8() -> dict[str, float]:
         (q13, s13), (q2, s2) = quant(w13), quant(w2)
         scales = ExpertScales(s13, s2, block)
         ref = torch_experts(x, q13, q2, weights, ids, scales)
-        for name in ("p1",) if block is None else ("p2split",):
+        for name in ("p1",) if block is None else ("p2split", "gus2ds2"):
             out[f"fp8_{label}_{name}"] = _rel(moe_gemv(x, q13, q2, weights, ids, CONFIGS[name], scales), ref)
     return out
 
@@ -95,7 +110,8 @@ def routed() -> dict[str, float]:
     equally likely) goes to the lower id in both."""
     out = {}
     w13, w2 = torch.randn(E, 2 * INTER, HIDDEN) * 0.05, torch.randn(E, HIDDEN, INTER) * 0.05
-    for tokens, top_k, renorm, name in ((1, 2, True, "p1"), (3, 8, False, "p2split"), (2, 8, True, "p0h1")):
+    cases = ((1, 2, True, "p1"), (3, 8, False, "p2split"), (2, 8, True, "p0h1"), (2, 4, True, "gus4"))
+    for tokens, top_k, renorm, name in cases:
         x = torch.randn(tokens, HIDDEN)
         logits = torch.randn(tokens, E)
         logits[0, 3] = logits[0, 7] = logits[0].max() + 1.0  # a tie at the top
@@ -108,7 +124,9 @@ def routed() -> dict[str, float]:
         count_routed(want_counts, ref_ids, mask)
         counts = torch.zeros(E, dtype=torch.int32)
         routing = Routing(logits, top_k, renorm, counts, mask)
-        arrivals = torch.zeros(tokens * HIDDEN, dtype=torch.int32)
+        arrivals = torch.zeros(
+            max(1, arrival_tiles(tokens, top_k, INTER, HIDDEN, CONFIGS[name])), dtype=torch.int32
+        )
         got, got_w, got_ids = moe_gemv_routed(x, w13, w2, routing, CONFIGS[name], arrivals=arrivals)
         key = f"routed_t{tokens}_k{top_k}_{'renorm' if renorm else 'plain'}_{name}"
         out[f"{key}_ids_differ"] = float((got_ids != ref_ids).sum())

@@ -11,7 +11,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from tools.sm90_kernels import INDEX, compile_sm90  # noqa: E402 - needs Triton
+from tools.sm90_kernels import INDEX, compile_sm90, resources  # noqa: E402 - needs Triton
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="compiles, does not interpret"
@@ -229,19 +229,29 @@ def test_skinny_gemm_compiles_to_wgmma(block_m, block_n, split_k, swap_ab):
     _check_pdl(kernel, True)
 
 
-@pytest.mark.parametrize(("route", "arrive"), [(False, False), (True, True)], ids=["plain", "routed_arrive"])
-def test_moe_gemv_compiles_with_routing_and_merged_split(route, arrive):
-    """The few-token MoE GEMV (`moe/kernels/gemv.py`) with its routing in the first launch and its split down
-    kernel merged by the last arrival: both compile for sm_90, and the merge counts with a GPU-scope
-    acquire-release atomic (the recorder's counts are plain atomics)."""
+@pytest.mark.parametrize(
+    ("route", "arrive", "split"),
+    [(False, False, 1), (True, True, 1), (False, True, 4), (True, True, 2)],
+    ids=["plain", "routed_arrive", "gate_up_split", "routed_gate_up_split"],
+)
+def test_moe_gemv_compiles_with_routing_and_merged_split(route, arrive, split):
+    """The few-token MoE GEMV (`moe/kernels/gemv.py`) with its routing in the first launch, its gate/up tiles
+    split over K and its split down kernel merged by the last arrival: both compile for sm_90, each merge
+    counts with a GPU-scope acquire-release atomic, and a split gate/up kernel fits as many programs an SM as
+    the unsplit one."""
     from tokenspeed.runtime.moe.kernels import gemv
 
     types = {"X": "*bf16", "W": "*bf16", "Act": "*bf16", "Ids": "*i32", "S": "*bf16", "Logits": "*bf16",
-             "Weights": "*fp32", "Counts": "*i32", "Mask": "*i32"}  # fmt: skip
+             "Weights": "*fp32", "Counts": "*i32", "Mask": "*i32", "Part": "*fp32", "Arrivals": "*i32"}  # fmt: skip
     constants = dict(TOP_K=8, BLOCK_N=16, BLOCK_K=256, PREFETCH=1, EVEN_K=True, HAS_SCALE=False, GN=1, GK=1,
                      ROUTE=route, BLOCK_E=128, BLOCK_TOP=8, RENORM=True, RECORD=route, MASKED=route)  # fmt: skip
-    gate_up = compile_sm90(gemv._gate_up_kernel, types, constants, 4, 1, aligned=True)
-    assert ("atom.global" in gate_up.asm["ptx"]) == route
+    gate_up = compile_sm90(gemv._gate_up_kernel, types, dict(constants, SPLIT=split), 4, 1, aligned=True)
+    ptx = gate_up.asm["ptx"]
+    assert ("atom.global" in ptx) == (route or split > 1)
+    assert "atom.global.gpu.acq_rel.add" in ptx or split == 1
+    if split > 1:
+        unsplit = compile_sm90(gemv._gate_up_kernel, types, dict(constants, SPLIT=1), 4, 1, aligned=True)
+        assert resources(gate_up, 4).per_sm >= resources(unsplit, 4).per_sm
     types = {"Act": "*bf16", "W": "*bf16", "Out": "*bf16", "Acc": "*fp32", "Ids": "*i32", "Weights": "*fp32",
              "S": "*bf16", "Arrivals": "*i32"}  # fmt: skip
     constants = dict(TOP_K=8, BLOCK_H=16, BLOCK_K=256, PREFETCH=2, SPLIT=4, EVEN_K=True, HAS_SCALE=False, GN=1,

@@ -22,7 +22,13 @@ from tokenspeed.runtime.layers.quantization.fp8 import ExpertScales  # noqa: E40
 from tokenspeed.runtime.layers.quantization.fp8_math import quantize_block, quantize_per_channel  # noqa: E402
 from tokenspeed.runtime.moe.backend import FUSED_ROUTE_ENV, TritonMoe, torch_experts  # noqa: E402
 from tokenspeed.runtime.moe.kernels import gemv_table  # noqa: E402
-from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig, Routing, moe_gemv, moe_gemv_routed  # noqa: E402
+from tokenspeed.runtime.moe.kernels.gemv import (  # noqa: E402
+    MoeGemvConfig,
+    Routing,
+    arrival_tiles,
+    moe_gemv,
+    moe_gemv_routed,
+)
 from tokenspeed.runtime.moe.kernels.routing import fused_route  # noqa: E402
 
 SWEPT = [gate_up_config(MoeGemvConfig(), *c) for c in GATE_UP] + [
@@ -67,6 +73,8 @@ def test_odd_sizes_and_remote_experts(dtype, top_k, tokens):
     for cfg in (
         MoeGemvConfig(),
         MoeGemvConfig(block_n=8, block_k=64, prefetch=2, down_block_h=8, down_split=2),
+        # K = 200: 4 chunks of 64 over 3 splits of 2, the last split empty
+        MoeGemvConfig(block_n=8, block_k=64, prefetch=1, split=3, down_block_h=4),
     ):
         got = moe_gemv(x, w13, w2, weights, ids, cfg)
         assert float(got[-1].abs().max()) == 0.0
@@ -121,15 +129,16 @@ def test_backend_takes_the_gemv_only_where_the_table_says(tmp_path, monkeypatch)
     assert calls == [1]  # 2 tokens: the table's null, the tensor-core path
 
 
-@pytest.mark.parametrize("split", [2, 4, 8])
+@pytest.mark.parametrize(("split", "down_split"), [(1, 2), (1, 4), (1, 8), (2, 1), (4, 4), (8, 4)])
 @pytest.mark.parametrize("tokens", [1, 4, 16])
-def test_split_down_merged_by_its_last_arrival(split, tokens):
-    """The split down kernel whose last split adds the partials: as accurate as the atomic path, the same
-    bits on every launch whichever split arrives last, its counts back at zero, and in a CUDA graph."""
-    x, w13, w2, weights, ids = _case(tokens, 128, 2048, 768, 8, torch.bfloat16, tokens + split)
+def test_splits_merged_by_their_last_arrival(split, down_split, tokens):
+    """The gate/up tiles split over K and the down kernel split over pairs, each merged by the last split to
+    arrive: as accurate as the reference, the same bits on every launch whichever split arrives last, the
+    counts back at zero, and in a CUDA graph."""
+    x, w13, w2, weights, ids = _case(tokens, 128, 2048, 768, 8, torch.bfloat16, tokens + split + down_split)
     ref = torch_experts(x.float(), w13.float(), w2.float(), weights, ids)
-    cfg = MoeGemvConfig(down_block_h=16, down_split=split)
-    arrivals = torch.zeros(tokens * 2048, dtype=torch.int32, device="cuda")
+    cfg = MoeGemvConfig(block_n=8, split=split, down_block_h=16, down_split=down_split)
+    arrivals = torch.zeros(arrival_tiles(tokens, 8, 768, 2048, cfg), dtype=torch.int32, device="cuda")
     outs = [moe_gemv(x, w13, w2, weights, ids, cfg, arrivals=arrivals) for _ in range(30)]
     assert _rel(outs[0], ref) < 2e-2
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
@@ -143,9 +152,10 @@ def test_split_down_merged_by_its_last_arrival(split, tokens):
     assert torch.equal(captured, outs[0]) and int(arrivals.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("split", [1, 4], ids=["gate_up_whole", "gate_up_split"])
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("tokens", [1, 5, 16])
-def test_routing_in_the_first_launch_chooses_as_the_routing_kernel(renormalize, tokens):
+def test_routing_in_the_first_launch_chooses_as_the_routing_kernel(renormalize, tokens, split):
     x, w13, w2, _, _ = _case(tokens, 128, 2048, 768, 8, torch.bfloat16, tokens)
     logits = torch.randn(tokens, 128, device="cuda", dtype=torch.bfloat16)
     mask = torch.ones(tokens, dtype=torch.int32, device="cuda")
@@ -153,9 +163,9 @@ def test_routing_in_the_first_launch_chooses_as_the_routing_kernel(renormalize, 
     want_counts = torch.zeros(128, dtype=torch.int32, device="cuda")
     ref_w, ref_ids = fused_route(logits, 8, renormalize, None, want_counts, mask)
     counts = torch.zeros(128, dtype=torch.int32, device="cuda")
-    arrivals = torch.zeros(tokens * 2048, dtype=torch.int32, device="cuda")
     routing = Routing(logits, 8, renormalize, counts, mask)
-    cfg = MoeGemvConfig(down_block_h=16, down_split=4)
+    cfg = MoeGemvConfig(split=split, down_block_h=16, down_split=4)
+    arrivals = torch.zeros(arrival_tiles(tokens, 8, 768, 2048, cfg), dtype=torch.int32, device="cuda")
     got, got_w, got_ids = moe_gemv_routed(x, w13, w2, routing, cfg, arrivals=arrivals)
     assert torch.equal(got_ids, ref_ids)
     assert torch.allclose(got_w, ref_w, rtol=0, atol=1e-6)

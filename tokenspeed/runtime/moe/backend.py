@@ -164,6 +164,7 @@ class TritonMoe:
             logger.info("MoE GEMV table for few-token steps: %s", self.gemv_table.source)
         self._routing = gemv.Routing
         self._gemv_routed = gemv.moe_gemv_routed
+        self._arrival_tiles = gemv.arrival_tiles
         # Where the GEMV runs a step, its first launch may route too (one launch fewer a layer); off until
         # timed on the device (TOKENSPEED_MOE_FUSED_ROUTE=1, benchmarks/decode_ab.py's `route`).
         self.fuse_route = os.environ.get(FUSED_ROUTE_ENV, "0") == "1"
@@ -182,14 +183,14 @@ class TritonMoe:
         w13, w2 = module.w13, module.w2
         cfg = self.gemv_table.pick(w2.shape[0], w2.shape[2], w2.shape[1], w13.dtype, x.shape[0])
         if cfg is not None:
-            return self._gemv(x, w13, w2, weights, ids, cfg, scales, arrivals=self._arrivals_for(x, cfg))
+            arrivals = self._arrivals_for(x, cfg, ids.shape[1], w2.shape[2])
+            return self._gemv(x, w13, w2, weights, ids, cfg, scales, arrivals=arrivals)
         return self._fused(x, w13, w2, weights, ids, self._pick(self.table, x.shape[0]), scales)
 
-    def _arrivals_for(self, x: torch.Tensor, cfg) -> torch.Tensor | None:
+    def _arrivals_for(self, x: torch.Tensor, cfg, top_k: int, inter: int) -> torch.Tensor | None:
         """The GEMV's split arrival counts (`kernels/graph_scratch.py`), shared by every layer."""
-        if cfg.down_split <= 1:
-            return None
-        return self._arrivals.at_least(x.shape[0] * -(-x.shape[1] // cfg.down_block_h), x.device)
+        need = self._arrival_tiles(x.shape[0], top_k, inter, x.shape[1], cfg)
+        return self._arrivals.at_least(need, x.device) if need else None
 
     def route_experts(self, module, x, logits, top_k, renormalize, counts=None, token_mask=None):
         w13, w2 = module.w13, module.w2
@@ -200,7 +201,7 @@ class TritonMoe:
             weights, ids = self.route(logits, top_k, renormalize, None, counts, token_mask)
             return self.experts(module, x, weights, ids)
         routing = self._routing(logits, top_k, renormalize, counts, token_mask)
-        arrivals = self._arrivals_for(x, cfg)
+        arrivals = self._arrivals_for(x, cfg, top_k, w2.shape[2])
         return self._gemv_routed(x, w13, w2, routing, cfg, ExpertScales.of(module), arrivals)[0]
 
 

@@ -8,7 +8,11 @@ and needs a third launch to add each token's k rows. Here:
   the matching BLOCK_N up rows of the pair's expert once, walking K in BLOCK_K chunks with PREFETCH chunks
   loaded ahead (a short K loop is latency-bound without it: see `kernels/bf16_gemv.py`), multiplying on
   the CUDA cores into float32 accumulators of the tile's shape (one reduction after the loop), and writes
-  act[pair] = SiLU(gate) * up in x's dtype. Pairs of remote experts (id < 0) return at once.
+  act[pair] = SiLU(gate) * up in x's dtype. Pairs of remote experts (id < 0) return at once. With `split`
+  > 1 the K chunks of a tile are split over that many programs: each stores its float32 gate and up
+  partials and counts its arrival, and the last to arrive adds them in split order, then applies SiLU * up.
+  At one token a tile's 8 chunks (K = 2048) otherwise run one after another in one of 384 programs, the
+  chain the down kernel's split shortened.
 - `_down_kernel`: program (token, block of BLOCK_H outputs[, split]) walks the token's k pairs and each
   pair's K chunks as one flattened stream (the prefetch runs across pair boundaries), scaling each pair's
   activations by its routing weight, so the k-sum needs no `sum_pairs` launch and no per-pair buffer.
@@ -67,6 +71,7 @@ class MoeGemvConfig:
     down_num_warps: int = 4
     down_prefetch: int = 1
     down_split: int = 1  # programs the k pairs of one token are split over (the module docstring)
+    split: int = 1  # programs each gate/up tile's K is split over, merged by the last to arrive
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "down_block_h", "down_block_k", "num_warps", "down_num_warps"):
@@ -75,8 +80,10 @@ class MoeGemvConfig:
                 raise ValueError(f"MoeGemvConfig.{name} must be a power of two, got {v}")
         if not (0 <= self.prefetch <= 2 and 0 <= self.down_prefetch <= 2):
             raise ValueError("MoeGemvConfig.prefetch and down_prefetch must be 0, 1 or 2")
-        if self.down_split < 1:
-            raise ValueError(f"MoeGemvConfig.down_split must be >= 1, got {self.down_split}")
+        if self.down_split < 1 or self.split < 1:
+            raise ValueError(
+                f"MoeGemvConfig.split and down_split must be >= 1, got {self.split}, {self.down_split}"
+            )
 
 
 @triton.jit
@@ -101,11 +108,12 @@ def _load_vec(ptr, kk, K, EVEN_K: tl.constexpr):
 @triton.jit
 def _gate_up_kernel(
     X, W, Act, Ids, S, INTER, K, stride_xm, stride_we, stride_wn, stride_am, stride_se, stride_sn, stride_sk,
-    Logits, stride_l, Weights, Counts, Mask, E,
+    Logits, stride_l, Weights, Counts, Mask, E, Part, Arrivals,
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
     EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr,
     ROUTE: tl.constexpr = False, BLOCK_E: tl.constexpr = 1, BLOCK_TOP: tl.constexpr = 1,
     RENORM: tl.constexpr = False, RECORD: tl.constexpr = False, MASKED: tl.constexpr = False,
+    SPLIT: tl.constexpr = 1,
 ):  # fmt: skip
     p = tl.program_id(0)
     if ROUTE:
@@ -118,7 +126,7 @@ def _gate_up_kernel(
         choice = tl.arange(0, BLOCK_TOP) == p % TOP_K
         e = tl.sum(tl.where(choice, top_i, 0), 0)
         w = tl.sum(tl.where(choice, top_w, 0.0), 0)
-        if tl.program_id(1) == 0:
+        if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
             tl.store(Ids + p, e)
             tl.store(Weights + p, w)
             if RECORD:
@@ -137,17 +145,24 @@ def _gate_up_kernel(
         u_rows = g_rows + INTER * stride_wn
         x_row = X + tok * stride_xm
         chunks = tl.cdiv(K, BLOCK_K)
-        last = chunks - 1  # prefetched chunk indices are clamped to it: a repeat comes from cache
+        # this split's K chunks [lo, hi); prefetched chunk indices are clamped to [first, last] (a repeat
+        # comes from cache), and a split past the last chunk runs no loop and adds zeros
+        per_split = tl.cdiv(chunks, SPLIT)
+        lo = tl.program_id(2) * per_split
+        hi = tl.minimum(lo + per_split, chunks)
+        first = tl.minimum(lo, hi - 1)
+        last = tl.maximum(hi - 1, first)
         acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         if PREFETCH >= 1:
-            g1 = _load_tile(g_rows, offs_k, K, nmask, EVEN_K)
-            u1 = _load_tile(u_rows, offs_k, K, nmask, EVEN_K)
+            k1 = first * BLOCK_K + offs_k
+            g1 = _load_tile(g_rows, k1, K, nmask, EVEN_K)
+            u1 = _load_tile(u_rows, k1, K, nmask, EVEN_K)
         if PREFETCH >= 2:
-            k2 = tl.minimum(1, last) * BLOCK_K + offs_k
+            k2 = tl.minimum(first + 1, last) * BLOCK_K + offs_k
             g2 = _load_tile(g_rows, k2, K, nmask, EVEN_K)
             u2 = _load_tile(u_rows, k2, K, nmask, EVEN_K)
-        for i in range(0, chunks):
+        for i in range(lo, hi):
             k = i * BLOCK_K + offs_k
             if PREFETCH == 0:
                 g = _load_tile(g_rows, k, K, nmask, EVEN_K)
@@ -181,8 +196,33 @@ def _gate_up_kernel(
             acc_u += uf * xv
         gate = tl.sum(acc_g, axis=1)
         up = tl.sum(acc_u, axis=1)
-        h = gate / (1.0 + tl.exp(-gate)) * up
-        tl.store(Act + p.to(tl.int64) * stride_am + offs_n, h.to(Act.dtype.element_ty), mask=nmask)
+        act = Act + p.to(tl.int64) * stride_am + offs_n
+        if SPLIT == 1:
+            tl.store(act, _silu_mul(gate, up).to(Act.dtype.element_ty), mask=nmask)
+        else:
+            # partials [SPLIT, pairs, gate | up] float32; the last split of this (pair, block) to arrive
+            # adds them in split order, then SiLU(gate) * up (as the down kernel merges its splits)
+            rows = tl.num_programs(0).to(tl.int64) * 2 * INTER
+            part = Part + p.to(tl.int64) * 2 * INTER + offs_n
+            mine = part + tl.program_id(2).to(tl.int64) * rows
+            tl.store(mine, gate, mask=nmask)
+            tl.store(mine + INTER, up, mask=nmask)
+            tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+            slot = Arrivals + p.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+            arrived = tl.atomic_add(slot, 1, sem="acq_rel")
+            if arrived == SPLIT - 1:
+                g = tl.load(part, mask=nmask, other=0.0, cache_modifier=".cg")
+                u = tl.load(part + INTER, mask=nmask, other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT):
+                    g += tl.load(part + s * rows, mask=nmask, other=0.0, cache_modifier=".cg")
+                    u += tl.load(part + s * rows + INTER, mask=nmask, other=0.0, cache_modifier=".cg")
+                tl.store(act, _silu_mul(g, u).to(Act.dtype.element_ty), mask=nmask)
+                tl.store(slot, 0)  # ready for the next launch
+
+
+@triton.jit
+def _silu_mul(gate, up):
+    return gate / (1.0 + tl.exp(-gate)) * up
 
 
 @triton.jit
@@ -286,6 +326,18 @@ def _down_kernel(
         tl.atomic_add(Acc + off, y, mask=hmask, sem="relaxed")
 
 
+def gate_up_tiles(tokens: int, top_k: int, inter: int, config: MoeGemvConfig) -> int:
+    """Arrival counts a split gate/up launch takes: one per (pair, block of block_n columns)."""
+    return tokens * top_k * -(-inter // config.block_n) if config.split > 1 else 0
+
+
+def arrival_tiles(tokens: int, top_k: int, inter: int, hidden: int, config: MoeGemvConfig) -> int:
+    """The int32 counts `moe_gemv` needs for `config` at `tokens` tokens: the split gate/up launch's, then
+    the split down launch's (one per token and block of down_block_h outputs); 0 when neither splits."""
+    down = tokens * -(-hidden // config.down_block_h) if config.down_split > 1 else 0
+    return gate_up_tiles(tokens, top_k, inter, config) + down
+
+
 def supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
     """Whether `moe_gemv` takes these experts: weights contiguous in their last dimension."""
     return w13.stride(-1) == 1 and w2.stride(-1) == 1 and x.dim() == 2
@@ -331,9 +383,10 @@ def moe_gemv(
 ) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_* [T, k] -> [T, H] in x's
     dtype: sum over k of weight * expert(x). `scales`: the `ExpertScales` of FP8 experts. `arrivals` (int32
-    zeros, at least T x H / down_block_h, left zero by every launch): a split down kernel's last split adds
-    the partials, in split order, and writes the output, in place of float32 atomics into a zeroed buffer
-    and a copy (two launches fewer, and the same bits every run)."""
+    zeros, at least `arrival_tiles(...)`, left zero by every launch): the last split of a split gate/up tile
+    adds the partials in split order (without it such a launch zeroes counts of its own), and so does a
+    split down kernel's, in place of float32 atomics into a zeroed buffer and a copy (two launches fewer,
+    and the same bits every run)."""
     ids = topk_ids.to(torch.int32).contiguous()
     weights = topk_weights.to(torch.float32).contiguous()
     return _run(x, w13, w2, weights, ids, config, scales, None, arrivals)
@@ -373,23 +426,32 @@ def _run(x, w13, w2, weights, ids, config, scales, routing: Routing | None, arri
     act = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     sa, sc, bk = scale_args(w13, s13, config.block_k)
     route = {} if routing is None else routing.kernel_args(ids, weights)
-    dummy = ids  # a valid pointer for the routing arguments an unrouted launch never reads
-    _gate_up_kernel[(t * top_k, triton.cdiv(inter, config.block_n))](
+    dummy = ids  # a valid pointer for the arguments a launch never reads (routing, split partials)
+    gu_grid = (t * top_k, triton.cdiv(inter, config.block_n), min(config.split, triton.cdiv(hidden, bk)))
+    gu_tiles = gate_up_tiles(t, top_k, inter, config)
+    need = arrival_tiles(t, top_k, inter, hidden, config)
+    if arrivals is not None and (arrivals.dtype != torch.int32 or arrivals.numel() < need):
+        raise ValueError(f"moe_gemv: arrivals must be int32 with >= {need} entries")
+    if gu_grid[2] > 1:
+        if arrivals is None:  # a caller without counts of its own (one zeroing launch more)
+            arrivals = torch.zeros(gu_tiles, dtype=torch.int32, device=x.device)
+        part = torch.empty((gu_grid[2], t * top_k, 2 * inter), dtype=torch.float32, device=x.device)
+    _gate_up_kernel[gu_grid](
         x, w13, act, ids, sa[0], inter, hidden, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
         *sa[1:], route.pop("Logits", dummy), route.pop("stride_l", 0), route.pop("Weights", dummy),
         route.pop("Counts", dummy), route.pop("Mask", dummy), route.pop("E", 1),
+        part if gu_grid[2] > 1 else dummy, arrivals if gu_grid[2] > 1 else dummy,
         TOP_K=top_k, BLOCK_N=config.block_n, BLOCK_K=bk, PREFETCH=config.prefetch,
         EVEN_K=hidden % bk == 0, HAS_SCALE=sc.get("HAS_SCALE", False), GN=sc.get("GN", 1), GK=sc.get("GK", 1),
-        num_warps=config.num_warps, num_stages=1, **route,
+        SPLIT=gu_grid[2], num_warps=config.num_warps, num_stages=1, **route,
     )  # fmt: skip
 
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     split = min(config.down_split, top_k)
     grid = (t, triton.cdiv(hidden, config.down_block_h), split)
-    arrive = split > 1 and arrivals is not None
+    arrive = split > 1 and arrivals is not None and arrivals.numel() >= gu_tiles + grid[0] * grid[1]
     if arrive:
-        if arrivals.dtype != torch.int32 or arrivals.numel() < grid[0] * grid[1]:
-            raise ValueError(f"moe_gemv: arrivals must be int32 with >= {grid[0] * grid[1]} entries")
+        arrivals = arrivals[gu_tiles:]  # the down kernel's counts follow the gate/up kernel's
         acc = torch.empty((split, t, hidden), dtype=torch.float32, device=x.device)
     else:
         acc = torch.zeros((t, hidden), dtype=torch.float32, device=x.device) if split > 1 else out
