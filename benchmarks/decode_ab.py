@@ -58,23 +58,23 @@ VARIANTS = ("pdl", "one", "pdl+one")
 MOE_GEMV_RESULTS = ROOT / "benchmarks/results/gpu_moe_gemv.json"
 
 
-def tuned_moe_gemv_table():
+def tuned_moe_gemv_table(results: Path = MOE_GEMV_RESULTS):
     """The MoE GEMV at the configuration that won each token count in `benchmarks/moe_tune.py --gemv`'s last
-    run (`MOE_GEMV_RESULTS`), at the token counts where it came within 10% of the tensor-core path timed
+    run (`results`, by default `MOE_GEMV_RESULTS`), at the token counts where it came within 10% of the tensor-core path timed
     alone (its launches fewer a step are what this benchmark weighs): what `gemv` and `route` time."""
     import json
 
     from tokenspeed.runtime.moe.kernels.gemv import MoeGemvConfig
     from tokenspeed.runtime.moe.kernels.gemv_table import GemvTable, shape_key
 
-    data = json.loads(MOE_GEMV_RESULTS.read_text())
+    data = json.loads(Path(results).read_text())
     shape = data["shape"]
     key = shape_key(shape["experts"], shape["intermediate"], shape["hidden"], torch.bfloat16)
     close = [r for r in data["rows"] if r["gemv_best_us"] <= 1.1 * r["tensor_core_us"]]
     rows = tuple(
         (r["tokens"], MoeGemvConfig(**r["gemv_config"])) for r in sorted(close, key=lambda r: r["tokens"])
     )
-    return GemvTable({key: rows}, source=str(MOE_GEMV_RESULTS.relative_to(ROOT)))
+    return GemvTable({key: rows}, source=str(results))
 
 
 def variant_name(name: str) -> str:
@@ -90,7 +90,7 @@ def variant_name(name: str) -> str:
 
 
 @contextmanager
-def variant(model: torch.nn.Module, name: str, skinny_table=None):
+def variant(model: torch.nn.Module, name: str, skinny_table=None, moe_table=None):
     """The opt-ins `name` turns on, for the span of a graph capture (`skinny`: the dense layers read
     `skinny_table`, a tuned table with the skinny GEMM's entries)."""
     gemvs = {
@@ -113,7 +113,7 @@ def variant(model: torch.nn.Module, name: str, skinny_table=None):
         os.environ[ONE_LAUNCH_ENV] = "1" if "one" in parts else "0"
         for b in moes.values():  # `route`: the GEMV at its tuned configurations, routing in its first launch
             if parts & {"gemv", "route"}:
-                b.gemv_table = tuned_moe_gemv_table()
+                b.gemv_table = moe_table if moe_table is not None else tuned_moe_gemv_table()
             b.fuse_route = "route" in parts
         yield
     finally:
@@ -128,14 +128,14 @@ def variant(model: torch.nn.Module, name: str, skinny_table=None):
             q.use_table(dense_tables[k])
 
 
-def profile_variants(runner, fb, names: list[str], skinny_table) -> dict:
+def profile_variants(runner, fb, names: list[str], skinny_table, moe_table) -> dict:
     """Each variant's eager step through torch.profiler (`benchmarks/kernel_profile.py`): how many kernels
     it launches and each group's kernel time, so a speed-up (or a loss) shows where it comes from. A
     diagnostic: a failure is printed, never allowed to lose the timings."""
     out = {}
     for name in names:
         try:
-            with variant(runner.model, name, skinny_table), torch.inference_mode():
+            with variant(runner.model, name, skinny_table, moe_table), torch.inference_mode():
                 out[name] = kernel_profile.profile_step(
                     lambda: torch.argmax(runner.run(fb, use_graphs=False), dim=-1)
                 )
@@ -167,6 +167,11 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--dense-gemv-backend", choices=["auto", "triton"], default="auto")
     ap.add_argument("--skinny-table", default=None, help="a tuned table with skinny entries, for `skinny`")
+    ap.add_argument(
+        "--moe-gemv-results",
+        default=str(MOE_GEMV_RESULTS),
+        help="the `moe_tune.py --gemv` results whose best configurations `gemv` and `route` run",
+    )
     ap.add_argument("--out", default=None, help="default: benchmarks/results/gpu_decode_ab_<model>.json")
     args = ap.parse_args()
     out = args.out or str(ROOT / f"benchmarks/results/gpu_decode_ab_{args.model}.json")
@@ -198,8 +203,12 @@ def main() -> int:
     gc.fill_kv_random(runner.kv_pool)
     graphs = {"plain": runner.graph_runner}
     skinny_table = load_table(args.skinny_table) if args.skinny_table else None
+    moe_table = None
+    if any({"gemv", "route"} & set(v.split("+")) for v in args.variants):
+        moe_table = tuned_moe_gemv_table(Path(args.moe_gemv_results))
+        print(f"the MoE GEMV's configurations for `gemv` and `route`: {moe_table.source}")
     for name in args.variants:
-        with variant(runner.model, name, skinny_table):
+        with variant(runner.model, name, skinny_table, moe_table):
             runner.capture_graphs()
         graphs[name] = runner.graph_runner
 
@@ -218,7 +227,7 @@ def main() -> int:
                 torch.argmax(runner.run(fb), dim=-1)
 
             times = alternate(runner, graphs, step, args.rounds, args.iters)
-            profiles = profile_variants(runner, fb, ["plain", *args.variants], skinny_table)
+            profiles = profile_variants(runner, fb, ["plain", *args.variants], skinny_table, moe_table)
         active = 1.0
         if experts:
             active = gc.expected_active_experts(experts, model_cfg["num_experts_per_tok"], bs) / experts

@@ -271,9 +271,12 @@ part_moeroute() {  # the MoE GEMV's split merged by arrivals and its routing in 
   # tests, then whole Qwen3-30B-A3B decode steps: PDL, + one-launch attention, + the GEMV, + its routing
   stage moeroute
   run ${T_MOEROUTE_TESTS:-200} $PYT tests/gpu/test_moe_gemv_gpu.py -k "arrival or routing or forced"
+  # the GEMV at the configurations this call's `moegemv` sweep found, when it ran first; else the committed
+  local results=benchmarks/results/gpu_moe_gemv.json
+  [ -f "$OUT/gpu_moe_gemv.json" ] && results="$OUT/gpu_moe_gemv.json"
   run ${T_DECODEAB_MOE:-240} python3 benchmarks/decode_ab.py --model qwen3moe \
     --variants pdl pdl+one pdl+gemv pdl+route pdl+one+route --batch-sizes 1 8 64 \
-    --out "$OUT/gpu_decode_ab_route_qwen3moe.json"
+    --moe-gemv-results "$results" --out "$OUT/gpu_decode_ab_route_qwen3moe.json"
   grep -E "speedup=|kernels/step" "$LOG" | tail -36
 }
 part_skinny() {  # the skinny tensor-core GEMM against cuBLAS on the 8B's GEMMs at 16 and 64 rows
