@@ -154,7 +154,7 @@ def dense_gemv_rows() -> list[tuple[str, Resources, int]]:
     from tokenspeed.runtime.kernels.bf16_gemv import _dense_gemv_kernel
 
     rows = []
-    types = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Out": "*bf16", "Acc": "*fp32"}
+    types = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Out": "*bf16", "Part": "*fp32", "Arrivals": "*i32"}
     for key, buckets in sorted(gemv_table.table_for_device("NVIDIA H200").configs.items()):
         cfg = buckets.get(1)
         if cfg is None:

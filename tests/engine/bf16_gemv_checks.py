@@ -5,9 +5,10 @@ reference. Prints one JSON object: case -> worst relative error.
 
 A float32 output checks the indexing exactly (products of bf16 values are exact in float32); a bf16 output
 checks the cast, which the interpreter truncates where the GPU rounds (hence its looser bound in the test).
-Then the autotuned entry point as `layers/dense_gemv.py` calls it (pruning, the split-K zeroing pre-hook and
-cast post-hook, the config cache), with a timing function that prefers a given SPLIT_K: the CPU cannot time
-GPU kernels, everything else is real.
+Split-K launches merge their partials in the launch (the last split to arrive adds them): the same bits
+twice, the arrival counts left at zero. Then the autotuned entry point as `layers/dense_gemv.py` calls it
+(pruning, the config cache), with a timing function that prefers a given SPLIT_K: the CPU cannot time GPU
+kernels, everything else is real.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def check() -> dict[str, float]:
                 got = bf16_gemv.dense_gemv(x, w, bias, None, cfg)
                 assert got.dtype == dtype and got.shape == (m, n)
                 out[f"{label}_m{m}_out16_split{cfg.split_k}"] = _rel(got, ref)
+            # split-K merged by the last split to arrive, counting in the caller's buffer: the same bits
+            # twice, the counts left at zero
+            split = next(c for c in configs if c.split_k > 1)
+            arrivals = torch.zeros(bf16_gemv.arrival_tiles(n, x.device, split) + 3, dtype=torch.int32)
+            twice = [bf16_gemv.dense_gemv(x, w, bias, torch.float32, split, arrivals) for _ in range(2)]
+            out[f"{label}_m{m}_arrive_repeat_differs"] = float((twice[0] != twice[1]).sum())
+            out[f"{label}_m{m}_arrive_counts_left"] = float(arrivals.abs().sum())
     return out
 
 

@@ -12,7 +12,12 @@ weight row once, row-major [N, K], in 16-byte vector loads, with these choices f
 - PREFETCH chunks ahead are loaded before the current one is multiplied (1 or 2): a short K loop is
   latency-bound without it (the FP8 GEMV's o_proj ran at half the copy bandwidth before it had this);
 - split-K (`gemv_common`) for layers narrow enough that the grid alone cannot keep ~5 MB of loads in
-  flight on 132 SMs (qkv, o, down of Llama-3.1-8B).
+  flight on 132 SMs (qkv, o, down of Llama-3.1-8B). Each split stores its float32 partials and counts its
+  arrival on an int32 per output block (`kernels/graph_scratch.py`'s `ArrivalCounts`, which every launch
+  leaves at zero); the last to arrive adds them in split order, adds the bias and writes the output. One
+  launch, the same bits every run: float32 atomics into a zeroed buffer needed a zeroing launch and a
+  cast after it, three graph nodes where a 4096 x 4096 product takes about 11 us, and their sum order
+  changed from run to run.
 Configs whose accumulators would not fit the registers next to the loads in flight are pruned per batch
 bucket (1, 2, 4 rows: a batch of 3 runs the 4-row kernel with its last row masked).
 
@@ -21,7 +26,7 @@ unless the caller passes one: `layers/dense_gemv.py` passes the configuration th
 for the shape and bucket (the same one in every process, so the same bits at every start).
 The CUDA-graph runner makes an eager warm-up forward for every captured batch size before it captures,
 so tuning (which synchronizes) never happens inside a capture; a captured call is zero (split-K only),
-product, cast (split-K only), with its buffers from the graph's pool. On Hopper (unless TOKENSPEED_PDL=0) a
+one launch, with its buffers from the graph's pool. On Hopper (unless TOKENSPEED_PDL=0) a
 call with a configuration launches with programmatic dependent launch (`kernels/pdl.py`): its first weight
 chunks load while the kernel before it finishes.
 
@@ -39,7 +44,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed.runtime.kernels import gemv_common, pdl
-from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, split_k_share, zero_partials
+from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, split_k_share
 
 # Batches up to this many rows take the GEMV: beyond, the CUDA cores' FMAs per weight byte start to bound
 # it and cuBLAS's tensor-core GEMM is as fast.
@@ -86,8 +91,7 @@ class DenseGemvConfig:
         kwargs = dict(
             BLOCK_N=self.block_n, BLOCK_K=self.block_k, SPLIT_K=self.split_k, PREFETCH=self.prefetch
         )
-        hook = zero_partials if self.split_k > 1 else None
-        return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages, pre_hook=hook)
+        return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 # Bytes in flight per thread = per_thread x 2 x PREFETCH; registers ~ per_thread x (batch rows + 1).
@@ -142,24 +146,38 @@ def _fma_row(acc, wf, X, row, stride_xm, kk, K, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _store_row(
-    acc, j, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om,
+    acc, j, offs_n, nmask, pid_k, M, N, Bias, Out, Part, stride_om,
     HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     y = tl.sum(acc, axis=1)  # the one reduction across threads, after the K loop
     mask = nmask & (offs_n * 0 + j < M)  # a padded batch row (3 rows in the 4-row kernel) is not stored
-    if HAS_BIAS:
-        first = offs_n * 0 + pid_k == 0  # only the first K split adds the bias
-        y += tl.load(Bias + offs_n, mask=mask & first, other=0.0).to(tl.float32)
-    off = j * stride_om + offs_n.to(tl.int64)
     if SPLIT_K == 1:
-        tl.store(Out + off, y.to(Out.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(Acc + off, y, mask=mask, sem="relaxed")
+        if HAS_BIAS:
+            y += tl.load(Bias + offs_n, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Out + j * stride_om + offs_n.to(tl.int64), y.to(Out.dtype.element_ty), mask=mask)
+    else:  # this split's float32 partial, [SPLIT_K, M, N]: `_merge_row` adds them
+        tl.store(Part + (pid_k.to(tl.int64) * M + j) * N + offs_n, y, mask=mask)
+
+
+@triton.jit
+def _merge_row(
+    j, offs_n, nmask, M, N, Bias, Out, Part, stride_om, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr
+):  # fmt: skip
+    # the last split to arrive: batch row j's partials added in split order (read past the L1, where the
+    # other programs' stores are not), the bias, the cast
+    mask = nmask & (offs_n * 0 + j < M)
+    part = Part + j * N + offs_n.to(tl.int64)
+    y = tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLIT_K):
+        y += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+    if HAS_BIAS:
+        y += tl.load(Bias + offs_n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + j * stride_om + offs_n.to(tl.int64), y.to(Out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _dense_gemv_kernel(
-    X, W, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om,
+    X, W, Bias, Out, Part, Arrivals, M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
@@ -203,12 +221,24 @@ def _dense_gemv_kernel(
         if BLOCK_M > 2:
             acc2 = _fma_row(acc2, wf, X, row2, stride_xm, kk, K, EVEN_K)
             acc3 = _fma_row(acc3, wf, X, row3, stride_xm, kk, K, EVEN_K)
-    _store_row(acc0, 0, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
+    _store_row(acc0, 0, offs_n, nmask, pid_k, M, N, Bias, Out, Part, stride_om, HAS_BIAS, SPLIT_K)
     if BLOCK_M > 1:
-        _store_row(acc1, 1, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
+        _store_row(acc1, 1, offs_n, nmask, pid_k, M, N, Bias, Out, Part, stride_om, HAS_BIAS, SPLIT_K)
     if BLOCK_M > 2:
-        _store_row(acc2, 2, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
-        _store_row(acc3, 3, offs_n, nmask, pid_k, M, Bias, Out, Acc, stride_om, HAS_BIAS, SPLIT_K)
+        _store_row(acc2, 2, offs_n, nmask, pid_k, M, N, Bias, Out, Part, stride_om, HAS_BIAS, SPLIT_K)
+        _store_row(acc3, 3, offs_n, nmask, pid_k, M, N, Bias, Out, Part, stride_om, HAS_BIAS, SPLIT_K)
+    if SPLIT_K > 1:
+        tl.debug_barrier()  # every thread's partials are stored before the arrival is counted
+        slot = Arrivals + tl.program_id(0)
+        arrived = tl.atomic_add(slot, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            _merge_row(0, offs_n, nmask, M, N, Bias, Out, Part, stride_om, HAS_BIAS, SPLIT_K)
+            if BLOCK_M > 1:
+                _merge_row(1, offs_n, nmask, M, N, Bias, Out, Part, stride_om, HAS_BIAS, SPLIT_K)
+            if BLOCK_M > 2:
+                _merge_row(2, offs_n, nmask, M, N, Bias, Out, Part, stride_om, HAS_BIAS, SPLIT_K)
+                _merge_row(3, offs_n, nmask, M, N, Bias, Out, Part, stride_om, HAS_BIAS, SPLIT_K)
+            tl.store(slot, 0)  # ready for the next launch
 
 
 # K and N without a tail skip the masks (all Llama-3.1-8B shapes).
@@ -223,7 +253,7 @@ _tuned = triton.autotune(
     configs=[c.triton_config() for c in CONFIGS],
     key=["N", "K", "BLOCK_M", "HAS_BIAS"],  # the autotuner adds the tensors' dtypes (bf16 / fp32 out)
     prune_configs_by={"early_config_prune": _prune},
-    **autotune_kwargs(),
+    **autotune_kwargs(casts_partials=False),
 )(_launch)
 
 
@@ -241,16 +271,29 @@ def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     )
 
 
+def arrival_tiles(n: int, device: torch.device, config: DenseGemvConfig | None = None) -> int:
+    """The arrival counts a launch of `n` output rows on `device` needs: one per block of BLOCK_N rows, for
+    `config` (or, autotuning, for the narrowest block any configuration has); 0 when it cannot split K."""
+    if config is not None:
+        return -(-n // config.block_n) if config.split_k > 1 else 0
+    if not gemv_common.split_allowed(n, device, SPLIT_ROWS_PER_SM):
+        return 0
+    return -(-n // min(c.block_n for c in CONFIGS))
+
+
 def dense_gemv(
     x: torch.Tensor,
     w: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: DenseGemvConfig | None = None,
+    arrivals: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] times w [N, K] (+ bias [N]) -> [M, N] in `out_dtype` (default x's; float32 for logits
     saves the cast). `config` forces one launch configuration (a tuned table's, or a test's); by default the
-    autotuner picks."""
+    autotuner picks. `arrivals`: int32 zeros of at least `arrival_tiles(N, device, config)` that a split-K launch
+    counts in and leaves at zero (`layers/dense_gemv.py` keeps one for every layer); without it a call that
+    may split K zeroes counts of its own."""
     m, k = x.shape
     n = w.shape[0]
     if x.stride(1) != 1:
@@ -260,22 +303,26 @@ def dense_gemv(
     allow_split = gemv_common.split_allowed(n, x.device, SPLIT_ROWS_PER_SM)
     if config is not None:
         allow_split = config.split_k > 1
-    # float32 partials of split-K configs (zeroed by their pre-hook; untouched otherwise)
-    acc = torch.empty((m, n), dtype=torch.float32, device=x.device) if allow_split else out
-    args = (x, w, bias if bias is not None else w, out, acc, m, n, k, x.stride(0), w.stride(0), out.stride(0))
+    part = counts = out  # valid pointers a launch that does not split K never reads
+    if allow_split:
+        splits = config.split_k if config is not None else max(c.split_k for c in CONFIGS)
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+        need = arrival_tiles(n, x.device, config)
+        if arrivals is None:
+            counts = torch.zeros(need, dtype=torch.int32, device=x.device)
+        elif arrivals.dtype != torch.int32 or arrivals.numel() < need:
+            raise ValueError(f"dense_gemv: arrivals must be int32 with >= {need} entries")
+        else:
+            counts = arrivals
+    args = (x, w, bias if bias is not None else w, out, part, counts, m, n, k, x.stride(0), w.stride(0),
+            out.stride(0))  # fmt: skip
     meta = dict(HAS_BIAS=bias is not None, BLOCK_M=bucket)
     if config is None:
         _tuned[lambda a: (triton.cdiv(n, a["BLOCK_N"]), a["SPLIT_K"])](*args, **meta)
-        split = _tuned.best_config.kwargs["SPLIT_K"]
     else:
-        split = config.split_k
-        if split > 1:
-            acc.zero_()
-        _launch[(triton.cdiv(n, config.block_n), split)](
-            *args, **meta, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split,
+        _launch[(triton.cdiv(n, config.block_n), config.split_k)](
+            *args, **meta, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=config.split_k,
             PREFETCH=config.prefetch, num_warps=config.num_warps, num_stages=config.num_stages,
             **pdl.launch_kwargs(x.device),
         )  # fmt: skip
-    if split > 1:
-        out.copy_(acc)
     return out

@@ -3,9 +3,10 @@ worth trying for a layer's width, the autotuner hooks that zero and cast split-K
 autotuner's short timing runs, a program's share of the work and the weight-tile load.
 
 Split-K: with few output rows a grid has too few programs to keep the H200's 132 SMs' loads in flight, so
-programs also split K and add float32 partials atomically into a buffer a config's pre-hook zeroes; the
-autotuner's post-hook casts the partials into the output, so what the tuner times is what a call costs
-(zero, product, cast: all device work, which a CUDA graph captures like any other).
+programs also split K. The FP8 GEMV adds its float32 partials atomically into a buffer a config's pre-hook
+zeroes, and the autotuner's post-hook casts them into the output, so what the tuner times is what a call
+costs (zero, product, cast: all device work, which a CUDA graph captures like any other). The bf16 GEMV
+merges its splits in the launch (the last split to arrive adds them), so it takes neither hook.
 
 Imported only where a GEMV runs on a CUDA tensor (and by Triton's interpreter in the CPU tests).
 """
@@ -41,15 +42,17 @@ def zero_partials(nargs: dict) -> None:
 
 def cast_partials(nargs: dict, exception: BaseException | None = None) -> None:
     # The autotuner's post-hook: a split-K config's cast is part of what it costs. (Triton releases
-    # before the hooks got the named arguments pass a plain list: nothing to time then.)
-    if exception is None and isinstance(nargs, dict) and nargs.get("SPLIT_K", 1) > 1:
+    # before the hooks got the named arguments pass a plain list: nothing to time then.) A kernel that
+    # merges its splits itself has no `Acc`.
+    if exception is None and isinstance(nargs, dict) and nargs.get("SPLIT_K", 1) > 1 and "Acc" in nargs:
         nargs["Out"].copy_(nargs["Acc"])
 
 
-def autotune_kwargs() -> dict:
-    """Short timing runs (the kernels take microseconds), where this Triton lets us choose them."""
+def autotune_kwargs(casts_partials: bool = True) -> dict:
+    """Short timing runs (the kernels take microseconds), where this Triton lets us choose them, and, for a
+    kernel whose split-K partials go through `Acc`, the cast after each timed launch."""
     params = inspect.signature(triton.autotune).parameters
-    kwargs = {"post_hook": cast_partials} if "post_hook" in params else {}
+    kwargs = {"post_hook": cast_partials} if casts_partials and "post_hook" in params else {}
     if "do_bench" in params:
         from triton.testing import do_bench
 

@@ -50,9 +50,10 @@ class TritonGemv(Unquantized):
         self._gemv = bf16_gemv
         self._skinny = skinny_gemm
         # batches past the GEMV's rows: the table's skinny-GEMM configuration per (shape, rows), looked up
-        # once, and its split launches' arrival counts
+        # once; the arrival counts that both kernels' split-K launches count in (one after another, each
+        # leaving them at zero, so every layer shares them)
         self._skinny_for: dict[tuple[int, int, torch.dtype, int], object] = {}
-        self._arrivals = ArrivalCounts("the skinny GEMM")
+        self._arrivals = ArrivalCounts("the dense GEMV and skinny GEMM")
         self.max_rows = bf16_gemv.GEMV_MAX_M
         self.table = table
         # the table's verdict per weight shape, looked up once rather than on every decode call
@@ -98,7 +99,10 @@ class TritonGemv(Unquantized):
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         if self._takes(x2, layer.weight):
-            y = self._gemv.dense_gemv(x2, layer.weight, bias, config=self._config(x2, layer.weight))
+            cfg = self._config(x2, layer.weight)
+            y = self._gemv.dense_gemv(
+                x2, layer.weight, bias, config=cfg, arrivals=self._gemv_arrivals(x2, layer.weight, cfg)
+            )
         elif bias is None and (skinny := self._skinny_config(x2, layer.weight)) is not None:
             arrivals = self._arrivals_for(x2, layer.weight, skinny)
             y = self._skinny.skinny_gemm(x2, layer.weight, skinny, arrivals)
@@ -119,6 +123,11 @@ class TritonGemv(Unquantized):
             self._skinny_for[key] = None if cfg is None else self._skinny.SkinnyGemmConfig(**cfg)
         return self._skinny_for[key]
 
+    def _gemv_arrivals(self, x2: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor | None:
+        """The split-K GEMV's arrival counts (`kernels/graph_scratch.py`), shared by every layer."""
+        need = self._gemv.arrival_tiles(w.shape[0], x2.device, cfg)
+        return self._arrivals.at_least(need, x2.device) if need else None
+
     def _arrivals_for(self, x2: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor | None:
         """The split skinny GEMM's arrival counts (`kernels/graph_scratch.py`), shared by every layer."""
         if cfg.split_k <= 1:
@@ -128,8 +137,14 @@ class TritonGemv(Unquantized):
     def logits(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or not self._takes(x, layer.weight):
             return super().logits(layer, x)
+        cfg = self._config(x, layer.weight)
         return self._gemv.dense_gemv(
-            x, layer.weight, None, torch.float32, config=self._config(x, layer.weight)
+            x,
+            layer.weight,
+            None,
+            torch.float32,
+            config=cfg,
+            arrivals=self._gemv_arrivals(x, layer.weight, cfg),
         )
 
 
