@@ -1,7 +1,6 @@
 """The GEMV kernels' autotuned entry points checked on the CPU (`bf16_gemv_checks.py`, `fp8_gemv_checks.py`):
-the real autotuner (pruning, the split-K pre-hook that zeroes the partials and the post-hook that casts them,
-the config cache) with its timing function replaced by one that prefers a given SPLIT_K, since the CPU
-cannot time GPU kernels."""
+the real autotuner (pruning, the config cache) with its timing function replaced by one that prefers a
+given SPLIT_K, since the CPU cannot time GPU kernels."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ from types import ModuleType
 
 import torch
 import triton
-
-from tokenspeed.runtime.kernels.gemv_common import cast_partials
 
 
 def prefer_split(kernels: ModuleType, configs: list, key: list[str], want: int) -> list[int]:
@@ -22,7 +19,6 @@ def prefer_split(kernels: ModuleType, configs: list, key: list[str], want: int) 
 
     def post(nargs: dict, exception: BaseException | None = None) -> None:
         ran.append(nargs["SPLIT_K"])
-        cast_partials(nargs, exception)
 
     def timing(kernel_call, quantiles=None) -> list[float]:
         kernel_call()

@@ -93,11 +93,37 @@ def test_the_fp8_gemv_default_configscompile_sm90(bucket, n, k, block_k):
     constants = dict(GN=128 if block_k else 1, GK=block_k or 0, HAS_BIAS=False, M_BUCKET=bucket, BLOCK_N=c.block_n,
                      BLOCK_K=c.block_k, SPLIT_K=c.split_k, USE_DOT=c.use_dot, PREFETCH=c.prefetch, SWAP_AB=c.swap_ab,
                      BLOCK_M=16 if c.use_dot else bucket, EVEN_K=k % c.block_k == 0, PDL=True)  # fmt: skip
-    types = {"X": "*bf16", "W": "*fp8e4nv", "S": "*fp32", "Bias": "*fp32", "Out": "*bf16", "Acc": "*fp32"}
+    types = {"X": "*bf16", "W": "*fp8e4nv", "S": "*fp32", "Bias": "*fp32", "Out": "*bf16", "Part": "*fp32",
+             "Arrivals": "*i32"}  # fmt: skip
     _check_pdl(
         compile_sm90(fp8_gemv._fp8_gemv_kernel, types, constants, c.num_warps, c.num_stages, launch_pdl=True),
         True,
     )
+
+
+def _fp8_split_configs() -> list:
+    from tokenspeed.runtime.kernels import fp8_gemv
+
+    return fp8_gemv.SPLIT_CONFIGS
+
+
+@pytest.mark.parametrize("cfg", _fp8_split_configs(), ids=str)
+def test_the_fp8_gemv_split_k_candidates_merge_by_arrival(cfg):
+    """The FP8 GEMV's split-K configurations compile for sm_90 with the splits merged in the launch: a
+    GPU-scope acquire-release arrival and no float32 atomics."""
+    from tokenspeed.runtime.kernels import fp8_gemv
+
+    bucket = 1 if not cfg.use_dot else 16
+    constants = dict(GN=1, GK=0, HAS_BIAS=True, M_BUCKET=bucket, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                     SPLIT_K=cfg.split_k, USE_DOT=cfg.use_dot, PREFETCH=cfg.prefetch, SWAP_AB=cfg.swap_ab,
+                     BLOCK_M=16 if cfg.use_dot else bucket, EVEN_K=True, PDL=True)  # fmt: skip
+    types = {"X": "*bf16", "W": "*fp8e4nv", "S": "*fp32", "Bias": "*fp32", "Out": "*bf16", "Part": "*fp32",
+             "Arrivals": "*i32"}  # fmt: skip
+    kernel = compile_sm90(
+        fp8_gemv._fp8_gemv_kernel, types, constants, cfg.num_warps, cfg.num_stages, launch_pdl=True
+    )
+    ptx = kernel.asm["ptx"]
+    assert "atom.global.gpu.acq_rel.add" in ptx and "red.global.add.f32" not in ptx
 
 
 def _dense_table_cases() -> list[tuple[str, dict[str, int]]]:

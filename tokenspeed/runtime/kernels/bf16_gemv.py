@@ -253,7 +253,7 @@ _tuned = triton.autotune(
     configs=[c.triton_config() for c in CONFIGS],
     key=["N", "K", "BLOCK_M", "HAS_BIAS"],  # the autotuner adds the tensors' dtypes (bf16 / fp32 out)
     prune_configs_by={"early_config_prune": _prune},
-    **autotune_kwargs(casts_partials=False),
+    **autotune_kwargs(),
 )(_launch)
 
 

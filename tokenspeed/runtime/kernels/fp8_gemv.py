@@ -15,14 +15,15 @@ Two inner products, picked by the autotuner per shape and batch bucket:
   against x padded to 16 rows on the tensor cores (M up to 16, where CUDA-core FMAs would bound the time),
   either as x W^T (mma.sync, the converted tile goes through shared memory) or swapped, W x^T with the
   weight as the A operand from registers (wgmma m64n16 on Hopper).
-Split-K (when N is small, e.g. `down_proj` N = 4096 with K = 14336) adds float32 partials atomically; the
-config's pre-hook zeroes them and the autotuner's post-hook casts them, so what the tuner times is what a
-call costs.
+Split-K (when N is small, e.g. `down_proj` N = 4096 with K = 14336): each split stores its float32 partials
+and counts its arrival on an int32 per output block, and the last to arrive adds them in split order, adds
+the bias and writes the output, in the one launch (as `bf16_gemv.py` does), so what the tuner times is what
+a call costs and a split configuration gives the same bits on every run.
 
 A call runs `default_config`: the configuration that won each of Llama-3.1-8B's shapes on the H200, chosen
 by the features that separate them. It is fixed rather than autotuned in each process, so every start
-computes the same bits (a configuration picked by timing, or split-K's atomic adds, could sum K in
-another order and flip a greedy near-tie), and start-up skips the tuning (4.6 s a shape and batch
+computes the same bits (a configuration picked by timing could sum K in another order and flip a greedy
+near-tie), and start-up skips the tuning (4.6 s a shape and batch
 bucket on the H200). `fp8_gemv(..., autotune=True)` times every candidate instead (`benchmarks/fp8_gemv.py`
 compares the two), keyed on (N, K, batch bucket 1 / 4 / 16, scale tiling).
 
@@ -40,7 +41,7 @@ import triton
 import triton.language as tl
 
 from tokenspeed.runtime.kernels import gemv_common, pdl
-from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, split_k_share, zero_partials
+from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, split_k_share
 
 # Batches up to this many rows take the GEMV; larger ones are compute-bound enough for the GEMM paths.
 GEMV_MAX_M = 16
@@ -65,8 +66,7 @@ class GemvConfig:
             BLOCK_N=self.block_n, BLOCK_K=self.block_k, SPLIT_K=self.split_k, USE_DOT=self.use_dot,
             PREFETCH=self.prefetch, SWAP_AB=self.swap_ab,
         )  # fmt: skip
-        hook = zero_partials if self.split_k > 1 else None
-        return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages, pre_hook=hook)
+        return triton.Config(kwargs, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 # A handful per path; `candidates` keeps those that fit the batch bucket and the shape. A memory-bound
@@ -164,27 +164,39 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
 
 @triton.jit
 def _epilogue(
-    acc, offs_m, offs_n, pid_k, M, N, S, Bias, Out, Acc, stride_om, stride_sn,
+    acc, offs_m, offs_n, pid_k, M, N, S, Bias, Out, Part, Arrivals, stride_om, stride_sn,
     GK: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     nmask = offs_n < N
-    if GK == 0:  # per-channel: one scale a row, applied once
+    if GK == 0:  # per-channel: one scale a row, applied once (to each split's partial: a sum scales alike)
         acc = acc * tl.load(S + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
-    if HAS_BIAS:
-        first = offs_n * 0 + pid_k == 0  # only the first K split adds the bias
-        bias = tl.load(Bias + offs_n, mask=nmask & first, other=0.0).to(tl.float32)
-        acc = acc + bias[None, :]
     mask = (offs_m < M)[:, None] & nmask[None, :]
     off = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc = acc + tl.load(Bias + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :]
         tl.store(Out + off, acc.to(Out.dtype.element_ty), mask=mask)
     else:
-        tl.atomic_add(Acc + off, acc, mask=mask)
+        # this split's partial, [SPLIT_K, M, N] float32; the last split of this block of rows to arrive adds
+        # them in split order (read past the L1, where the other programs' stores are not)
+        part = Part + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(part + pid_k.to(tl.int64) * M * N, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the arrival is counted
+        slot = Arrivals + tl.program_id(0)
+        arrived = tl.atomic_add(slot, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT_K):
+                total += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total = total + tl.load(Bias + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+            tl.store(Out + off, total.to(Out.dtype.element_ty), mask=mask)
+            tl.store(slot, 0)  # ready for the next launch
 
 
 @triton.jit
 def _fp8_gemv_kernel(
-    X, W, S, Bias, Out, Acc, M, N, K, stride_xm, stride_wn, stride_om, stride_sn,
+    X, W, S, Bias, Out, Part, Arrivals, M, N, K, stride_xm, stride_wn, stride_om, stride_sn,
     GN: tl.constexpr, GK: tl.constexpr, HAS_BIAS: tl.constexpr, M_BUCKET: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
     PREFETCH: tl.constexpr, SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
@@ -259,8 +271,9 @@ def _fp8_gemv_kernel(
                 part = part * tl.load(s_rows + (i * BLOCK_K) // GK, mask=nmask, other=0.0)[None, :]
             acc += part
     _epilogue(
-        acc, offs_m, offs_n, pid_k, M, N, S, Bias, Out, Acc, stride_om, stride_sn, GK, HAS_BIAS, SPLIT_K
-    )
+        acc, offs_m, offs_n, pid_k, M, N, S, Bias, Out, Part, Arrivals, stride_om, stride_sn, GK, HAS_BIAS,
+        SPLIT_K,
+    )  # fmt: skip
 
 
 # The dot path pads the batch to 16 rows (the tensor cores' smallest M); K chunks without a tail skip the mask.
@@ -319,27 +332,24 @@ def _run(x, w, w_scale, block, bias, config: GemvConfig | None) -> torch.Tensor:
     gn, gk = block if block is not None else (1, 0)
     bucket = m_bucket(m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    # float32 partials for the split-K configs the autotuner may time (zeroed by their pre-hook); a forced
-    # config allocates its own below when it splits, and reads none otherwise
-    tuning_splits = config is None and split_allowed(n, x.device)
-    acc = torch.empty((m, n), dtype=torch.float32, device=x.device) if tuning_splits else out
-    args = (x, w, w_scale, bias if bias is not None else w_scale, out, acc, m, n, k,
+    # float32 partials and arrival counts for the split-K configs the autotuner may time, or the forced one
+    # if it splits (no configuration `default_config` gives does); valid pointers a launch never reads else
+    cfg = adapt(config, gk or None) if config is not None else None
+    splits = cfg.split_k if cfg is not None else max(c.split_k for c in SPLIT_CONFIGS)
+    part = counts = out
+    if (cfg is None and split_allowed(n, x.device)) or (cfg is not None and cfg.split_k > 1):
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+        narrowest = cfg.block_n if cfg is not None else min(c.block_n for c in SPLIT_CONFIGS)
+        counts = torch.zeros(triton.cdiv(n, narrowest), dtype=torch.int32, device=x.device)
+    args = (x, w, w_scale, bias if bias is not None else w_scale, out, part, counts, m, n, k,
             x.stride(0), w.stride(0), out.stride(0), w_scale.stride(0))  # fmt: skip
     meta = dict(GN=gn, GK=gk, HAS_BIAS=bias is not None, M_BUCKET=bucket)
-    if config is None:
+    if cfg is None:
         _tuned[lambda a: (triton.cdiv(n, a["BLOCK_N"]), a["SPLIT_K"])](*args, **meta)
-        split = _tuned.best_config.kwargs["SPLIT_K"]
     else:
-        cfg = adapt(config, gk or None)
-        split = cfg.split_k
-        if split > 1:
-            acc = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-            args = args[:5] + (acc,) + args[6:]
-        _launch[(triton.cdiv(n, cfg.block_n), split)](
-            *args, **meta, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split, USE_DOT=cfg.use_dot,
+        _launch[(triton.cdiv(n, cfg.block_n), cfg.split_k)](
+            *args, **meta, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, USE_DOT=cfg.use_dot,
             PREFETCH=cfg.prefetch, SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             **pdl.launch_kwargs(x.device),
         )  # fmt: skip
-    if split > 1:
-        out.copy_(acc)
     return out

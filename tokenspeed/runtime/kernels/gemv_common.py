@@ -1,12 +1,12 @@
 """What the Triton GEMVs of decode-sized batches share (`fp8_gemv.py`, `bf16_gemv.py`): whether split-K is
-worth trying for a layer's width, the autotuner hooks that zero and cast split-K's float32 partials, the
-autotuner's short timing runs, a program's share of the work and the weight-tile load.
+worth trying for a layer's width, the autotuner's short timing runs, a program's share of the work and the
+weight-tile load.
 
 Split-K: with few output rows a grid has too few programs to keep the H200's 132 SMs' loads in flight, so
-programs also split K. The FP8 GEMV adds its float32 partials atomically into a buffer a config's pre-hook
-zeroes, and the autotuner's post-hook casts them into the output, so what the tuner times is what a call
-costs (zero, product, cast: all device work, which a CUDA graph captures like any other). The bf16 GEMV
-merges its splits in the launch (the last split to arrive adds them), so it takes neither hook.
+programs also split K. Both GEMVs merge the splits in the launch: each split stores its float32 partials
+and counts its arrival on an int32 per output block (`kernels/graph_scratch.py`), and the last to arrive
+adds them in split order and writes the output. What the tuner times is then what a call costs, one
+launch, with the same bits on every run.
 
 Imported only where a GEMV runs on a CUDA tensor (and by Triton's interpreter in the CPU tests).
 """
@@ -35,24 +35,10 @@ def split_allowed(n: int, device: torch.device, rows_per_sm: int) -> bool:
     return n < rows_per_sm * sm_count(device)
 
 
-def zero_partials(nargs: dict) -> None:
-    """A split-K config's pre-hook: the float32 partials start at zero."""
-    nargs["Acc"].zero_()
-
-
-def cast_partials(nargs: dict, exception: BaseException | None = None) -> None:
-    # The autotuner's post-hook: a split-K config's cast is part of what it costs. (Triton releases
-    # before the hooks got the named arguments pass a plain list: nothing to time then.) A kernel that
-    # merges its splits itself has no `Acc`.
-    if exception is None and isinstance(nargs, dict) and nargs.get("SPLIT_K", 1) > 1 and "Acc" in nargs:
-        nargs["Out"].copy_(nargs["Acc"])
-
-
-def autotune_kwargs(casts_partials: bool = True) -> dict:
-    """Short timing runs (the kernels take microseconds), where this Triton lets us choose them, and, for a
-    kernel whose split-K partials go through `Acc`, the cast after each timed launch."""
+def autotune_kwargs() -> dict:
+    """Short timing runs (the kernels take microseconds), where this Triton lets us choose them."""
     params = inspect.signature(triton.autotune).parameters
-    kwargs = {"post_hook": cast_partials} if casts_partials and "post_hook" in params else {}
+    kwargs = {}
     if "do_bench" in params:
         from triton.testing import do_bench
 
