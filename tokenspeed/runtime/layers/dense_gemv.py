@@ -60,6 +60,8 @@ class TritonGemv(Unquantized):
         self._rows_for: dict[tuple[int, int, torch.dtype], int] = {}
         # the table's launch configuration per (shape, batch bucket); None: the autotuner picks
         self._config_for: dict[tuple[int, int, torch.dtype, int], object] = {}
+        # the split-K arrival counts per (output rows, configuration)
+        self._tiles_for: dict[tuple[int, object], int] = {}
 
     def use_table(self, table: DenseGemvTable | None) -> None:
         """Decide by `table` from now on (None: the GEMV for every shape it takes, no skinny GEMM)."""
@@ -124,8 +126,12 @@ class TritonGemv(Unquantized):
         return self._skinny_for[key]
 
     def _gemv_arrivals(self, x2: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor | None:
-        """The split-K GEMV's arrival counts (`kernels/graph_scratch.py`), shared by every layer."""
-        need = self._gemv.arrival_tiles(w.shape[0], x2.device, cfg)
+        """The split-K GEMV's arrival counts (`kernels/graph_scratch.py`), shared by every layer; how many a
+        shape and configuration need is worked out once."""
+        key = (w.shape[0], cfg)
+        if key not in self._tiles_for:
+            self._tiles_for[key] = self._gemv.arrival_tiles(w.shape[0], x2.device, cfg)
+        need = self._tiles_for[key]
         return self._arrivals.at_least(need, x2.device) if need else None
 
     def _arrivals_for(self, x2: torch.Tensor, w: torch.Tensor, cfg) -> torch.Tensor | None:
