@@ -49,7 +49,6 @@ from tokenspeed.runtime.kernels.gemv_common import autotune_kwargs, load_rows, s
 # Batches up to this many rows take the GEMV: beyond, the CUDA cores' FMAs per weight byte start to bound
 # it and cuBLAS's tensor-core GEMM is as fast.
 GEMV_MAX_M = 4
-DTYPES = (torch.bfloat16, torch.float16)
 # Split-K is timed for layers of fewer rows than this per SM: 64 x 132 = 8448 takes qkv (6144), o and
 # down (4096) of Llama-3.1-8B, at 4-row tiles fewer than ~12 programs an SM.
 SPLIT_ROWS_PER_SM = 64
@@ -260,15 +259,7 @@ _tuned = triton.autotune(
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `dense_gemv` takes x [M, K] times w [N, K]: 1..GEMV_MAX_M rows, bf16/fp16 in both, the
     weight row-major."""
-    m = x.shape[0]
-    return (
-        1 <= m <= GEMV_MAX_M
-        and x.dtype == w.dtype
-        and w.dtype in DTYPES
-        and w.dim() == 2
-        and w.stride(1) == 1
-        and x.shape[1] == w.shape[1]
-    )
+    return 1 <= x.shape[0] <= GEMV_MAX_M and gemv_common.row_major_16bit(x, w)
 
 
 def arrival_tiles(n: int, device: torch.device, config: DenseGemvConfig | None = None) -> int:

@@ -1,6 +1,6 @@
 """What the Triton GEMVs of decode-sized batches share (`fp8_gemv.py`, `bf16_gemv.py`): whether split-K is
-worth trying for a layer's width, the autotuner's short timing runs, a program's share of the work and the
-weight-tile load.
+worth trying for a layer's width, the operands a 16-bit product takes (`skinny_gemm.py` checks them too),
+the autotuner's short timing runs, a program's share of the work and the weight-tile load.
 
 Split-K: with few output rows a grid has too few programs to keep the H200's 132 SMs' loads in flight, so
 programs also split K. Both GEMVs merge the splits in the launch: each split stores its float32 partials
@@ -26,6 +26,19 @@ H200_SMS = 132  # what the CPU interpreter's pruning assumes
 def sm_count(device: torch.device) -> int:
     return (
         torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else H200_SMS
+    )
+
+
+def row_major_16bit(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether x [M, K] and w [N, K] are the operands a 16-bit product kernel here takes (this GEMV's, and
+    `skinny_gemm.py`'s): both bf16 or both fp16, two-dimensional, the weight row-major, K the same."""
+    return (
+        x.dim() == 2
+        and x.dtype == w.dtype
+        and w.dtype in (torch.bfloat16, torch.float16)
+        and w.dim() == 2
+        and w.stride(1) == 1
+        and x.shape[1] == w.shape[1]
     )
 
 

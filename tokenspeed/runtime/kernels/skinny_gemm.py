@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenspeed.runtime.kernels import pdl
+from tokenspeed.runtime.kernels import gemv_common, pdl
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,7 @@ class SkinnyGemmConfig:
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `skinny_gemm` takes x [M, K] times w [N, K]: bf16/fp16 in both, the weight row-major."""
-    return (
-        x.dim() == 2
-        and x.shape[0] >= 1
-        and x.dtype == w.dtype
-        and w.dtype in (torch.bfloat16, torch.float16)
-        and w.dim() == 2
-        and w.stride(1) == 1
-        and x.shape[1] == w.shape[1]
-    )
+    return x.dim() == 2 and x.shape[0] >= 1 and gemv_common.row_major_16bit(x, w)
 
 
 def tiles(m: int, n: int, config: SkinnyGemmConfig) -> int:

@@ -34,12 +34,8 @@ the routing kernel's own `routing.top_k_choices`, and the first program of a pai
 `_down_kernel` and counts them for the expert recorder. With the split merged by arrivals, a layer at one
 token is then two launches against the tensor-core path's four (routing, gate/up, down, pair sum).
 
-An earlier CUDA-core GEMV of this layout (no prefetch; down at 16 outputs a program, so 128 programs at
-one token) took 38.8 us a layer at one token on the H200 against 30.7 us for the tensor-core path (limit
-17.7 us, results/gpu_moe_tune.json). What changed: loads in flight (prefetch, fewer warps a tile: 1-4
-16-byte loads a thread per chunk, checked in the sm_90 PTX) and a down grid that fills the GPU. On the
-H200 (tests/gpu/test_moe_gemv_gpu.py passes; `moe_tune.py --gemv`, results/gpu_moe_gemv.json) its best took
-27.0 us a layer at one token against the tensor-core path's 26.3 us, so no tuned table ships (docs/GPU.md).
+Timed on the H200 before the gate/up split (`moe_tune.py --gemv`, results/gpu_moe_gemv.json, docs/GPU.md):
+its best took 27.0 us a layer at one token against the tensor-core path's 26.3 us, so no tuned table ships.
 
 FP8 experts (W8A16, `ExpertScales`: per channel [E, N, 1] or per block [E, N / bn, K / bk]) are read as
 e4m3 and dequantized per K chunk with their rows' scales (BLOCK_K shrinks to the scale block), the same
