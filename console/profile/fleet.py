@@ -30,6 +30,7 @@ from console.profile.schema import (
 )
 from console.profile.thresholds import parse_thresholds
 from console.profile.toml import ProfileError, RawProfile, did_you_mean, not_a_table, read_profile
+from console.ranges import out_of_range
 from console.supervisor.load import parse_load
 from tokenspeed.config.api_key import API_KEY_ENV, others_can_read
 
@@ -74,6 +75,8 @@ def _build(raw: RawProfile, table: str, cls, values: dict, extra: set[str] = fro
         if expected is None:
             expected = tuple if "tuple" in str(fields[key].type) else None
         kwargs[key] = _coerce(raw, table, key, value, expected) if expected else value
+        if expected in (int, float) and (why := out_of_range(fields[key], kwargs[key])):
+            raise raw.error(table, key, why)
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a required field is missing

@@ -18,35 +18,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from console.ranges import bounded
+
 RESTART_POLICIES = ("always", "on-failure", "no")
 LAUNCHERS = ("local", "ray")
 
 
 @dataclass(frozen=True)
 class BackoffSpec:
-    initial_s: float = 1.0
-    max_s: float = 60.0
-    multiplier: float = 2.0
+    initial_s: float = bounded(1.0, 0.0)
+    max_s: float = bounded(60.0, 0.0)
+    multiplier: float = bounded(2.0, 1.0)
     # A server that stayed up this long is healthy again: its next crash starts from initial_s.
-    reset_after_s: float = 60.0
+    reset_after_s: float = bounded(60.0, 0.0)
 
 
 @dataclass(frozen=True)
 class HealthSpec:
     path: str = "/health"
-    interval_s: float = 5.0
-    timeout_s: float = 2.0
-    failures: int = 3  # consecutive failed checks before READY becomes UNHEALTHY
+    interval_s: float = bounded(5.0, 0.1)
+    timeout_s: float = bounded(2.0, 0.1)
+    failures: int = bounded(3, 1)  # consecutive failed checks before READY becomes UNHEALTHY
 
 
 @dataclass(frozen=True)
 class SupervisorSpec:
     # A server UNHEALTHY this long is restarted (stop, then the restart policy, reason "unhealthy" in its
     # last_exit): a hung process never heals on its own. 0 leaves UNHEALTHY servers alone.
-    unhealthy_restart_after_s: float = 60.0
+    unhealthy_restart_after_s: float = bounded(60.0, 0.0)
     # A READY server with requests in flight whose scheduler ran no step this long reads STALLED
     # (tokenspeed:scheduler_steps_total stands still). 0 turns the check off.
-    stall_after_s: float = 3.0
+    stall_after_s: float = bounded(3.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -61,21 +63,21 @@ class FleetSpec:
     # GPU ids on each node that the fleet may use; None means every GPU the probe finds.
     gpus: tuple[int, ...] | None = None
     # Port of the torch.distributed rendezvous of multi-node replicas (replica i adds 10*i).
-    dist_init_port: int = 29500
+    dist_init_port: int = bounded(29500, 1024, 65000)
     # What starts a server process; its arguments follow. Default: this Python's `-m tokenspeed serve`.
     command: tuple[str, ...] | None = None
     # Ray cluster to join with launcher = "ray" (default: $RAY_ADDRESS, else the local cluster).
     ray_address: str | None = None
     restart: str = "on-failure"
     max_restarts: int = 5
-    restart_window_s: float = 300.0
+    restart_window_s: float = bounded(300.0, 0.0)
     stop_timeout_s: float = 30.0
     # A server must answer its health check this soon after start, or the start counts as failed.
-    startup_timeout_s: float = 900.0
-    log_max_bytes: int = 50 * 1024 * 1024
-    log_backups: int = 5
-    metrics_interval_s: float = 1.0
-    history_seconds: float = 3600.0
+    startup_timeout_s: float = bounded(900.0, 1.0)
+    log_max_bytes: int = bounded(50 * 1024 * 1024, 1024)
+    log_backups: int = bounded(5, 0)
+    metrics_interval_s: float = bounded(1.0, 0.1)
+    history_seconds: float = bounded(3600.0, 0.0)
     backoff: BackoffSpec = field(default_factory=BackoffSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
 

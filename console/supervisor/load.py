@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from console.ranges import bounded, read_numbers
 from console.supervisor.load_report import LoadReport
 
 log = logging.getLogger("tokenspeed.supervisor.load")
@@ -75,53 +76,28 @@ SHARED_PREFIX = (
 
 @dataclass(frozen=True)
 class LoadSpec:
-    rate_per_s: float = 0.5
-    max_tokens: int = 48
-    concurrency: int = 2
-    chat_fraction: float = 0.25
-    shared_prefix_fraction: float = 0.5
-    temperature: float = 0.8
-    timeout_s: float = 120.0
-    seed: int = 0
+    """The `[load]` table: each key's default and the values a profile may give it."""
 
-
-_LIMITS = {
-    "rate_per_s": (0.001, 1000.0),
-    "max_tokens": (1, 100_000),
-    "concurrency": (1, 10_000),
-    "chat_fraction": (0.0, 1.0),
-    "shared_prefix_fraction": (0.0, 1.0),
-    "temperature": (0.0, 10.0),
-    "timeout_s": (0.1, 3600.0),
-    "seed": (0, 2**31),
-}
+    rate_per_s: float = bounded(0.5, 0.001, 1000.0)
+    max_tokens: int = bounded(48, 1, 100_000)
+    concurrency: int = bounded(2, 1, 10_000)
+    chat_fraction: float = bounded(0.25, 0.0, 1.0)
+    shared_prefix_fraction: float = bounded(0.5, 0.0, 1.0)
+    temperature: float = bounded(0.8, 0.0, 10.0)
+    timeout_s: float = bounded(120.0, 0.1, 3600.0)
+    seed: int = bounded(0, 0, 2**31)
 
 
 def parse_load(raw) -> LoadSpec | None:
     """The `[load]` table of a raw profile (`console.profile.toml.RawProfile`), checked; None without one."""
-    from console.profile.toml import did_you_mean, not_a_table
+    from console.profile.toml import not_a_table
 
     table = raw.data.get("load")
     if table is None:
         return None
     if not isinstance(table, dict):
         raise raw.error("", "load", not_a_table("load", table))
-    fields = {f.name: f for f in dataclasses.fields(LoadSpec)}
-    values = {}
-    for key, value in table.items():
-        if key not in fields:
-            raise raw.error("load", key, f"is not a [load] key{did_you_mean(key, fields)}")
-        wants_int = fields[key].type == "int"
-        ok_type = isinstance(value, int) if wants_int else isinstance(value, int | float)
-        if isinstance(value, bool) or not ok_type:
-            raise raw.error(
-                "load", key, f"expects {'an integer' if wants_int else 'a number'}, got {value!r}"
-            )
-        low, high = _LIMITS[key]
-        if not low <= value <= high:
-            raise raw.error("load", key, f"must be between {low} and {high}, got {value!r}")
-        values[key] = value if wants_int else float(value)
-    return LoadSpec(**values)
+    return read_numbers(raw, "load", LoadSpec, table)
 
 
 @dataclass
