@@ -93,21 +93,13 @@ def bench(args: tuple[str, ...]) -> None:
 @click.option(
     "--interval", "--refresh", type=float, default=1.0, show_default=True, help="Seconds between polls."
 )
-def console(target, fleet, state_dir, readonly, replay, at, interval) -> None:
+def console(**options) -> None:
     """Open the operator console (TARGET: a profile to start, or the name of a running fleet)."""
     from console.client import SupervisorError, SupervisorUnavailable
     from console.tui.app import run
 
     try:
-        code = run(
-            target=target,
-            fleet=fleet,
-            state_dir=state_dir,
-            readonly=readonly,
-            replay=replay,
-            at=at,
-            interval=interval,
-        )
+        code = run(**options)  # the options above are run()'s parameters, by name
     except SupervisorUnavailable as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_NO_FLEET)

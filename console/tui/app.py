@@ -366,24 +366,20 @@ class ConsoleApp(App):
 
 
 def run(
-    profile: str | None = None,
+    target: str | None = None,
     fleet: str | None = None,
     state_dir: str | None = None,
     readonly: bool = False,
     replay: str | None = None,
     at: str | None = None,
     interval: float = 1.0,
-    **legacy,
 ) -> int:
     """Entry point of `tokenspeed console`; returns the process exit code."""
     from console.tui.launch import open_source
 
-    interval = float(legacy.pop("refresh", interval))
-    target = legacy.pop("target", None)
-    if legacy:
-        raise TypeError(f"unexpected arguments: {sorted(legacy)}")
+    profile = None
     if target is not None:
-        if profile is not None or fleet is not None:
+        if fleet is not None:
             raise ValueError("give a PROFILE (or fleet name) or --fleet, not both")
         # A TARGET that is a file (or looks like one) is a profile; anything else names a fleet.
         is_profile = Path(target).is_file() or Path(target).suffix == ".toml"

@@ -9,8 +9,8 @@ and the HTTP layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 from tokenspeed.runtime.speculative.config import tokens_per_verify
 
@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 # Why the expert-distribution recorder counts on every step, whatever a user's recording session does.
 KEPT_BY_EPLB = "--enable-eplb needs the expert load"
 KEPT_BY_METRICS = "--enable-expert-distribution-metrics exports the expert load"
+
+
+def same_named(cls: type, args: ServerArgs, **derived: Any) -> dict[str, Any]:
+    """The keyword arguments of slice `cls`: `derived` for the fields it names, and each other field's
+    value from the ServerArgs field of the same name (an AttributeError names a field that has none)."""
+    return {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in derived} | derived
 
 
 @dataclass(frozen=True)
@@ -57,29 +63,16 @@ class RunnerConfig:
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> RunnerConfig:
+        # every field ServerArgs holds under the same name, as resolved; only these are derived
         return cls(
-            device=args.device,
-            base_gpu_id=args.base_gpu_id,
-            load_format=args.load_format,
-            seed=args.seed,
-            block_size=args.block_size,
-            attention_backend=args.attention_backend,
-            sampling_backend=args.sampling_backend,
-            moe_backend=args.moe_backend,
-            enable_nan_detection=args.enable_nan_detection,
-            triton_attention_reduce_in_fp32=args.triton_attention_reduce_in_fp32,
-            enable_prefix_caching=args.enable_prefix_caching,
-            max_num_seqs=args.max_num_seqs,
-            stream_interval=max(1, args.stream_interval),
-            disable_overlap_schedule=bool(args.disable_overlap_schedule),
-            max_total_tokens=args.max_total_tokens,
-            cpu_kv_cache_memory_gb=args.cpu_kv_cache_memory_gb,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            kv_cache_dtype=args.kv_cache_dtype,
-            quantization_param_path=args.quantization_param_path,
-            draft_kv_layers=1 if args.speculative_algorithm == "EAGLE3" else 0,
-            spec_tokens_per_req=tokens_per_verify(args),
-            dense_gemv_backend=args.dense_gemv_backend,
+            **same_named(
+                cls,
+                args,
+                stream_interval=max(1, args.stream_interval),
+                disable_overlap_schedule=bool(args.disable_overlap_schedule),
+                draft_kv_layers=1 if args.speculative_algorithm == "EAGLE3" else 0,
+                spec_tokens_per_req=tokens_per_verify(args),
+            )
         )
 
 

@@ -335,23 +335,12 @@ class Mapping:
 
     def placement(self, rank: int) -> RankPlacement:
         self._check_rank(rank)
-        a_tp, a_cp, a_dp = _coords(rank, [self.attn_tp_size, self.attn_cp_size, self.attn_dp_size])
-        d_tp, d_dp = _coords(rank, [self.dense_tp_size, self.dense_dp_size])
-        m_tp, m_ep, m_dp = _coords(rank, [self.moe_tp_size, self.moe_ep_size, self.moe_dp_size])
-        return RankPlacement(
-            rank=rank,
-            node_rank=self.node_of(rank),
-            local_rank=self.local_rank(rank),
-            gpu_id=self.gpu_id(rank),
-            attn_tp_rank=a_tp,
-            attn_cp_rank=a_cp,
-            attn_dp_rank=a_dp,
-            dense_tp_rank=d_tp,
-            dense_dp_rank=d_dp,
-            moe_tp_rank=m_tp,
-            moe_ep_rank=m_ep,
-            moe_dp_rank=m_dp,
-        )
+        # a rank's index in each group kind, innermost dimension first: RankPlacement's field order
+        attn = _coords(rank, [self.attn_tp_size, self.attn_cp_size, self.attn_dp_size])
+        dense = _coords(rank, [self.dense_tp_size, self.dense_dp_size])
+        moe = _coords(rank, [self.moe_tp_size, self.moe_ep_size, self.moe_dp_size])
+        where = (rank, self.node_of(rank), self.local_rank(rank), self.gpu_id(rank))
+        return RankPlacement(*where, *attn, *dense, *moe)
 
     # Reporting ----------------------------------------------------------------------------------------
 

@@ -1,9 +1,8 @@
 """Block sizes of the fused MoE kernels per decode batch size, per GPU: one table, read once per backend.
 
 A row `(max_tokens, config)` applies to steps of at most `max_tokens` tokens (the first row that fits).
-`pairs=True` takes the small-batch layout (one routed pair per block, no grouping launch); otherwise
-pairs are grouped by expert into blocks of `block_m` rows. The gate/up kernel reads gate and up columns
-into two accumulators, so its `block_n` covers 2 * block_n rows of `w13`.
+The gate/up kernel reads gate and up columns into two accumulators, so its `block_n` covers 2 * block_n
+rows of `w13`.
 
 The H200 rows were measured on the Qwen3-30B-A3B expert shape (128 experts, hidden 2048, intermediate
 768, top-8) with `benchmarks/moe_tune.py`; other GPUs start from the same rows (a Hopper-class default)
@@ -18,13 +17,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MoeKernelConfig:
+    # gate/up kernel: a tile of block_m routed rows by block_n gate (and block_n up) columns, K in block_k steps
     block_m: int = 16
     block_n: int = 64
     block_k: int = 128
+    # down kernel: the same rows by down_block_n hidden columns, the intermediate size in down_block_k steps
     down_block_n: int = 64
     down_block_k: int = 128
     num_warps: int = 4
     num_stages: int = 3
+    # one routed pair per block and no grouping launch (the small-batch layout); else grouped by expert
     pairs: bool = False
 
 
