@@ -18,7 +18,7 @@ its drafts keep matching, which is all acceptance depends on. Nothing here impor
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -42,23 +42,17 @@ class DraftShape:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 512
 
+    # Every field but aux_layer_ids is a config.json key of the same name, in the draft's file and in its
+    # target's: the three below read and write them by name.
     def config_json(self, eos_token_id: int) -> dict:
+        shape = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "aux_layer_ids"}
         return {
             "architectures": [ARCHITECTURE],
             "model_type": "llama",
             "hidden_act": "silu",
-            "hidden_size": self.hidden_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
+            **shape,
             "num_hidden_layers": 1,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
             "rope_scaling": None,
-            "max_position_embeddings": self.max_position_embeddings,
-            "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.draft_vocab_size,
             "attention_bias": False,
             "mlp_bias": False,
             "tie_word_embeddings": False,
@@ -70,19 +64,18 @@ class DraftShape:
         }
 
     @classmethod
-    def from_config_json(cls, cfg: dict) -> DraftShape:
+    def like(cls, config: dict, **own) -> DraftShape:
+        """The shape `config` (a config.json) gives each field that `own` does not set."""
         return cls(
-            hidden_size=cfg["hidden_size"],
-            num_attention_heads=cfg["num_attention_heads"],
-            num_key_value_heads=cfg["num_key_value_heads"],
-            head_dim=cfg["head_dim"],
-            intermediate_size=cfg["intermediate_size"],
-            vocab_size=cfg["vocab_size"],
+            **{f.name: config[f.name] for f in fields(cls) if f.name not in own and f.name in config}, **own
+        )
+
+    @classmethod
+    def from_config_json(cls, cfg: dict) -> DraftShape:
+        return cls.like(
+            cfg,
             draft_vocab_size=cfg.get("draft_vocab_size", cfg["vocab_size"]),
             aux_layer_ids=tuple(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
-            rms_norm_eps=cfg["rms_norm_eps"],
-            rope_theta=cfg["rope_theta"],
-            max_position_embeddings=cfg["max_position_embeddings"],
         )
 
 

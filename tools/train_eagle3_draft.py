@@ -211,18 +211,13 @@ def main() -> None:
     log(f"eval: {len(eval_seqs)} held-out prompts, {sum(len(s) - p for s, p in eval_seqs)} generated tokens")
 
     draft_vocab = min(args.draft_vocab, cfg.vocab_size)
-    shape = DraftShape(
-        hidden_size=cfg.hidden_size,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
+    # the target's attention shape, vocabulary and norm; the draft's own MLP width, vocabulary and aux layers
+    shape = DraftShape.like(
+        vars(cfg),
         intermediate_size=args.intermediate_size,
-        vocab_size=cfg.vocab_size,
         draft_vocab_size=draft_vocab,
         aux_layer_ids=AUX_LAYERS,
-        rms_norm_eps=cfg.rms_norm_eps,
         rope_theta=10000.0,
-        max_position_embeddings=cfg.max_position_embeddings,
     )
     if args.init is not None:
         draft = load_draft(args.init).train()
