@@ -99,7 +99,7 @@ class ServerMetrics:
         # restarted server shows up as a new process_start_time_seconds.
         ProcessCollector(registry=self.registry)
 
-        families = MetricFamilies(self.registry, labels)
+        families = self._families = MetricFamilies(self.registry, labels)
         gauge, counter, histogram = families.gauge, families.counter, families.histogram
 
         # Scheduler
@@ -145,7 +145,8 @@ class ServerMetrics:
         # Seconds since the rank last reported (it reports at least every second, idle or busy): a stopped
         # or hung scheduler shows here even with nothing in flight (scheduler_liveness.py).
         self.heartbeat_age = gauge(
-            "scheduler_heartbeat_age_seconds", "Seconds since the scheduler rank last reported to the front end."
+            "scheduler_heartbeat_age_seconds",
+            "Seconds since the scheduler rank last reported to the front end.",
         )
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
@@ -181,18 +182,7 @@ class ServerMetrics:
 
     def init_rank(self, dp_rank: int) -> None:
         """Create every labelled series of a rank at zero, so scrapers see them before any traffic."""
-        labels = self._labels(dp_rank)
-        for metric in (self.num_preemptions, self.num_nan_aborted, self.prefix_cache_hits,
-                       self.prefix_cache_queries, self.prompt_tokens, self.generation_tokens,
-                       self.cached_tokens, self.num_requests, self.num_requests_running,
-                       self.num_requests_waiting, self.gen_throughput, self.kv_cache_usage,
-                       self.kv_cache_total_tokens, self.kv_cache_used_tokens, self.num_requests_inflight,
-                       self.scheduler_steps, self.heartbeat_age,
-                       self.iteration_tokens, self.ttft, self.itl, self.tpot, self.e2e,
-                       *self.phase_times.values(), self.request_prompt_tokens,
-                       self.request_generation_tokens):  # fmt: skip
-            metric.labels(**labels)
-        self.spec.init_rank(labels)
+        self._families.init_rank(self._labels(dp_rank))
 
     def observe_stats(self, snap: StatsSnapshot) -> None:
         labels = self._labels(snap.dp_rank)

@@ -52,10 +52,6 @@ class SpecDecodeMetrics:
         self._last: dict[int, _Last] = {}
         self._last_per_pos: dict[int, list[int]] = {}
 
-    def init_rank(self, labels: dict[str, str]) -> None:
-        for metric in (*self.counters.values(), self.acceptance_length):
-            metric.labels(**labels)
-
     def observe(self, snap: StatsSnapshot, labels: dict[str, str]) -> None:
         last = self._last.setdefault(snap.dp_rank, _Last())
         for name, counter in self.counters.items():
