@@ -15,6 +15,19 @@ from pathlib import Path
 from console.supervisor.paths import StatePaths, default_state_dir, state_root
 from console.unix_http import Answer, UnixHTTP
 
+# A server action's route under /servers/NAME/ (console/supervisor/api.py), by the name the console gives it.
+SERVER_ROUTES = {
+    "restart": "restart",
+    "stop": "stop",
+    "start": "start",
+    "flush_cache": "flush_cache",
+    "expert_record_start": "expert_record/start",
+    "expert_record_stop": "expert_record/stop",
+    "rebalance_experts": "rebalance_experts",
+}
+# Moving expert weights can outlast the short default timeout on a busy server.
+_ACTION_TIMEOUT_S = {"rebalance_experts": 150.0}
+
 
 class SupervisorError(RuntimeError):
     def __init__(self, message: str, status: int | None = None):
@@ -128,27 +141,22 @@ class SupervisorClient:
         return self._request("GET", "/probe", timeout=30.0).json()
 
     # POST
+    def server_action(self, name: str, action: str) -> dict:
+        """One of `SERVER_ROUTES` on server `name` (KeyError: not an action the supervisor has)."""
+        path = f"/servers/{name}/{SERVER_ROUTES[action]}"
+        return self._request("POST", path, timeout=_ACTION_TIMEOUT_S.get(action)).json()
+
     def restart(self, name: str) -> dict:
-        return self._json("POST", f"/servers/{name}/restart")
+        return self.server_action(name, "restart")
 
     def stop(self, name: str) -> dict:
-        return self._json("POST", f"/servers/{name}/stop")
+        return self.server_action(name, "stop")
 
     def start(self, name: str) -> dict:
-        return self._json("POST", f"/servers/{name}/start")
-
-    def flush_cache(self, name: str) -> dict:
-        return self._json("POST", f"/servers/{name}/flush_cache")
-
-    def expert_record_start(self, name: str) -> dict:
-        return self._json("POST", f"/servers/{name}/expert_record/start")
-
-    def expert_record_stop(self, name: str) -> dict:
-        return self._json("POST", f"/servers/{name}/expert_record/stop")
+        return self.server_action(name, "start")
 
     def rebalance_experts(self, name: str) -> dict:
-        # moving expert weights can outlast the short default timeout on a busy server
-        return self._request("POST", f"/servers/{name}/rebalance_experts", timeout=150.0).json()
+        return self.server_action(name, "rebalance_experts")
 
     def reload(self, dry_run: bool = False) -> dict:
         """Re-read the profile: the change per server; applied unless `dry_run` (SupervisorError: refused)."""

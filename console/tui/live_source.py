@@ -69,7 +69,7 @@ class LiveSource(DataSource):
             return self._call("fleet", getattr(self._client, name))
         if name not in SERVER_ACTIONS or server is None:
             raise SourceError(f"{name}: not an action the console knows")
-        return self._call(server, getattr(self._client, name), server)
+        return self._call(server, self._client.server_action, server, name)
 
     def shutdown(self) -> None:
         self._call("shutdown", self._client.shutdown)

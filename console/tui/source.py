@@ -11,18 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from console.client import SERVER_ROUTES
 from console.tui.model import Fleet, History
 
 # Server actions the console offers, keyed by the name the key bindings and command palette use.
-SERVER_ACTIONS = (
-    "restart",
-    "stop",
-    "start",
-    "flush_cache",
-    "expert_record_start",
-    "expert_record_stop",
-    "rebalance_experts",
-)
+SERVER_ACTIONS = tuple(SERVER_ROUTES)
 FLEET_ACTIONS = ("rolling_restart",)
 
 
