@@ -1,13 +1,15 @@
 """Offline throughput on the CPU: the TokenSpeed Engine against transformers generate(), same model, same run.
 
-A random Llama-shaped model (no download) and a batch of prompts of random lengths; every side generates a
-fixed number of tokens per prompt (EOS ignored) and is timed after a warm-up (best of --repeats runs). transformers runs twice: the
-whole batch in one left-padded generate() call (its fastest offline mode), and one generate() call per
-prompt (how a naive server would use it). The Engine runs twice too: in the synchronous step order (the CPU
-default) and with overlap scheduling (`tokenspeed_overlap`, the GPU default; on the CPU the host and the
-"device" are the same thread, so it has nothing to hide). Prints a table and writes benchmarks/results/cpu_engine.json.
+The model is the demo model the quick start serves (shipped with TokenSpeed; `--model tiny`: the engine
+tests' random one). Prompts are random token ids of random lengths; every side generates a fixed number of
+tokens per prompt (EOS ignored) and is timed after a warm-up (best of --repeats runs). transformers runs
+twice: the whole batch in one left-padded generate() call (its fastest offline mode), and one generate()
+call per prompt (how a naive server would use it). The Engine runs twice too: in the synchronous step order
+(the CPU default) and with overlap scheduling (`tokenspeed_overlap`, the GPU default; on the CPU the host
+and the "device" are the same thread, so it has nothing to hide). Prints a table and writes
+benchmarks/results/cpu_engine.json.
 
-    python benchmarks/cpu_engine.py [--num-prompts 32] [--output-len 64] [--preset small]
+    python benchmarks/cpu_engine.py [--num-prompts 32] [--output-len 64] [--model demo|tiny]
 """
 
 from __future__ import annotations
@@ -29,21 +31,22 @@ from benchmarks.hf_baseline import generate_left_padded  # noqa: E402
 from tests.tiny_models import PAD_ID, load_hf_model, make_tiny_model  # noqa: E402
 from tokenspeed import Engine  # noqa: E402
 from tokenspeed.bench_results import write_results  # noqa: E402
+from tokenspeed.demo_models import demo_model_path  # noqa: E402
 
-PRESETS = {
-    # The model of the engine tests.
-    "tiny": {},
-    # Wider and deeper, still seconds on two cores.
-    "small": dict(
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=1024,
-    ),
-}
+SHAPE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+
+# The demo model `tokenspeed up profiles/demo.toml` serves (shipped, trained), or the engine tests' random one.
+MODELS = ("demo", "tiny")
+
+
+def model_path(name: str, tmp: str) -> str:
+    return str(demo_model_path("demo")) if name == "demo" else make_tiny_model("llama", tmp)
 
 
 def make_prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
@@ -76,7 +79,7 @@ def run_transformers_each(model, prompts: list[list[int]], output_len: int) -> t
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    ap.add_argument("--model", choices=MODELS, default="demo")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--input-len", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX"))
     ap.add_argument("--output-len", type=int, default=64)
@@ -89,8 +92,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = make_tiny_model("llama", tmp, **PRESETS[args.preset])
+        path = model_path(args.model, tmp)
         hf = load_hf_model(path)
+        hf_shape = hf.config.to_dict()
         prompts = make_prompts(args.num_prompts, *args.input_len, hf.config.vocab_size, args.seed)
         warm = prompts[:2]
 
@@ -120,7 +124,7 @@ def main() -> None:
 
     result = {
         "benchmark": "cpu_engine",
-        "model": {"arch": "llama", "preset": args.preset, **PRESETS[args.preset]},
+        "model": {"name": args.model, **{k: hf_shape[k] for k in SHAPE_KEYS}},
         "num_prompts": args.num_prompts,
         "input_len": list(args.input_len),
         "output_len": args.output_len,
