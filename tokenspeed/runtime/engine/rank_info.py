@@ -12,13 +12,14 @@ from tokenspeed.config.server_args import ServerArgs
 
 @dataclass
 class RankInfo:
-    """Where this process sits in the server (from `Mapping.placement`)."""
+    """Where this process sits in the server (from `Mapping.placement`). Every field is given: a default
+    would quietly put a process on rank 0 or GPU 0."""
 
-    rank: int = 0
-    dp_rank: int = 0
-    tp_rank: int = 0
-    gpu_id: int = 0
-    num_local_ranks: int = 1
+    rank: int
+    dp_rank: int
+    tp_rank: int
+    gpu_id: int
+    num_local_ranks: int
 
 
 def configure_child_logging(server_args: ServerArgs, prefix: str) -> None:
