@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from tools.demo_docs import (
     BLOCKS,
     DEMO_DOC,
@@ -24,8 +22,6 @@ from tools.demo_docs import (
     screen_blocks,
     structure,
 )
-
-pytest.importorskip("tokenspeed.runtime.entrypoints.serve")
 
 
 def describe(name: str, documented: dict, drawn: dict) -> str:
