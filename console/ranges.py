@@ -16,11 +16,13 @@ import math
 from typing import Any
 
 _RANGE = "range"
+_WHY = "why"
 
 
-def bounded(default: float, low: float, high: float = math.inf) -> Any:
-    """A dataclass field defaulting to `default` whose profile value must lie in [low, high]."""
-    return dataclasses.field(default=default, metadata={_RANGE: (low, high)})
+def bounded(default: float, low: float, high: float = math.inf, why: str = "") -> Any:
+    """A dataclass field defaulting to `default` whose profile value must lie in [low, high]; `why`, what an
+    edge value means, joins the error."""
+    return dataclasses.field(default=default, metadata={_RANGE: (low, high), _WHY: why})
 
 
 def _number(x: float) -> str:
@@ -34,9 +36,9 @@ def out_of_range(field: dataclasses.Field, value: float) -> str | None:
     low, high = field.metadata[_RANGE]
     if low <= value <= high:
         return None
-    if high == math.inf:
-        return f"must be at least {_number(low)}, got {value!r}"
-    return f"must be between {_number(low)} and {_number(high)}, got {value!r}"
+    bounds = f">= {_number(low)}" if high == math.inf else f"between {_number(low)} and {_number(high)}"
+    why = field.metadata.get(_WHY)
+    return f"must be {bounds}{f' ({why})' if why else ''}, got {value!r}"
 
 
 def read_numbers(raw, table: str, cls: type, values: dict) -> Any:

@@ -134,12 +134,6 @@ def load_profile(path: str | Path) -> Profile:
     fleet = _build(raw, "fleet", FleetSpec, fleet_table, extra=_FLEET_EXTRA, nested=nested)
     _check_fleet(raw, fleet)
     supervisor = _build(raw, "supervisor", SupervisorSpec, raw.data.get("supervisor", {}))
-    if supervisor.unhealthy_restart_after_s < 0:
-        raise raw.error(
-            "supervisor",
-            "unhealthy_restart_after_s",
-            f"must be >= 0 (0 never restarts an UNHEALTHY server), got {supervisor.unhealthy_restart_after_s!r}",
-        )
     check_groups(raw)  # [groups.NAME]: console.profile.groups
     parse_load(raw)  # [load]: console.supervisor.load
     parse_thresholds(raw)  # [console.thresholds]: console.profile.thresholds

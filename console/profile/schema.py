@@ -45,10 +45,10 @@ class HealthSpec:
 class SupervisorSpec:
     # A server UNHEALTHY this long is restarted (stop, then the restart policy, reason "unhealthy" in its
     # last_exit): a hung process never heals on its own. 0 leaves UNHEALTHY servers alone.
-    unhealthy_restart_after_s: float = bounded(60.0, 0.0)
+    unhealthy_restart_after_s: float = bounded(60.0, 0.0, why="0 never restarts an UNHEALTHY server")
     # A READY server with requests in flight whose scheduler ran no step this long reads STALLED
     # (tokenspeed:scheduler_steps_total stands still). 0 turns the check off.
-    stall_after_s: float = bounded(3.0, 0.0)
+    stall_after_s: float = bounded(3.0, 0.0, why="0 turns the check off")
 
 
 @dataclass(frozen=True)
