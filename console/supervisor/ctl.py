@@ -51,6 +51,14 @@ def down_command(name: str, state_dir: Path, explicit: bool) -> str:
     )
 
 
+# Signals that stop a foreground `up`, and its fleet, as Ctrl-C does.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _interrupted(signum: int, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int:
     from console.gpu_owners import recorded_fleet
     from console.profile.cli import problems_text
@@ -83,6 +91,10 @@ def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int
         # "Ctrl-C stops the fleet" holds even when the parent ignored SIGINT (a script's `trap '' INT`, a
         # background job of a non-interactive shell): an ignored signal is inherited across exec.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # A service manager's stop (SIGTERM) and a closed terminal (SIGHUP) end a foreground `up` the way
+        # Ctrl-C does: the fleet stops with it rather than running on with nobody watching it.
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, _interrupted)
     deadline = time.monotonic() + timeout
     last = ""
     ready = False
@@ -127,6 +139,8 @@ def up(profile: str, detach: bool, state_dir: str | None, timeout: float) -> int
             time.sleep(0.3)
     except KeyboardInterrupt:
         click.echo("\nstopping the fleet")
+        for sig in _STOP_SIGNALS:  # a second SIGTERM must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
         return down(None, str(paths.root), timeout=60.0)
     finally:
         client.close()

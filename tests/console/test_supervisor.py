@@ -242,3 +242,25 @@ def test_foreground_up_shows_states_and_ctrl_c_stops_the_fleet(make_fleet):
     assert "stopped" in rest
     _, alive = psutil.wait_procs(processes, timeout=5)
     assert alive == []
+
+
+def test_sigterm_to_foreground_up_stops_the_fleet_as_ctrl_c_does(make_fleet):
+    # A service manager stops `tokenspeed up` with SIGTERM: the fleet must not run on unwatched.
+    import signal
+    import subprocess
+
+    fleet = make_fleet(replicas=1)
+    up = tokenspeed_running(
+        *("up", str(fleet.profile), "--state-dir", str(fleet.state_dir)), stderr=subprocess.STDOUT
+    )
+    lines = []
+    while not lines or "Ctrl-C stops the fleet" not in lines[-1]:
+        lines.append(up.stdout.readline())
+        assert lines[-1], "".join(lines)
+    processes = fleet.processes()  # the supervisor, the server and what they started
+    up.send_signal(signal.SIGTERM)
+    rest, _ = up.communicate(timeout=150)
+    assert up.returncode == 0, rest
+    assert "stopping the fleet" in rest and "stopped" in rest
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    assert alive == []
