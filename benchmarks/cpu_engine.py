@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.cpu_common import best, machine  # noqa: E402
 from benchmarks.hf_baseline import generate_left_padded  # noqa: E402
-from tests.tiny_models import PAD_ID, load_hf_model, make_tiny_model  # noqa: E402
+from tests.tiny_models import load_hf_model, make_tiny_model  # noqa: E402
 from tokenspeed import Engine  # noqa: E402
 from tokenspeed.bench_results import write_results  # noqa: E402
 from tokenspeed.demo_models import demo_model_path  # noqa: E402
@@ -64,7 +64,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], output_len: int) -> tup
 
 def run_transformers(model, prompts: list[list[int]], output_len: int) -> tuple[float, int]:
     start = time.perf_counter()
-    tokens = generate_left_padded(model, prompts, output_len, PAD_ID)
+    tokens = generate_left_padded(model, prompts, output_len, model.config.pad_token_id)  # the model's own
     return time.perf_counter() - start, tokens
 
 

@@ -51,7 +51,7 @@ class SkinnyGemmConfig:
 
 def supported(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `skinny_gemm` takes x [M, K] times w [N, K]: bf16/fp16 in both, the weight row-major."""
-    return x.dim() == 2 and x.shape[0] >= 1 and gemv_common.row_major_16bit(x, w)
+    return gemv_common.row_major_16bit(x, w) and x.shape[0] >= 1
 
 
 def tiles(m: int, n: int, config: SkinnyGemmConfig) -> int:
