@@ -245,3 +245,12 @@ async def test_a_frozen_server_is_shown_failing_and_the_rest_keep_updating(fleet
             os.kill(pid, signal.SIGCONT)
         fleet.wait_ready()
         await wait_for(pilot, lambda: "failing" not in status(app), what="recovered")
+
+
+def test_every_action_the_console_offers_has_a_supervisor_route():
+    # The app's verbs (what an operator reads and whether it asks first) and the client's routes are two
+    # tables keyed by the same action names: an action in one only would do nothing, or never be offered.
+    from console.client import SERVER_ROUTES
+    from console.tui.app import SERVER_ACTIONS
+
+    assert set(SERVER_ACTIONS) == set(SERVER_ROUTES)
